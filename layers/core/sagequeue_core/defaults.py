@@ -1,0 +1,110 @@
+"""Every constant that more than one part of sagequeue must agree on, documented in one place.
+
+This module imports nothing: the job image, the Lambda layer, the SageMaker emulator and the CLI all read
+it, and none of them should pay for another's dependencies.
+"""
+
+from __future__ import annotations
+
+# --- NeuronCore utilization: published by the job image, read by the idle alarm --------------------------
+
+#: CloudWatch namespace of the metrics that sagequeue-job publishes. SageMaker's own namespace
+#: (/aws/sagemaker/TrainingJobs) has no NeuronCore metric, so the job image publishes under its own.
+NEURON_METRIC_NAMESPACE = "SageQueue/TrainingJobs"
+
+#: Average NeuronCore utilization of one host over the last period, in percent (0-100).
+NEURONCORE_UTILIZATION_METRIC = "NeuronCoreUtilization"
+
+#: The one dimension of every per-host metric, the same name and value format SageMaker uses:
+#: "<training job name>/algo-<n>", n counting hosts from 1.
+HOST_DIMENSION = "Host"
+
+#: SageMaker's own training metrics (CPUUtilization, GPUUtilization, ...) live here, also keyed by Host.
+SAGEMAKER_METRIC_NAMESPACE = "/aws/sagemaker/TrainingJobs"
+
+#: How often a host reports utilization, in seconds (CloudWatch standard resolution).
+METRIC_PERIOD_SECONDS = 60
+
+
+def host_dimension_value(training_job_name: str, host_index: int) -> str:
+    """The Host dimension of host `host_index` (1-based) of a training job."""
+    if host_index < 1:
+        raise ValueError(f"host_index counts from 1, got {host_index}")
+    return f"{training_job_name}/algo-{host_index}"
+
+
+# --- Events ------------------------------------------------------------------------------------------------
+
+#: Source and detail type of SageMaker's training job events on the default bus.
+SAGEMAKER_EVENT_SOURCE = "aws.sagemaker"
+TRAINING_JOB_STATE_CHANGE = "SageMaker Training Job State Change"
+
+#: Source of the events sagequeue publishes (JobQueued, JobStarted, ...).
+SAGEQUEUE_EVENT_SOURCE = "sagequeue"
+
+# --- Tags --------------------------------------------------------------------------------------------------
+
+#: A job's priority may come from this tag (an integer) when the request carries no explicit priority.
+PRIORITY_TAG = "priority"
+#: Set on every attempt: the IAM principal (ARN) that submitted the job, from the API's request context.
+SUBMITTED_BY_TAG = "sagequeue:submitted-by"
+#: Set on every attempt: the queue entry it belongs to and its attempt number.
+JOB_TAG = "sagequeue:job"
+ATTEMPT_TAG = "sagequeue:attempt"
+#: An admin sets this tag (value "true") to exempt a job from the tag and policy rules and the idle stop.
+EXEMPT_TAG = "sagequeue:exempt"
+
+# --- Names -------------------------------------------------------------------------------------------------
+
+#: SageMaker's pattern for a training job name, and its maximum length.
+TRAINING_JOB_NAME_PATTERN = r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$"
+TRAINING_JOB_NAME_MAX_LENGTH = 63
+
+#: Idle alarms are named "<prefix><training job name>/algo-<n>", so IAM can scope PutMetricAlarm to them.
+IDLE_ALARM_PREFIX = "sagequeue-idle-"
+
+# --- Job image ---------------------------------------------------------------------------------------------
+
+#: Environment variable naming the remote NEFF cache (hf://org/repo or s3://bucket/prefix).
+NEFF_CACHE_ENV = "SAGEQUEUE_NEFF_CACHE"
+#: Where SageMaker mounts the warm pool's persistent cache on a reused instance.
+WARMPOOL_CACHE_ENV = "SAGEMAKER_MANAGED_WARMPOOL_CACHE_DIRECTORY"
+#: The Neuron compiler's default cache root.
+DEFAULT_NEURON_CACHE_DIR = "/var/tmp/neuron-compile-cache"  # noqa: S108 - the Neuron SDK's fixed default
+
+# --- Instance families -------------------------------------------------------------------------------------
+
+#: Instance families whose accelerators are NeuronCores (Trainium, Inferentia).
+NEURON_INSTANCE_FAMILIES = ("trn1", "trn1n", "trn2", "trn2u", "inf1", "inf2")
+#: Families with NVIDIA GPUs, whose idle signal is SageMaker's GPUUtilization.
+GPU_INSTANCE_FAMILIES = (
+    "p2",
+    "p3",
+    "p3dn",
+    "p4d",
+    "p4de",
+    "p5",
+    "p5e",
+    "p5en",
+    "p6",
+    "g4dn",
+    "g5",
+    "g6",
+    "g6e",
+)
+
+
+def instance_family(instance_type: str) -> str:
+    """`ml.trn1.32xlarge` -> `trn1`."""
+    parts = instance_type.split(".")
+    if len(parts) != 3 or parts[0] != "ml":
+        raise ValueError(f"not a SageMaker instance type: {instance_type!r} (expected ml.<family>.<size>)")
+    return parts[1]
+
+
+def is_neuron_instance(instance_type: str) -> bool:
+    return instance_family(instance_type) in NEURON_INSTANCE_FAMILIES
+
+
+def is_gpu_instance(instance_type: str) -> bool:
+    return instance_family(instance_type) in GPU_INSTANCE_FAMILIES

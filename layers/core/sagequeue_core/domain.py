@@ -1,0 +1,388 @@
+"""The queue's vocabulary: jobs and their states, pools, warm-pool match keys, attempt names.
+
+Pure Python with no AWS import: the policy, the store, the SageMaker emulator and the SDK all share it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+from sagequeue_core.defaults import (
+    PRIORITY_TAG,
+    TRAINING_JOB_NAME_MAX_LENGTH,
+    TRAINING_JOB_NAME_PATTERN,
+)
+
+#: Priorities are integers in this closed range; higher runs first.
+PRIORITY_MIN = 0
+PRIORITY_MAX = 1000
+DEFAULT_PRIORITY = 0
+
+_NAME_RE = re.compile(TRAINING_JOB_NAME_PATTERN)
+
+
+class DomainError(ValueError):
+    """A request or a change that the queue's rules refuse; the message names the problem."""
+
+
+class InvalidTransition(DomainError):
+    """A job was asked to move to a state its current state cannot reach."""
+
+
+class JobState(StrEnum):
+    QUEUED = "queued"
+    HELD = "held"
+    STARTING = "starting"
+    RUNNING = "running"
+    PREEMPTING = "preempting"
+    STOPPING = "stopping"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    IDLE_STOPPED = "idle_stopped"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in TERMINAL_STATES
+
+    @property
+    def is_live(self) -> bool:
+        """An attempt exists on SageMaker and holds instances."""
+        return self in LIVE_STATES
+
+
+TERMINAL_STATES = frozenset({JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED, JobState.IDLE_STOPPED})
+LIVE_STATES = frozenset({JobState.STARTING, JobState.RUNNING, JobState.PREEMPTING, JobState.STOPPING})
+WAITING_STATES = frozenset({JobState.QUEUED, JobState.HELD})
+
+_S = JobState
+#: Every allowed move. A move not listed here is a bug or a stale event, and is refused.
+TRANSITIONS: Mapping[JobState, frozenset[JobState]] = {
+    # QUEUED -> FAILED: SageMaker refused the request (ValidationException) or attempts ran out.
+    _S.QUEUED: frozenset({_S.STARTING, _S.HELD, _S.CANCELLED, _S.FAILED}),
+    _S.HELD: frozenset({_S.QUEUED, _S.CANCELLED}),
+    # STARTING -> QUEUED: capacity or internal failure, retried with backoff. STARTING -> COMPLETED/FAILED:
+    # a short job whose intermediate events were lost; the reconcile timer sees only the end.
+    _S.STARTING: frozenset(
+        {_S.RUNNING, _S.QUEUED, _S.COMPLETED, _S.FAILED, _S.PREEMPTING, _S.STOPPING, _S.CANCELLED}
+    ),
+    _S.RUNNING: frozenset({_S.COMPLETED, _S.FAILED, _S.QUEUED, _S.PREEMPTING, _S.STOPPING}),
+    # A preempted job goes back to the queue; it may also finish before the stop lands.
+    _S.PREEMPTING: frozenset({_S.QUEUED, _S.COMPLETED, _S.FAILED, _S.STOPPING}),
+    _S.STOPPING: frozenset({_S.CANCELLED, _S.IDLE_STOPPED, _S.FAILED, _S.COMPLETED}),
+    _S.COMPLETED: frozenset(),
+    _S.FAILED: frozenset(),
+    _S.CANCELLED: frozenset(),
+    _S.IDLE_STOPPED: frozenset(),
+}
+
+
+class StopReason(StrEnum):
+    """Why sagequeue stopped a running attempt; decides the state the job lands in once Stopped."""
+
+    PREEMPTED = "preempted"
+    CANCELLED = "cancelled"
+    IDLE = "idle"
+    POLICY = "policy"
+
+    @property
+    def final_state(self) -> JobState:
+        return {
+            StopReason.PREEMPTED: JobState.QUEUED,
+            StopReason.CANCELLED: JobState.CANCELLED,
+            StopReason.IDLE: JobState.IDLE_STOPPED,
+            StopReason.POLICY: JobState.FAILED,
+        }[self]
+
+
+def check_transition(current: JobState, target: JobState) -> None:
+    if target not in TRANSITIONS[current]:
+        raise InvalidTransition(f"a {current.value} job cannot become {target.value}")
+
+
+# --- Names ---------------------------------------------------------------------------------------------------
+
+
+def validate_job_name(name: Any) -> str:
+    if not isinstance(name, str) or not name:
+        raise DomainError("TrainingJobName is required and must be a string")
+    if len(name) > TRAINING_JOB_NAME_MAX_LENGTH:
+        raise DomainError(
+            f"TrainingJobName {name!r} is {len(name)} characters; at most {TRAINING_JOB_NAME_MAX_LENGTH}"
+        )
+    if not _NAME_RE.match(name):
+        raise DomainError(
+            f"TrainingJobName {name!r} must match {TRAINING_JOB_NAME_PATTERN} "
+            "(letters, digits and hyphens, starting with a letter or digit)"
+        )
+    return name
+
+
+def attempt_name(job_name: str, attempt: int) -> str:
+    """The SageMaker training job name of attempt `attempt` (1-based) of queue entry `job_name`.
+
+    The first attempt keeps the user's exact name, so what the SDK printed is what runs. Later attempts are
+    `<name>-<n>`; when that would exceed SageMaker's 63 characters the name is shortened and a hash of the
+    full name keeps it unique. The same inputs always give the same name: creating an attempt twice is
+    harmless, because SageMaker answers ResourceInUse for the second create.
+    """
+    if attempt < 1:
+        raise ValueError(f"attempts count from 1, got {attempt}")
+    if attempt == 1:
+        return job_name
+    suffix = f"-{attempt}"
+    candidate = job_name + suffix
+    if len(candidate) <= TRAINING_JOB_NAME_MAX_LENGTH:
+        return candidate
+    digest = hashlib.sha256(job_name.encode()).hexdigest()[:8]
+    keep = TRAINING_JOB_NAME_MAX_LENGTH - len(suffix) - len(digest) - 1
+    return f"{job_name[:keep].rstrip('-')}-{digest}{suffix}"
+
+
+# --- Priority --------------------------------------------------------------------------------------------------
+
+
+def parse_priority(value: Any, *, field_name: str = "priority") -> int:
+    """An integer priority in [PRIORITY_MIN, PRIORITY_MAX] from an int or a decimal string (a tag value)."""
+    if isinstance(value, bool):
+        raise DomainError(f"{field_name} must be an integer, got {value!r}")
+    if isinstance(value, str):
+        text = value.strip()
+        if not re.fullmatch(r"[+-]?\d+", text):
+            raise DomainError(f"{field_name} must be an integer, got {value!r}")
+        value = int(text)
+    if not isinstance(value, int):
+        raise DomainError(f"{field_name} must be an integer, got {value!r}")
+    if not PRIORITY_MIN <= value <= PRIORITY_MAX:
+        raise DomainError(f"{field_name} must be between {PRIORITY_MIN} and {PRIORITY_MAX}, got {value}")
+    return value
+
+
+def tags_to_dict(tags: Any) -> dict[str, str]:
+    """Tags as SageMaker requests carry them (`[{Key, Value}]`) or as events do (`{key: value}`)."""
+    if tags is None:
+        return {}
+    if isinstance(tags, Mapping):
+        return {str(k): "" if v is None else str(v) for k, v in tags.items()}
+    if isinstance(tags, list):
+        out: dict[str, str] = {}
+        for tag in tags:
+            if not isinstance(tag, Mapping) or "Key" not in tag:
+                raise DomainError(f"each tag must be an object with Key and Value, got {tag!r}")
+            out[str(tag["Key"])] = "" if tag.get("Value") is None else str(tag["Value"])
+        return out
+    raise DomainError(
+        f"Tags must be a list of {{Key, Value}} objects or a mapping, got {type(tags).__name__}"
+    )
+
+
+def priority_of(request: Mapping[str, Any], explicit: Any = None) -> int:
+    """The job's priority: the explicit value if given, else the `priority` tag, else the default."""
+    if explicit is not None:
+        return parse_priority(explicit)
+    tag = tags_to_dict(request.get("Tags")).get(PRIORITY_TAG)
+    if tag is not None:
+        return parse_priority(tag, field_name=f"tag {PRIORITY_TAG!r}")
+    return DEFAULT_PRIORITY
+
+
+# --- Resources -------------------------------------------------------------------------------------------------
+
+
+def demand_of(request: Mapping[str, Any]) -> dict[str, int]:
+    """Instances a CreateTrainingJob request needs, per instance type (pool).
+
+    A homogeneous job needs `InstanceCount` of `InstanceType`; a heterogeneous one (InstanceGroups) needs
+    each group's count in that group's type.
+    """
+    config = request.get("ResourceConfig")
+    if not isinstance(config, Mapping):
+        raise DomainError("ResourceConfig is required")
+    groups = config.get("InstanceGroups")
+    demand: dict[str, int] = {}
+    if groups:
+        if not isinstance(groups, list):
+            raise DomainError("ResourceConfig.InstanceGroups must be a list")
+        for index, group in enumerate(groups):
+            if not isinstance(group, Mapping):
+                raise DomainError(f"ResourceConfig.InstanceGroups[{index}] must be an object")
+            itype = _instance_type(group.get("InstanceType"), f"ResourceConfig.InstanceGroups[{index}]")
+            count = _instance_count(group.get("InstanceCount"), f"ResourceConfig.InstanceGroups[{index}]")
+            demand[itype] = demand.get(itype, 0) + count
+        return demand
+    itype = _instance_type(config.get("InstanceType"), "ResourceConfig")
+    count = _instance_count(config.get("InstanceCount"), "ResourceConfig")
+    return {itype: count}
+
+
+def _instance_type(value: Any, where: str) -> str:
+    if not isinstance(value, str) or not re.fullmatch(r"ml\.[a-z0-9]+\.[a-z0-9]+", value):
+        raise DomainError(
+            f"{where}.InstanceType must be an instance type like ml.trn1.32xlarge, got {value!r}"
+        )
+    return value
+
+
+def _instance_count(value: Any, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise DomainError(f"{where}.InstanceCount must be an integer of at least 1, got {value!r}")
+    return value
+
+
+def primary_pool(demand: Mapping[str, int]) -> str:
+    """The pool a job is queued in: its only instance type, or the first group's."""
+    return next(iter(demand))
+
+
+@dataclass(frozen=True)
+class ResourceKey:
+    """What must be identical for a new job to reuse a warm pool (SageMaker's documented match rule).
+
+    Image, hyperparameters, inputs, environment and tags may differ; these may not.
+    """
+
+    role_arn: str
+    instance_type: str
+    instance_count: int
+    volume_size_gb: int
+    volume_kms_key_id: str = ""
+    subnets: tuple[str, ...] = ()
+    security_group_ids: tuple[str, ...] = ()
+    inter_container_encryption: bool = False
+    network_isolation: bool = False
+
+    @classmethod
+    def from_request(cls, request: Mapping[str, Any]) -> ResourceKey | None:
+        """The key of a CreateTrainingJob request or DescribeTrainingJob response; None when the job
+        cannot use a warm pool at all (managed spot, heterogeneous clusters, incomplete config)."""
+        config = request.get("ResourceConfig") or {}
+        if config.get("InstanceGroups") or request.get("EnableManagedSpotTraining"):
+            return None
+        instance_type = config.get("InstanceType")
+        count = config.get("InstanceCount")
+        if not isinstance(instance_type, str) or not isinstance(count, int):
+            return None
+        vpc = request.get("VpcConfig") or {}
+        return cls(
+            role_arn=str(request.get("RoleArn", "")),
+            instance_type=instance_type,
+            instance_count=count,
+            volume_size_gb=int(config.get("VolumeSizeInGB", 0) or 0),
+            volume_kms_key_id=str(config.get("VolumeKmsKeyId", "") or ""),
+            subnets=tuple(sorted(vpc.get("Subnets") or ())),
+            security_group_ids=tuple(sorted(vpc.get("SecurityGroupIds") or ())),
+            inter_container_encryption=bool(request.get("EnableInterContainerTrafficEncryption", False)),
+            network_isolation=bool(request.get("EnableNetworkIsolation", False)),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> ResourceKey:
+        return cls(
+            role_arn=data["role_arn"],
+            instance_type=data["instance_type"],
+            instance_count=int(data["instance_count"]),
+            volume_size_gb=int(data["volume_size_gb"]),
+            volume_kms_key_id=data.get("volume_kms_key_id", ""),
+            subnets=tuple(data.get("subnets", ())),
+            security_group_ids=tuple(data.get("security_group_ids", ())),
+            inter_container_encryption=bool(data.get("inter_container_encryption", False)),
+            network_isolation=bool(data.get("network_isolation", False)),
+        )
+
+
+@dataclass(frozen=True)
+class Pool:
+    """A set of interchangeable instances the queue may fill: one instance type, a capacity in instances."""
+
+    instance_type: str
+    capacity: int
+
+    def __post_init__(self) -> None:
+        _instance_type(self.instance_type, "pool")
+        if isinstance(self.capacity, bool) or not isinstance(self.capacity, int) or self.capacity < 0:
+            raise DomainError(f"capacity of {self.instance_type} must be a non-negative integer")
+
+
+@dataclass
+class Job:
+    """One queue entry and the state of its current attempt."""
+
+    name: str
+    request: dict[str, Any]
+    priority: int
+    owner: str
+    submitted_at: datetime
+    state: JobState = JobState.QUEUED
+    attempt: int = 0  # number of the current (or last) attempt; 0 until it first starts
+    training_job_name: str | None = None
+    started_at: datetime | None = None
+    ended_at: datetime | None = None
+    reason: str | None = None
+    stop_reason: StopReason | None = None
+    preemptions: int = 0
+    retries: int = 0  # requeues after transient SageMaker failures
+    not_before: datetime | None = None  # backoff: not started again before this time
+    reused_warm_pool_of: str | None = None  # training job whose warm pool the current attempt reuses
+    keep_alive_seconds: int = 0  # keep-alive the scheduler set on the current attempt
+    version: int = 0  # optimistic-locking counter, owned by the store
+    history: list[dict[str, Any]] = field(default_factory=list)  # [{at, state, attempt, reason}]
+
+    @property
+    def demand(self) -> dict[str, int]:
+        return demand_of(self.request)
+
+    @property
+    def pool(self) -> str:
+        return primary_pool(self.demand)
+
+    @property
+    def resource_key(self) -> ResourceKey | None:
+        return ResourceKey.from_request(self.request)
+
+    def next_attempt_name(self) -> str:
+        return attempt_name(self.name, self.attempt + 1)
+
+    def transition(self, target: JobState, now: datetime, reason: str | None = None) -> None:
+        """Move to `target`, recording when and why; refuses moves not in TRANSITIONS."""
+        check_transition(self.state, target)
+        self.state = target
+        if reason is not None:
+            self.reason = reason
+        if target.is_terminal:
+            self.ended_at = now
+        self.history.append(
+            {"at": now.isoformat(), "state": target.value, "attempt": self.attempt, "reason": reason}
+        )
+
+    def to_api(self) -> dict[str, Any]:
+        """The job as the API reports it."""
+        return {
+            "name": self.name,
+            "state": self.state.value,
+            "priority": self.priority,
+            "pool": self.pool,
+            "attempt": self.attempt,
+            "training_job_name": self.training_job_name,
+            "owner": self.owner,
+            "submitted_at": _iso(self.submitted_at),
+            "started_at": _iso(self.started_at),
+            "ended_at": _iso(self.ended_at),
+            "reason": self.reason,
+            "preemptions": self.preemptions,
+            "retries": self.retries,
+            "instances": sum(self.demand.values()),
+        }
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat() if value else None
