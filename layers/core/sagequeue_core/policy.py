@@ -122,6 +122,8 @@ Action = Start | Preempt | ReleaseWarmPool
 class Plan:
     actions: list[Action] = field(default_factory=list)
     waiting: dict[str, str] = field(default_factory=dict)  # job name -> why it did not start
+    #: free instances set aside for a waiting job (pool -> instances), so lower-priority jobs cannot take them
+    held: dict[str, dict[str, int]] = field(default_factory=dict)
 
     @property
     def starts(self) -> list[Start]:
@@ -286,8 +288,14 @@ class _Pass:
 
     def _claim(self, job: QueuedJob) -> None:
         """Set aside the free capacity a waiting job will use, so lower-priority jobs cannot take it."""
+        held: dict[str, int] = {}
         for pool, need in job.demand.items():
-            self.free[pool] = self.free.get(pool, 0) - min(max(self.free.get(pool, 0), 0), need)
+            take = min(max(self.free.get(pool, 0), 0), need)
+            self.free[pool] = self.free.get(pool, 0) - take
+            if take:
+                held[pool] = take
+        if held:
+            self.result.held[job.name] = held
 
     def _deficit(self, demand: Mapping[str, int]) -> dict[str, int]:
         return {

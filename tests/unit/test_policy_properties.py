@@ -1,0 +1,280 @@
+"""Invariants of the scheduling pass on random snapshots (hypothesis).
+
+Each property is stated from the outside: it reads only the snapshot and the plan, never the pass's
+internals, so a change in how the pass decides cannot quietly change what it promises.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import Counter
+from datetime import UTC, datetime, timedelta
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sagequeue_core.domain import ResourceKey
+from sagequeue_core.policy import (
+    PolicySettings,
+    QueuedJob,
+    ReleaseWarmPool,
+    RunningAttempt,
+    Snapshot,
+    Start,
+    WarmPool,
+    covers,
+    minimal_cover,
+    plan,
+)
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+POOLS = ("ml.trn1.32xlarge", "ml.trn2.48xlarge")
+ROLES = ("arn:aws:iam::1:role/a", "arn:aws:iam::1:role/b")
+
+
+def _key(pool: str, count: int, role: str) -> ResourceKey:
+    return ResourceKey(role_arn=role, instance_type=pool, instance_count=count, volume_size_gb=100)
+
+
+@st.composite
+def snapshots(draw: st.DrawFn) -> tuple[Snapshot, PolicySettings]:
+    capacity = {pool: draw(st.integers(0, 6)) for pool in POOLS}
+    now = T0 + timedelta(hours=2)
+    running: list[RunningAttempt] = []
+    for i in range(draw(st.integers(0, 6))):
+        pool = draw(st.sampled_from(POOLS))
+        running.append(
+            RunningAttempt(
+                training_job_name=f"run-{i}",
+                job_name=None if draw(st.integers(0, 9)) == 0 else f"run-{i}",
+                priority=draw(st.integers(0, 5)),
+                started_at=now - timedelta(minutes=draw(st.integers(0, 120))),
+                demand={pool: draw(st.integers(1, 3))},
+                stopping=draw(st.integers(0, 7)) == 0,
+            )
+        )
+    warm: list[WarmPool] = []
+    for i in range(draw(st.integers(0, 3))):
+        pool = draw(st.sampled_from(POOLS))
+        warm.append(WarmPool(f"warm-{i}", _key(pool, draw(st.integers(1, 2)), draw(st.sampled_from(ROLES)))))
+    queued: list[QueuedJob] = []
+    for i in range(draw(st.integers(0, 8))):
+        pool = draw(st.sampled_from(POOLS))
+        count = draw(st.integers(1, 3))
+        if draw(st.integers(0, 9)) == 0:
+            demand = {POOLS[0]: count, POOLS[1]: draw(st.integers(1, 2))}
+            key = None
+        else:
+            demand = {pool: count}
+            key = _key(pool, count, draw(st.sampled_from(ROLES)))
+        queued.append(
+            QueuedJob(
+                name=f"job-{i}",
+                priority=draw(st.integers(0, 5)),
+                submitted_at=T0 + timedelta(minutes=draw(st.integers(0, 60))),
+                demand=demand,
+                resource_key=key,
+                not_before=now + timedelta(minutes=5) if draw(st.integers(0, 9)) == 0 else None,
+            )
+        )
+    policy_settings = PolicySettings(
+        min_runtime_before_preemption_seconds=draw(st.sampled_from([0, 600, 3600])),
+        default_keep_alive_seconds=draw(st.sampled_from([0, 600])),
+    )
+    return Snapshot(
+        now=now, capacity=capacity, queued=queued, running=running, warm_pools=warm
+    ), policy_settings
+
+
+def _used(snapshot: Snapshot) -> Counter[str]:
+    used: Counter[str] = Counter()
+    for attempt in snapshot.running:
+        used.update(attempt.demand)
+    for warm in snapshot.warm_pools:
+        used[warm.pool] += warm.instances
+    return used
+
+
+def _eligible(snapshot: Snapshot) -> list[QueuedJob]:
+    return [j for j in snapshot.queued if j.not_before is None or j.not_before <= snapshot.now]
+
+
+PROPERTY_SETTINGS = settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@PROPERTY_SETTINGS
+@given(snapshots())
+def test_capacity_is_never_exceeded(case: tuple[Snapshot, PolicySettings]) -> None:
+    snapshot, policy_settings = case
+    result = plan(snapshot, policy_settings)
+    used = _used(snapshot)
+    warm_by_name = {w.training_job_name: w for w in snapshot.warm_pools}
+    jobs = {j.name: j for j in snapshot.queued}
+    after = Counter(used)
+    for action in result.actions:
+        if isinstance(action, ReleaseWarmPool):
+            after[warm_by_name[action.training_job_name].pool] -= warm_by_name[
+                action.training_job_name
+            ].instances
+        elif isinstance(action, Start) and action.warm_pool is None:
+            after.update(jobs[action.job_name].demand)
+    for pool, count in after.items():
+        # a pool already over capacity (capacity lowered, or jobs started by hand) must not grow
+        assert count <= max(snapshot.capacity.get(pool, 0), used[pool]), (pool, count)
+        if count > snapshot.capacity.get(pool, 0):
+            assert count <= used[pool]
+
+
+@PROPERTY_SETTINGS
+@given(snapshots())
+def test_actions_are_well_formed(case: tuple[Snapshot, PolicySettings]) -> None:
+    snapshot, policy_settings = case
+    result = plan(snapshot, policy_settings)
+    eligible = {j.name for j in _eligible(snapshot)}
+    started = [a.job_name for a in result.starts]
+    assert len(started) == len(set(started)), "a job started twice"
+    assert set(started) <= eligible, "started a job that was not eligible"
+    reused = [a.warm_pool for a in result.starts if a.warm_pool]
+    released = [a.training_job_name for a in result.releases]
+    assert len(reused) == len(set(reused)), "a warm pool reused twice"
+    assert not set(reused) & set(released), "a warm pool both reused and released"
+    jobs = {j.name: j for j in snapshot.queued}
+    warm = {w.training_job_name: w for w in snapshot.warm_pools}
+    for start in result.starts:
+        if start.warm_pool:
+            assert jobs[start.job_name].resource_key == warm[start.warm_pool].resource_key
+    # every eligible job either starts or says why it waits
+    assert eligible == set(started) | (set(result.waiting) & eligible)
+
+
+@PROPERTY_SETTINGS
+@given(snapshots())
+def test_preemption_only_for_strictly_higher_priority_and_only_ripe_victims(
+    case: tuple[Snapshot, PolicySettings],
+) -> None:
+    snapshot, policy_settings = case
+    result = plan(snapshot, policy_settings)
+    attempts = {a.training_job_name: a for a in snapshot.running}
+    jobs = {j.name: j for j in snapshot.queued}
+    victims = [p.training_job_name for p in result.preemptions]
+    assert len(victims) == len(set(victims)), "an attempt preempted twice"
+    for preempt in result.preemptions:
+        victim = attempts[preempt.training_job_name]
+        assert victim.preemptible
+        assert victim.priority < jobs[preempt.for_job].priority
+        ran = (snapshot.now - victim.started_at).total_seconds()
+        assert ran >= policy_settings.min_runtime_before_preemption_seconds
+        assert preempt.for_job not in {s.job_name for s in result.starts}
+
+
+@PROPERTY_SETTINGS
+@given(snapshots())
+def test_victims_are_a_minimal_cover(case: tuple[Snapshot, PolicySettings]) -> None:
+    snapshot, policy_settings = case
+    result = plan(snapshot, policy_settings)
+    attempts = {a.training_job_name: a for a in snapshot.running}
+    jobs = {j.name: j for j in snapshot.queued}
+    by_job: dict[str, list[RunningAttempt]] = {}
+    for preempt in result.preemptions:
+        by_job.setdefault(preempt.for_job, []).append(attempts[preempt.training_job_name])
+    for job_name, victims in by_job.items():
+        demand = jobs[job_name].demand
+        # never more than the deficit: each victim is needed, so without any one of them the job's
+        # demand is not met by what the victims free
+        for victim in victims:
+            rest = [v for v in victims if v is not victim]
+            assert not covers(rest, demand), f"{victim.training_job_name} was preempted needlessly"
+
+
+@PROPERTY_SETTINGS
+@given(snapshots())
+def test_no_job_is_passed_over_by_a_less_important_one_unless_it_cannot_fit(
+    case: tuple[Snapshot, PolicySettings],
+) -> None:
+    snapshot, policy_settings = case
+    result = plan(snapshot, policy_settings)
+    jobs = {j.name: j for j in snapshot.queued}
+    started = {s.job_name: s for s in result.starts}
+    warm = {w.training_job_name: w for w in snapshot.warm_pools}
+    # capacity left after the pass, as an outsider sees it
+    free = Counter(dict(snapshot.capacity))
+    free.subtract(_used(snapshot))
+    for action in result.actions:
+        if isinstance(action, ReleaseWarmPool):
+            free[warm[action.training_job_name].pool] += warm[action.training_job_name].instances
+        elif isinstance(action, Start) and action.warm_pool is None:
+            free.subtract(jobs[action.job_name].demand)
+    reused = {s.warm_pool for s in result.starts if s.warm_pool}
+    released = {r.training_job_name for r in result.releases}
+    remaining_warm = [w for name, w in warm.items() if name not in reused | released]
+
+    def rank(job: QueuedJob) -> tuple[int, datetime, str]:
+        return (-job.priority, job.submitted_at, job.name)
+
+    for higher in _eligible(snapshot):
+        if higher.name in started:
+            continue
+        for lower_name in started:
+            lower = jobs[lower_name]
+            if lower.priority >= higher.priority or not set(lower.demand) & set(higher.demand):
+                continue
+            # What `higher` could have had: what is still free, what `lower` took, capacity held for jobs
+            # ranked below it, and warm pools no job at least as important wants.
+            wanted = {
+                o.resource_key
+                for o in _eligible(snapshot)
+                if o.name != higher.name and o.name not in started and o.priority >= higher.priority
+            }
+            available = Counter(free)
+            available.update(lower.demand)
+            for name, held in result.held.items():
+                if rank(jobs[name]) > rank(higher):
+                    available.update(held)
+            for w in remaining_warm:
+                if w.resource_key not in wanted:
+                    available[w.pool] += w.instances
+            fits = all(max(available[pool], 0) >= need for pool, need in higher.demand.items())
+            assert not fits, f"{higher.name} (p{higher.priority}) could have run instead of {lower.name}"
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 5), st.integers(1, 3)), min_size=0, max_size=9),
+    st.integers(1, 6),
+)
+def test_minimal_cover_has_the_fewest_victims(candidates: list[tuple[int, int]], deficit: int) -> None:
+    attempts = [
+        RunningAttempt(f"r{i}", {POOLS[0]: size}, priority, T0, job_name=f"r{i}")
+        for i, (priority, size) in enumerate(candidates)
+    ]
+    victims = minimal_cover(attempts, {POOLS[0]: deficit})
+    feasible = [
+        size
+        for size in range(1, len(attempts) + 1)
+        if any(covers(c, {POOLS[0]: deficit}) for c in itertools.combinations(attempts, size))
+    ]
+    if not feasible:
+        assert victims is None
+        return
+    assert victims is not None
+    assert covers(victims, {POOLS[0]: deficit})
+    assert len(victims) == feasible[0]
+
+
+def test_generated_snapshots_exercise_every_action() -> None:
+    """Guard against a strategy that never produces preemptions, releases or reuse."""
+    seen: Counter[str] = Counter()
+
+    @settings(max_examples=400, deadline=None, database=None)
+    @given(snapshots())
+    def collect(case: tuple[Snapshot, PolicySettings]) -> None:
+        result = plan(*case)
+        for action in result.actions:
+            kind = type(action).__name__
+            if isinstance(action, Start) and action.warm_pool:
+                kind = "Reuse"
+            seen[kind] += 1
+
+    collect()
+    for kind in ("Start", "Reuse", "Preempt", "ReleaseWarmPool"):
+        assert seen[kind] > 0, f"no {kind} in 400 random snapshots: the strategy is too narrow"
