@@ -1,0 +1,305 @@
+"""The NEFF cache in a Hugging Face Hub model repository: `hf://<org>/<repo>`.
+
+Reads are pinned to one commit (the head when the listing starts), so a restore sees one consistent tree
+even while others publish. A publish is one commit whose parent is the head we listed: if someone else
+committed in between, the Hub answers 409 or 412, and we list again, drop what they already published and
+retry with backoff. LFS objects uploaded before a lost race are not lost: the Hub keeps them, and the
+retry's LFS batch call finds them already stored.
+
+The token comes from the usual places (HF_TOKEN, the token file of `hf auth login`), the endpoint from
+HF_ENDPOINT.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from datetime import datetime
+from typing import Any
+from urllib.parse import quote
+
+from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi
+from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError, RevisionNotFoundError
+from huggingface_hub.hf_api import RepoFile, RepoFolder
+from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
+
+from sagequeue.job import neuron
+from sagequeue.job.remote import (
+    REGISTRY_DIR,
+    ConflictError,
+    Deadline,
+    PublishResult,
+    RegistryRecord,
+    RemoteCacheError,
+    RemoteCacheNotFoundError,
+    RemoteEntry,
+    RemoteFile,
+    merge_records,
+)
+
+#: Status codes the Hub uses when the parent commit is no longer the head.
+CONFLICT_STATUSES = (409, 412)
+_CHUNK = 1024 * 1024
+
+
+def _status(exc: HfHubHTTPError) -> int | None:
+    response = getattr(exc, "response", None)
+    return getattr(response, "status_code", None)
+
+
+class HubCache:
+    def __init__(
+        self,
+        url: str,
+        *,
+        endpoint: str | None = None,
+        token: str | None = None,
+        max_attempts: int = 6,
+        backoff_base: float = 0.5,
+        backoff_max: float = 8.0,
+        commit_reserve: float = 10.0,
+    ) -> None:
+        if not url.startswith("hf://"):
+            raise ValueError(f"not a Hub URL: {url!r}")
+        repo_id = url[len("hf://") :].strip("/")
+        if repo_id.count("/") != 1:
+            raise ValueError(f"expected hf://<org>/<repo>, got {url!r}")
+        self.url = url
+        self.repo_id = repo_id
+        self.api = HfApi(endpoint=endpoint, token=token)
+        self.max_attempts = max_attempts
+        self.backoff_base = backoff_base
+        self.backoff_max = backoff_max
+        #: Seconds kept free before the deadline for the commit call itself.
+        self.commit_reserve = commit_reserve
+        self._revision: str | None = None
+
+    # --- reading ---------------------------------------------------------------------------------------
+
+    def _error(self, operation: str, exc: HfHubHTTPError) -> RemoteCacheError:
+        if isinstance(exc, RepositoryNotFoundError):
+            return RemoteCacheNotFoundError(
+                f"{self.url}: repository {self.repo_id} does not exist or this token cannot read it ({operation})"
+            )
+        return RemoteCacheError(f"{self.url}: {operation} failed (HTTP {_status(exc)}): {exc}")
+
+    def head(self) -> str:
+        """The current head commit; later reads use it until `refresh()`."""
+        try:
+            info = self.api.model_info(self.repo_id)
+        except HfHubHTTPError as exc:
+            raise self._error("read repository", exc) from exc
+        if not info.sha:
+            raise RemoteCacheError(f"{self.url}: the Hub returned no head commit")
+        self._revision = info.sha
+        return info.sha
+
+    def revision(self) -> str:
+        return self._revision or self.head()
+
+    def _tree(self, path: str, recursive: bool, expand: bool = False) -> list[RepoFile | RepoFolder]:
+        try:
+            return list(
+                self.api.list_repo_tree(
+                    self.repo_id,
+                    path_in_repo=path,
+                    recursive=recursive,
+                    expand=expand,
+                    revision=self.revision(),
+                )
+            )
+        except (RevisionNotFoundError, HfHubHTTPError) as exc:
+            if _status(exc) == 404 and not isinstance(exc, RepositoryNotFoundError):
+                return []  # the folder does not exist yet
+            raise self._error(f"list {path or '/'}", exc) from exc
+
+    def exists(self) -> bool:
+        try:
+            self.head()
+        except RemoteCacheNotFoundError:
+            return False
+        return True
+
+    def create(self, private: bool = True) -> None:
+        try:
+            self.api.create_repo(self.repo_id, private=private, exist_ok=True, repo_type="model")
+        except HfHubHTTPError as exc:
+            raise self._error("create repository", exc) from exc
+
+    def versions(self) -> list[str]:
+        return sorted(
+            neuron.version_of_dir(item.path)
+            for item in self._tree("", recursive=False)
+            if isinstance(item, RepoFolder) and neuron.is_version_dir(item.path)
+        )
+
+    def entries(self, version: str) -> dict[str, RemoteEntry]:
+        vdir = neuron.version_dir(version)
+        files: dict[str, list[RemoteFile]] = {}
+        for item in self._tree(vdir, recursive=True):
+            if not isinstance(item, RepoFile):
+                continue
+            parts = item.path.split("/", 2)
+            if len(parts) != 3 or not neuron.is_entry_dir(parts[1]):
+                continue
+            sha256 = item.lfs.sha256 if item.lfs else None
+            git_sha1 = None if item.lfs else item.blob_id
+            files.setdefault(parts[1], []).append(RemoteFile(parts[2], int(item.size), sha256, git_sha1))
+        return {
+            module: RemoteEntry(version, module, tuple(sorted(fs, key=lambda f: f.name)))
+            for module, fs in files.items()
+            # a commit is atomic, but a hand-made commit could still carry half an entry
+            if neuron.is_complete_file_set([f.name for f in fs])
+        }
+
+    def published_times(self, version: str) -> dict[str, float]:
+        """When each entry folder last changed (slower: the Hub pages expanded listings by 50)."""
+        out: dict[str, float] = {}
+        for item in self._tree(neuron.version_dir(version), recursive=False, expand=True):
+            commit = getattr(item, "last_commit", None)
+            date = getattr(commit, "date", None)
+            if isinstance(item, RepoFolder) and isinstance(date, datetime):
+                out[item.path.rsplit("/", 1)[-1]] = date.timestamp()
+        return out
+
+    def verified_files(self, entry: RemoteEntry) -> tuple[RemoteFile, ...]:
+        return entry.files
+
+    def file_url(self, path: str) -> str:
+        return f"{self.api.endpoint}/{self.repo_id}/resolve/{self.revision()}/{quote(path)}"
+
+    @contextmanager
+    def open_file(self, entry: RemoteEntry, file: RemoteFile, offset: int = 0) -> Iterator[Iterator[bytes]]:
+        headers = build_hf_headers(token=self.api.token)
+        if offset:
+            headers["Range"] = f"bytes={offset}-"
+        url = self.file_url(f"{entry.key}/{file.name}")
+        with get_session().stream("GET", url, headers=headers, follow_redirects=True) as response:
+            try:
+                hf_raise_for_status(response)
+            except HfHubHTTPError as exc:
+                raise self._error(f"download {entry.key}/{file.name}", exc) from exc
+            if offset and response.status_code != 206:
+                raise RemoteCacheError(
+                    f"{url}: asked for bytes from {offset}, the server sent the whole file"
+                )
+            yield response.iter_bytes(_CHUNK)
+
+    def read_text(self, path: str) -> bytes:
+        response = get_session().get(
+            self.file_url(path), headers=build_hf_headers(token=self.api.token), follow_redirects=True
+        )
+        try:
+            hf_raise_for_status(response)
+        except HfHubHTTPError as exc:
+            raise self._error(f"read {path}", exc) from exc
+        return response.content
+
+    def records(self, model: str | None = None) -> list[RegistryRecord]:
+        out = []
+        for item in self._tree(REGISTRY_DIR, recursive=True):
+            if not isinstance(item, RepoFile) or not item.path.endswith(".json"):
+                continue
+            try:
+                record = RegistryRecord.from_json(self.read_text(item.path))
+            except ValueError:
+                continue  # a broken record is skipped, not fatal to a lookup
+            if model is None or record.model == model:
+                out.append(record)
+        return out
+
+    # --- writing ---------------------------------------------------------------------------------------
+
+    def publish(
+        self, entries: Sequence[neuron.LocalEntry], records: Sequence[RegistryRecord], deadline: Deadline
+    ) -> PublishResult:
+        result = PublishResult()
+        # Operations survive a lost race: their LFS content is uploaded once and reused by the retry.
+        operations: dict[str, list[CommitOperationAdd]] = {}
+        for attempt in range(1, self.max_attempts + 1):
+            parent = self.head()
+            remote: dict[str, set[str]] = {}
+            todo = []
+            for entry in entries:
+                present = remote.setdefault(entry.version, set(self.entries(entry.version)))
+                if entry.module in present:
+                    if entry.key not in result.already_present:
+                        result.already_present.append(entry.key)
+                else:
+                    todo.append(entry)
+            staged: list[str] = []
+            for entry in todo:
+                if entry.key not in operations:
+                    if deadline.expired(self.commit_reserve):
+                        if entry.key not in result.skipped:
+                            result.skipped.append(entry.key)
+                        continue
+                    ops = [
+                        CommitOperationAdd(path_in_repo=f"{entry.key}/{name}", path_or_fileobj=str(path))
+                        for name, path in neuron.iter_entry_files(entry.path)
+                    ]
+                    try:
+                        self.api.preupload_lfs_files(self.repo_id, additions=ops, revision=parent)
+                    except HfHubHTTPError as exc:
+                        raise self._error(f"upload {entry.key}", exc) from exc
+                    operations[entry.key] = ops
+                staged.append(entry.key)
+            result.skipped = [k for k in result.skipped if k not in staged]
+            if not staged:
+                result.revision = parent
+                return result
+            existing = {r.path: r for r in self.records()} if records else {}
+            record_ops = [
+                CommitOperationAdd(path_in_repo=r.path, path_or_fileobj=r.to_json())
+                for r in merge_records(records, existing)
+            ]
+            versions = sorted({key.split("/", 1)[0] for key in staged})
+            try:
+                info = self.api.create_commit(
+                    self.repo_id,
+                    operations=[op for key in staged for op in operations[key]] + record_ops,
+                    commit_message=f"Add {len(staged)} compiled graphs ({', '.join(versions)})",
+                    commit_description="Published by sagequeue-job: complete NEFF cache entries only.",
+                    parent_commit=parent,
+                )
+            except HfHubHTTPError as exc:
+                if _status(exc) not in CONFLICT_STATUSES:
+                    raise self._error("commit", exc) from exc
+                result.conflicts_retried += 1
+                pause = min(self.backoff_max, self.backoff_base * 2 ** (attempt - 1))
+                pause *= 0.5 + random.random()
+                if attempt == self.max_attempts or deadline.remaining() < pause + self.commit_reserve:
+                    raise ConflictError(
+                        f"{self.url}: the repository kept moving; gave up after {attempt} commit attempts"
+                    ) from exc
+                time.sleep(pause)
+                continue
+            result.published = staged
+            result.records = [op.path_in_repo for op in record_ops]
+            result.revision = info.oid
+            self._revision = info.oid
+            return result
+        raise ConflictError(f"{self.url}: no commit after {self.max_attempts} attempts")
+
+    def delete(self, entries: Sequence[RemoteEntry]) -> None:
+        if not entries:
+            return
+        for attempt in range(1, self.max_attempts + 1):
+            parent = self.head()
+            ops: list[Any] = [
+                CommitOperationDelete(path_in_repo=f"{e.key}/", is_folder=True) for e in entries
+            ]
+            try:
+                self.api.create_commit(
+                    self.repo_id,
+                    operations=ops,
+                    commit_message=f"Prune {len(entries)} compiled graphs",
+                    parent_commit=parent,
+                )
+                return
+            except HfHubHTTPError as exc:
+                if _status(exc) not in CONFLICT_STATUSES or attempt == self.max_attempts:
+                    raise self._error("prune commit", exc) from exc
+                time.sleep(min(self.backoff_max, self.backoff_base * 2 ** (attempt - 1)))

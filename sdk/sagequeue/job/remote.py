@@ -1,0 +1,227 @@
+"""A remote NEFF cache: what the Hub and S3 backends both offer, and how a URL picks one.
+
+Both backends hold the same tree as a local cache (`neuronxcc-<version>/MODULE_<...>/<files>`) plus a
+registry (`registry/neuronxcc-<version>/<model>/<config hash>.json`), and both guarantee that a reader
+sees an entry only when it is whole: the Hub because one commit adds all of it, S3 because a manifest
+object written after the entry's files is what makes it visible.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+from sagequeue.job.neuron import LocalEntry, entry_key, version_dir
+
+REGISTRY_DIR = "registry"
+
+
+class RemoteCacheError(RuntimeError):
+    """The remote cache refused or failed an operation; the message names the cache and the operation."""
+
+
+class RemoteCacheNotFoundError(RemoteCacheError):
+    """The repository or bucket does not exist (or this identity may not see it)."""
+
+
+class ConflictError(RemoteCacheError):
+    """Someone else changed the remote cache between our read and our write."""
+
+
+class IntegrityError(RemoteCacheError):
+    """Downloaded bytes do not match the checksum the remote cache recorded."""
+
+
+@dataclass(frozen=True)
+class RemoteFile:
+    #: Path relative to the entry directory.
+    name: str
+    size: int
+    sha256: str | None = None
+    #: Git blob id (sha1 of "blob <size>\\0<content>"), what the Hub records for files kept in git.
+    git_sha1: str | None = None
+
+
+@dataclass(frozen=True)
+class RemoteEntry:
+    version: str
+    module: str
+    files: tuple[RemoteFile, ...]
+    #: Seconds since the epoch when the entry became visible, when the backend knows it.
+    published_at: float | None = None
+    #: Whether `files` carries checksums; when False, `RemoteCache.verified_files` fetches them.
+    verified: bool = True
+
+    @property
+    def key(self) -> str:
+        return entry_key(self.version, self.module)
+
+    @property
+    def size(self) -> int:
+        return sum(f.size for f in self.files)
+
+
+@dataclass
+class RegistryRecord:
+    """Which job configuration produced which entries: what `lookup` searches and `restore` narrows by."""
+
+    model: str
+    compiler_version: str
+    #: instance type, core count, precision, shapes, compiler flags, and whatever the user adds.
+    config: dict[str, str]
+    entries: list[str] = field(default_factory=list)
+    updated_at: str = field(default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds"))
+    training_job: str | None = None
+
+    @property
+    def config_hash(self) -> str:
+        canonical = json.dumps(
+            {"model": self.model, "compiler_version": self.compiler_version, "config": self.config},
+            sort_keys=True,
+            separators=(",", ":"),
+        )
+        return hashlib.sha256(canonical.encode()).hexdigest()[:20]
+
+    @property
+    def path(self) -> str:
+        """Where the record lives, relative to the cache root."""
+        return f"{REGISTRY_DIR}/{version_dir(self.compiler_version)}/{self.model}/{self.config_hash}.json"
+
+    def to_json(self) -> bytes:
+        body = {
+            "model": self.model,
+            "compiler_version": self.compiler_version,
+            "config": self.config,
+            "entries": sorted(set(self.entries)),
+            "updated_at": self.updated_at,
+            "training_job": self.training_job,
+        }
+        return json.dumps(body, indent=1, sort_keys=True).encode()
+
+    @classmethod
+    def from_json(cls, raw: bytes | str) -> RegistryRecord:
+        data = json.loads(raw)
+        if not isinstance(data, dict) or not {"model", "compiler_version", "config"} <= data.keys():
+            raise ValueError("a registry record needs model, compiler_version and config")
+        return cls(
+            model=str(data["model"]),
+            compiler_version=str(data["compiler_version"]),
+            config={str(k): str(v) for k, v in dict(data["config"]).items()},
+            entries=[str(e) for e in data.get("entries", [])],
+            updated_at=str(data.get("updated_at", "")),
+            training_job=data.get("training_job"),
+        )
+
+    def merged(self, other: RegistryRecord) -> RegistryRecord:
+        """This record with the entries another writer recorded for the same configuration."""
+        return RegistryRecord(
+            self.model,
+            self.compiler_version,
+            dict(self.config),
+            sorted(set(self.entries) | set(other.entries)),
+            self.updated_at,
+            self.training_job or other.training_job,
+        )
+
+
+def registry_path_parts(path: str) -> tuple[str, str] | None:
+    """(version directory, model) of a registry record path, or None when it is not one."""
+    parts = path.split("/")
+    if len(parts) < 4 or parts[0] != REGISTRY_DIR or not parts[-1].endswith(".json"):
+        return None
+    return parts[1], "/".join(parts[2:-1])
+
+
+@dataclass
+class PublishResult:
+    published: list[str] = field(default_factory=list)
+    #: Entries someone else published first: nothing to do.
+    already_present: list[str] = field(default_factory=list)
+    #: Entries left out because the deadline came first (they stay local and go next time).
+    skipped: list[str] = field(default_factory=list)
+    records: list[str] = field(default_factory=list)
+    conflicts_retried: int = 0
+    #: Backend-specific identifier of what was written (Hub commit id).
+    revision: str | None = None
+
+
+class Deadline:
+    """A point in monotonic time after which no new transfer starts."""
+
+    def __init__(self, seconds: float | None) -> None:
+        self._at = None if seconds is None else time.monotonic() + seconds
+
+    def remaining(self) -> float:
+        return float("inf") if self._at is None else self._at - time.monotonic()
+
+    def expired(self, reserve: float = 0.0) -> bool:
+        return self.remaining() <= reserve
+
+
+class RemoteCache(Protocol):
+    """A NEFF cache another host can read; one implementation per URL scheme."""
+
+    url: str
+
+    def exists(self) -> bool: ...
+
+    def create(self, private: bool = True) -> None: ...
+
+    def versions(self) -> list[str]: ...
+
+    def entries(self, version: str) -> dict[str, RemoteEntry]:
+        """Complete entries of one compiler version, by module name."""
+        ...
+
+    def verified_files(self, entry: RemoteEntry) -> tuple[RemoteFile, ...]:
+        """The entry's files with checksums."""
+        ...
+
+    def open_file(
+        self, entry: RemoteEntry, file: RemoteFile, offset: int = 0
+    ) -> AbstractContextManager[Iterator[bytes]]:
+        """The file's bytes from `offset` on."""
+        ...
+
+    def publish(
+        self,
+        entries: Sequence[LocalEntry],
+        records: Sequence[RegistryRecord],
+        deadline: Deadline,
+    ) -> PublishResult:
+        """Make complete local entries and registry records visible, each entry all at once or not at all."""
+        ...
+
+    def records(self, model: str | None = None) -> list[RegistryRecord]: ...
+
+    def delete(self, entries: Sequence[RemoteEntry]) -> None: ...
+
+
+def open_remote(url: str, **options: Any) -> RemoteCache:
+    """The backend for `hf://<org>/<repo>` or `s3://<bucket>/<prefix>`."""
+    if url.startswith("hf://"):
+        from sagequeue.job.hub import HubCache
+
+        return HubCache(url, **options)
+    if url.startswith("s3://"):
+        from sagequeue.job.s3 import S3Cache
+
+        return S3Cache(url, **options)
+    raise ValueError(f"unknown NEFF cache URL {url!r}: expected hf://<org>/<repo> or s3://<bucket>/<prefix>")
+
+
+def merge_records(
+    new: Sequence[RegistryRecord], existing: Mapping[str, RegistryRecord]
+) -> list[RegistryRecord]:
+    """New records merged with what the remote already holds at the same path."""
+    out = []
+    for record in new:
+        other = existing.get(record.path)
+        out.append(record.merged(other) if other is not None else record)
+    return out

@@ -1,0 +1,273 @@
+"""The NEFF cache in an S3 bucket: `s3://<bucket>/<prefix>`.
+
+The data tree mirrors the local cache, so the Neuron SDK's own `NEURON_COMPILE_CACHE_URL=s3://...` could
+read it too. Beside it, `manifests/neuronxcc-<version>/MODULE_<...>.json` lists an entry's files with
+their sizes and SHA-256, and is written only after every file of the entry is stored: an uploader that dies
+half-way leaves objects nobody reads, and the next uploader overwrites them.
+
+boto3 reads `AWS_ENDPOINT_URL` (and `AWS_ENDPOINT_URL_S3`) itself, so the same code talks to S3 or to a
+compatible server.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import boto3
+from boto3.s3.transfer import TransferConfig
+from botocore.config import Config
+from botocore.exceptions import ClientError
+
+from sagequeue.job import neuron
+from sagequeue.job.remote import (
+    REGISTRY_DIR,
+    Deadline,
+    PublishResult,
+    RegistryRecord,
+    RemoteCacheError,
+    RemoteCacheNotFoundError,
+    RemoteEntry,
+    RemoteFile,
+    merge_records,
+)
+
+MANIFEST_DIR = "manifests"
+_MISSING_CODES = {"NoSuchBucket", "404", "NotFound"}
+_CHUNK = 1024 * 1024
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as stream:
+        while block := stream.read(_CHUNK):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+class S3Cache:
+    def __init__(
+        self,
+        url: str,
+        *,
+        client: Any = None,
+        max_workers: int = 16,
+        region: str | None = None,
+    ) -> None:
+        if not url.startswith("s3://"):
+            raise ValueError(f"not an S3 URL: {url!r}")
+        bucket, _, prefix = url[len("s3://") :].partition("/")
+        if not bucket:
+            raise ValueError(f"no bucket in {url!r} (expected s3://<bucket>/<prefix>)")
+        self.url = url
+        self.bucket = bucket
+        self.prefix = prefix.strip("/")
+        self.max_workers = max_workers
+        self._region = region
+        self._client = client or boto3.client(
+            "s3",
+            region_name=region,
+            config=Config(max_pool_connections=max(10, max_workers * 2), retries={"mode": "standard"}),
+        )
+        self._transfer = TransferConfig(
+            multipart_threshold=64 * _CHUNK, multipart_chunksize=32 * _CHUNK, max_concurrency=4
+        )
+
+    # --- keys ------------------------------------------------------------------------------------------
+
+    def _key(self, relative: str) -> str:
+        return f"{self.prefix}/{relative}" if self.prefix else relative
+
+    def _relative(self, key: str) -> str:
+        return key[len(self.prefix) + 1 :] if self.prefix else key
+
+    def _manifest_key(self, version: str, module: str) -> str:
+        return self._key(f"{MANIFEST_DIR}/{neuron.version_dir(version)}/{module}.json")
+
+    def _list(self, relative_prefix: str, delimiter: str | None = None) -> Iterator[dict[str, Any]]:
+        paginator = self._client.get_paginator("list_objects_v2")
+        kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": self._key(relative_prefix)}
+        if delimiter:
+            kwargs["Delimiter"] = delimiter
+        try:
+            for page in paginator.paginate(**kwargs):
+                yield from page.get("Contents", [])
+                for common in page.get("CommonPrefixes", []):
+                    yield {"CommonPrefix": common["Prefix"]}
+        except ClientError as exc:
+            raise self._error("list", exc) from exc
+
+    def _error(self, operation: str, exc: ClientError) -> RemoteCacheError:
+        code = exc.response.get("Error", {}).get("Code", "")
+        if code in _MISSING_CODES:
+            return RemoteCacheNotFoundError(f"{self.url}: bucket {self.bucket} does not exist ({operation})")
+        return RemoteCacheError(f"{self.url}: {operation} failed with {code or 'an error'}: {exc}")
+
+    # --- the RemoteCache interface ---------------------------------------------------------------------
+
+    def exists(self) -> bool:
+        try:
+            self._client.head_bucket(Bucket=self.bucket)
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code", "") in _MISSING_CODES:
+                return False
+            raise self._error("head bucket", exc) from exc
+        return True
+
+    def create(self, private: bool = True) -> None:
+        # An S3 bucket is private unless a policy says otherwise; `private` matters only for the Hub.
+        kwargs: dict[str, Any] = {"Bucket": self.bucket}
+        region = self._client.meta.region_name
+        if region and region != "us-east-1":
+            kwargs["CreateBucketConfiguration"] = {"LocationConstraint": region}
+        try:
+            self._client.create_bucket(**kwargs)
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") != "BucketAlreadyOwnedByYou":
+                raise self._error("create bucket", exc) from exc
+
+    def versions(self) -> list[str]:
+        found = set()
+        for item in self._list(f"{MANIFEST_DIR}/", delimiter="/"):
+            name = item.get("CommonPrefix", "").rstrip("/").rsplit("/", 1)[-1]
+            if neuron.is_version_dir(name):
+                found.add(neuron.version_of_dir(name))
+        return sorted(found)
+
+    def entries(self, version: str) -> dict[str, RemoteEntry]:
+        vdir = neuron.version_dir(version)
+        published: dict[str, float] = {}
+        for item in self._list(f"{MANIFEST_DIR}/{vdir}/"):
+            name = item["Key"].rsplit("/", 1)[-1]
+            if name.endswith(".json") and neuron.is_entry_dir(name[: -len(".json")]):
+                published[name[: -len(".json")]] = item["LastModified"].timestamp()
+        files: dict[str, list[RemoteFile]] = {}
+        for item in self._list(f"{vdir}/"):
+            parts = self._relative(item["Key"]).split("/", 2)
+            if len(parts) == 3 and parts[1] in published:
+                files.setdefault(parts[1], []).append(RemoteFile(parts[2], int(item["Size"])))
+        return {
+            module: RemoteEntry(version, module, tuple(files.get(module, ())), when, verified=False)
+            for module, when in published.items()
+        }
+
+    def verified_files(self, entry: RemoteEntry) -> tuple[RemoteFile, ...]:
+        try:
+            body = self._client.get_object(
+                Bucket=self.bucket, Key=self._manifest_key(entry.version, entry.module)
+            )["Body"].read()
+        except ClientError as exc:
+            raise self._error(f"read manifest of {entry.key}", exc) from exc
+        manifest = json.loads(body)
+        return tuple(
+            RemoteFile(name, int(info["size"]), sha256=str(info["sha256"]))
+            for name, info in sorted(manifest["files"].items())
+        )
+
+    @contextmanager
+    def open_file(self, entry: RemoteEntry, file: RemoteFile, offset: int = 0) -> Iterator[Iterator[bytes]]:
+        kwargs: dict[str, Any] = {"Bucket": self.bucket, "Key": self._key(f"{entry.key}/{file.name}")}
+        if offset:
+            kwargs["Range"] = f"bytes={offset}-"
+        try:
+            body = self._client.get_object(**kwargs)["Body"]
+        except ClientError as exc:
+            raise self._error(f"download {entry.key}/{file.name}", exc) from exc
+        try:
+            yield body.iter_chunks(_CHUNK)
+        finally:
+            body.close()
+
+    def publish(
+        self, entries: Sequence[neuron.LocalEntry], records: Sequence[RegistryRecord], deadline: Deadline
+    ) -> PublishResult:
+        result = PublishResult()
+        with ThreadPoolExecutor(max_workers=self.max_workers) as pool:
+            for entry in entries:
+                # An entry is uploaded whole or not started: its manifest goes last, after every file.
+                if deadline.expired():
+                    result.skipped.append(entry.key)
+                    continue
+                files = list(neuron.iter_entry_files(entry.path))
+                checksums = dict(
+                    zip(
+                        [name for name, _ in files],
+                        pool.map(
+                            self._put_file,
+                            [f"{entry.key}/{name}" for name, _ in files],
+                            [p for _, p in files],
+                        ),
+                        strict=True,
+                    )
+                )
+                manifest = {
+                    "version": entry.version,
+                    "module": entry.module,
+                    "files": {
+                        name: {"size": path.stat().st_size, "sha256": checksums[name]} for name, path in files
+                    },
+                }
+                self._put_bytes(
+                    self._manifest_key(entry.version, entry.module),
+                    json.dumps(manifest, sort_keys=True).encode(),
+                )
+                result.published.append(entry.key)
+        if records and not deadline.expired():
+            existing = {r.path: r for r in self.records()}
+            for record in merge_records(records, existing):
+                self._put_bytes(self._key(record.path), record.to_json())
+                result.records.append(record.path)
+        return result
+
+    def _put_file(self, relative: str, path: Path) -> str:
+        checksum = sha256_of(path)
+        try:
+            self._client.upload_file(str(path), self.bucket, self._key(relative), Config=self._transfer)
+        except ClientError as exc:
+            raise self._error(f"upload {relative}", exc) from exc
+        return checksum
+
+    def _put_bytes(self, key: str, body: bytes) -> None:
+        try:
+            self._client.put_object(Bucket=self.bucket, Key=key, Body=body, ContentType="application/json")
+        except ClientError as exc:
+            raise self._error(f"write {key}", exc) from exc
+
+    def records(self, model: str | None = None) -> list[RegistryRecord]:
+        keys = [
+            item["Key"] for item in self._list(f"{REGISTRY_DIR}/") if item.get("Key", "").endswith(".json")
+        ]
+        out = []
+        for key in keys:
+            try:
+                body = self._client.get_object(Bucket=self.bucket, Key=key)["Body"].read()
+                record = RegistryRecord.from_json(body)
+            except ClientError as exc:
+                raise self._error(f"read {key}", exc) from exc
+            except ValueError:
+                continue  # a record someone wrote by hand and broke: not ours to fail on
+            if model is None or record.model == model:
+                out.append(record)
+        return out
+
+    def delete(self, entries: Sequence[RemoteEntry]) -> None:
+        for entry in entries:
+            # The manifest goes first so readers stop seeing the entry before its files disappear.
+            try:
+                self._client.delete_object(
+                    Bucket=self.bucket, Key=self._manifest_key(entry.version, entry.module)
+                )
+            except ClientError as exc:
+                raise self._error(f"delete manifest of {entry.key}", exc) from exc
+            keys = [item["Key"] for item in self._list(f"{entry.key}/")]
+            for start in range(0, len(keys), 1000):
+                batch = [{"Key": k} for k in keys[start : start + 1000]]
+                try:
+                    self._client.delete_objects(Bucket=self.bucket, Delete={"Objects": batch, "Quiet": True})
+                except ClientError as exc:
+                    raise self._error(f"delete {entry.key}", exc) from exc
