@@ -1,0 +1,123 @@
+"""Where the SDK and the CLI find the queue: the saved local-stack connection and the environment.
+
+`sagequeue local` writes the connection of the stack it serves with `save_local_connection`; `QueueClient`
+reads it with `load_local_connection` when no endpoint is given. The file is JSON at
+`$SAGEQUEUE_HOME/local.json` (default `~/.sagequeue/local.json`):
+
+    {"endpoint": "http://127.0.0.1:8765", "region": "us-east-1",
+     "access_key_id": "...", "secret_access_key": "..."}
+
+This module imports only the standard library and sagequeue.exceptions, so reading it costs nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from sagequeue.exceptions import ConfigurationError
+
+#: Names the API endpoint (e.g. https://abc123.execute-api.us-east-1.amazonaws.com/prod).
+ENDPOINT_ENV = "SAGEQUEUE_ENDPOINT"
+#: Names a deployed stack whose `ApiUrl` output is the endpoint.
+STACK_NAME_ENV = "SAGEQUEUE_STACK_NAME"
+#: Directory of sagequeue's per-user files; default ~/.sagequeue.
+HOME_ENV = "SAGEQUEUE_HOME"
+
+#: The CloudFormation output of the stack that holds the API's base URL.
+API_URL_OUTPUT = "ApiUrl"
+LOCAL_CONNECTION_FILE = "local.json"
+
+
+@dataclass(frozen=True)
+class LocalConnection:
+    """How to reach a stack served by `sagequeue local`: its URL and the credentials it accepts."""
+
+    endpoint: str
+    region: str
+    access_key_id: str
+    secret_access_key: str
+
+    @classmethod
+    def from_dict(cls, data: Any, *, source: str = "local connection") -> LocalConnection:
+        if not isinstance(data, dict):
+            raise ConfigurationError(f"{source} must hold a JSON object, got {type(data).__name__}")
+        missing = [
+            key for key in ("endpoint", "region", "access_key_id", "secret_access_key") if not data.get(key)
+        ]
+        if missing:
+            raise ConfigurationError(f"{source} lacks {', '.join(missing)}")
+        return cls(
+            endpoint=str(data["endpoint"]),
+            region=str(data["region"]),
+            access_key_id=str(data["access_key_id"]),
+            secret_access_key=str(data["secret_access_key"]),
+        )
+
+    def to_dict(self) -> dict[str, str]:
+        return asdict(self)
+
+
+def sagequeue_home() -> Path:
+    value = os.environ.get(HOME_ENV)
+    return Path(value).expanduser() if value else Path.home() / ".sagequeue"
+
+
+def local_connection_path() -> Path:
+    return sagequeue_home() / LOCAL_CONNECTION_FILE
+
+
+def save_local_connection(connection: LocalConnection, path: Path | None = None) -> Path:
+    """Write the connection atomically (readers never see half a file), readable by the owner only,
+    since it holds the local stack's secret key."""
+    target = path or local_connection_path()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".local-", suffix=".json", dir=target.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            json.dump(connection.to_dict(), handle, indent=2)
+            handle.write("\n")
+        os.chmod(tmp, 0o600)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return target
+
+
+def load_local_connection(path: Path | None = None) -> LocalConnection | None:
+    """The saved connection, or None when no local stack has been saved."""
+    source = path or local_connection_path()
+    try:
+        text = source.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise ConfigurationError(f"cannot read {source}: {exc.strerror or exc}") from exc
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigurationError(f"{source} is not valid JSON ({exc.msg} at line {exc.lineno})") from exc
+    return LocalConnection.from_dict(data, source=str(source))
+
+
+def remove_local_connection(path: Path | None = None, *, endpoint: str | None = None) -> bool:
+    """Delete the saved connection (when `endpoint` is given, only if it still names that endpoint, so a
+    stack shutting down does not erase the file of another that replaced it). True if a file was removed."""
+    source = path or local_connection_path()
+    if endpoint is not None:
+        try:
+            saved = load_local_connection(source)
+        except ConfigurationError:
+            return False
+        if saved is None or saved.endpoint != endpoint:
+            return False
+    try:
+        source.unlink()
+    except FileNotFoundError:
+        return False
+    return True
