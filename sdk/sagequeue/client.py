@@ -1,0 +1,709 @@
+"""A signed HTTP client for the sagequeue API.
+
+    from sagequeue import QueueClient
+    queue = QueueClient()                      # SAGEQUEUE_ENDPOINT, SAGEQUEUE_STACK_NAME or `sagequeue local`
+    job = queue.submit(create_training_job_request, priority=100)
+    print(queue.job(job.name).position)
+
+Requests are signed with SigV4 for API Gateway (service `execute-api`) with the caller's AWS credentials,
+so the server knows who submitted from its request context, never from the body.
+
+botocore and urllib3 are imported on first use, and boto3 only when a stack or profile must be looked up:
+`import sagequeue.client` costs a few milliseconds and never imports the SageMaker SDK.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote, urlencode, urlsplit
+
+from sagequeue.config import (
+    API_URL_OUTPUT,
+    ENDPOINT_ENV,
+    STACK_NAME_ENV,
+    LocalConnection,
+    load_local_connection,
+)
+from sagequeue.exceptions import (
+    ApiError,
+    ConfigurationError,
+    Conflict,
+    CredentialsError,
+    EndpointUnreachable,
+    Forbidden,
+    NotFound,
+    SageQueueError,
+    ServerError,
+    Throttled,
+    ValidationError,
+    api_error,
+)
+
+if TYPE_CHECKING:  # pragma: no cover
+    import boto3
+    import urllib3
+
+__all__ = [
+    "ApiError",
+    "ConfigurationError",
+    "Conflict",
+    "CredentialsError",
+    "EndpointUnreachable",
+    "Forbidden",
+    "HistoryEntry",
+    "Identity",
+    "Job",
+    "NotFound",
+    "Pool",
+    "QueueClient",
+    "SageQueueError",
+    "ServerError",
+    "Throttled",
+    "ValidationError",
+]
+
+# States as the API names them (sagequeue_core.domain.JobState); kept as strings here so a client keeps
+# working when a newer server reports a state it does not know.
+WAITING_STATES = frozenset({"queued", "held"})
+LIVE_STATES = frozenset({"starting", "running", "preempting", "stopping"})
+TERMINAL_STATES = frozenset({"completed", "failed", "cancelled", "idle_stopped"})
+
+_EXECUTE_API_HOST = re.compile(r"^[a-z0-9]+\.execute-api(?:-fips)?\.([a-z0-9-]+)\.amazonaws\.com", re.I)
+_VPCE_HOST = re.compile(r"\.execute-api\.([a-z0-9-]+)\.vpce\.amazonaws\.com$", re.I)
+_RETRYABLE_STATUS = frozenset({429, 502, 503, 504})
+_IDEMPOTENT_METHODS = frozenset({"GET", "PUT", "DELETE", "PATCH", "HEAD"})
+_USER_AGENT = "sagequeue-sdk/0.1"
+
+
+# --- Results -------------------------------------------------------------------------------------------------
+
+
+def _parse_time(value: Any) -> datetime | None:
+    if not value:
+        return None
+    if isinstance(value, datetime):
+        return value
+    text = str(value)
+    if text.endswith("Z"):
+        text = text[:-1] + "+00:00"
+    try:
+        return datetime.fromisoformat(text)
+    except ValueError:
+        return None
+
+
+def _int(value: Any, default: int = 0) -> int:
+    if isinstance(value, bool):
+        return default
+    if isinstance(value, int):
+        return value
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return default
+
+
+@dataclass(frozen=True)
+class HistoryEntry:
+    """One state change of a job: when, to which state, during which attempt, and why."""
+
+    at: datetime | None
+    state: str
+    attempt: int
+    reason: str | None
+
+    @classmethod
+    def from_api(cls, data: Mapping[str, Any]) -> HistoryEntry:
+        return cls(
+            at=_parse_time(data.get("at")),
+            state=str(data.get("state", "")),
+            attempt=_int(data.get("attempt")),
+            reason=data.get("reason"),
+        )
+
+
+@dataclass(frozen=True)
+class Job:
+    """A queue entry as the API reports it.
+
+    `position`, `attempts` and `history` are filled by `QueueClient.job()` (the detail route); listings
+    leave them empty. `raw` keeps the answer as received, including fields newer servers add.
+    """
+
+    name: str
+    state: str
+    priority: int
+    pool: str
+    attempt: int
+    training_job_name: str | None
+    owner: str
+    submitted_at: datetime | None
+    started_at: datetime | None
+    ended_at: datetime | None
+    reason: str | None
+    preemptions: int
+    retries: int
+    instances: int
+    position: int | None = None
+    attempts: tuple[str, ...] = ()
+    history: tuple[HistoryEntry, ...] = ()
+    raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @classmethod
+    def from_api(cls, data: Mapping[str, Any]) -> Job:
+        if not isinstance(data, Mapping) or not data.get("name"):
+            raise ServerError(f"the API answered with something that is not a job: {data!r}", status=200)
+        position = data.get("position")
+        return cls(
+            name=str(data["name"]),
+            state=str(data.get("state", "")),
+            priority=_int(data.get("priority")),
+            pool=str(data.get("pool") or ""),
+            attempt=_int(data.get("attempt")),
+            training_job_name=data.get("training_job_name") or None,
+            owner=str(data.get("owner") or ""),
+            submitted_at=_parse_time(data.get("submitted_at")),
+            started_at=_parse_time(data.get("started_at")),
+            ended_at=_parse_time(data.get("ended_at")),
+            reason=data.get("reason"),
+            preemptions=_int(data.get("preemptions")),
+            retries=_int(data.get("retries")),
+            instances=_int(data.get("instances"), 1),
+            position=None if position is None else _int(position),
+            attempts=tuple(str(a) for a in data.get("attempts") or ()),
+            history=tuple(
+                HistoryEntry.from_api(h) for h in data.get("history") or () if isinstance(h, Mapping)
+            ),
+            raw=dict(data),
+        )
+
+    @property
+    def waiting(self) -> bool:
+        """In the queue, with no attempt holding instances (queued or held)."""
+        return self.state in WAITING_STATES
+
+    @property
+    def live(self) -> bool:
+        """An attempt exists on SageMaker and holds instances."""
+        return self.state in LIVE_STATES
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in TERMINAL_STATES
+
+    def to_dict(self) -> dict[str, Any]:
+        """The job as the API sent it (JSON-ready)."""
+        return dict(self.raw)
+
+
+@dataclass(frozen=True)
+class Pool:
+    """One instance type the queue fills: its capacity and how much of it is in use, queued and warm."""
+
+    instance_type: str
+    capacity: int
+    used: int
+    queued: int
+    warm: int
+    raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    @classmethod
+    def from_api(cls, data: Mapping[str, Any]) -> Pool:
+        if not isinstance(data, Mapping) or not data.get("instance_type"):
+            raise ServerError(f"the API answered with something that is not a pool: {data!r}", status=200)
+        return cls(
+            instance_type=str(data["instance_type"]),
+            capacity=_int(data.get("capacity")),
+            used=_int(data.get("used")),
+            queued=_int(data.get("queued")),
+            warm=_int(data.get("warm")),
+            raw=dict(data),
+        )
+
+    @property
+    def free(self) -> int:
+        return max(self.capacity - self.used, 0)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.raw)
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who the API sees: the caller's IAM ARN and whether it may change pools."""
+
+    arn: str
+    admin: bool
+
+    @property
+    def account(self) -> str | None:
+        parts = self.arn.split(":")
+        return parts[4] if len(parts) > 5 and parts[4] else None
+
+
+# --- Endpoint and credentials --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Credentials:
+    """Static credentials to sign with (the local stack's, or ones the caller passes)."""
+
+    access_key: str
+    secret_key: str
+    token: str | None = None
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """Where the client sends requests, and where that came from (for messages)."""
+
+    endpoint: str
+    region: str
+    origin: str
+    local: LocalConnection | None = None
+
+
+def region_from_endpoint(endpoint: str) -> str | None:
+    """The region in an execute-api host name (public or VPC endpoint), if it has one."""
+    host = urlsplit(endpoint).hostname or ""
+    match = _EXECUTE_API_HOST.match(host) or _VPCE_HOST.search(host)
+    return match.group(1) if match else None
+
+
+def _check_endpoint(endpoint: str, origin: str) -> str:
+    parts = urlsplit(endpoint)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigurationError(
+            f"the sagequeue endpoint from {origin} must be an http(s) URL such as "
+            f"https://abc123.execute-api.us-east-1.amazonaws.com/prod, got {endpoint!r}"
+        )
+    return endpoint.rstrip("/")
+
+
+def stack_endpoint(stack_name: str, session: boto3.Session, region: str | None = None) -> str:
+    """The `ApiUrl` output of a deployed sagequeue stack."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    try:
+        cloudformation = session.client("cloudformation", region_name=region or session.region_name)
+        stacks = cloudformation.describe_stacks(StackName=stack_name)["Stacks"]
+    except ClientError as exc:
+        error = exc.response.get("Error", {})
+        raise ConfigurationError(
+            f"cannot read the outputs of stack {stack_name!r} in {region or session.region_name}: "
+            f"{error.get('Code', 'Error')}: {error.get('Message', exc)}"
+        ) from exc
+    except BotoCoreError as exc:
+        raise ConfigurationError(f"cannot read the outputs of stack {stack_name!r}: {exc}") from exc
+    outputs = (
+        {o.get("OutputKey"): o.get("OutputValue") for o in (stacks[0].get("Outputs") or [])} if stacks else {}
+    )
+    url = outputs.get(API_URL_OUTPUT)
+    if not url:
+        raise ConfigurationError(
+            f"stack {stack_name!r} has no {API_URL_OUTPUT} output; is it a sagequeue stack? "
+            f"(outputs: {', '.join(sorted(k for k in outputs if k)) or 'none'})"
+        )
+    return str(url)
+
+
+# --- The client ----------------------------------------------------------------------------------------------
+
+
+class QueueClient:
+    """Signed client for the sagequeue API.
+
+    The endpoint comes from, in order: `endpoint`, `stack_name` (the stack's ApiUrl output), the
+    SAGEQUEUE_ENDPOINT and SAGEQUEUE_STACK_NAME variables, and the stack `sagequeue local` saved. Requests
+    are signed with `credentials` if given, else the `profile`'s or `boto_session`'s, else the saved local
+    stack's when talking to it, else the default AWS credential chain.
+
+    Throttling (429) and gateway errors (502-504) are retried with exponential backoff and jitter,
+    `max_attempts` tries in all; connection failures are retried a few times, then raise
+    EndpointUnreachable.
+    """
+
+    def __init__(
+        self,
+        endpoint: str | None = None,
+        *,
+        stack_name: str | None = None,
+        region: str | None = None,
+        profile: str | None = None,
+        boto_session: boto3.Session | None = None,
+        credentials: Credentials | tuple[str, str] | tuple[str, str, str | None] | None = None,
+        timeout: float = 30.0,
+        max_attempts: int = 5,
+        backoff_base: float = 0.2,
+        backoff_cap: float = 5.0,
+        http: urllib3.PoolManager | None = None,
+    ) -> None:
+        if max_attempts < 1:
+            raise ValueError(f"max_attempts must be at least 1, got {max_attempts}")
+        self._profile = profile
+        self._boto_session = boto_session
+        self._resolved = self._resolve(endpoint, stack_name, region)
+        self._credentials_source = self._pick_credentials(credentials)
+        self.timeout = timeout
+        self.max_attempts = max_attempts
+        self.backoff_base = backoff_base
+        self.backoff_cap = backoff_cap
+        self._http = http
+        self._sleep: Callable[[float], None] = time.sleep
+
+    # -- configuration ------------------------------------------------------------------------------------
+
+    @property
+    def endpoint(self) -> str:
+        return self._resolved.endpoint
+
+    @property
+    def region(self) -> str:
+        return self._resolved.region
+
+    @property
+    def endpoint_origin(self) -> str:
+        """Where the endpoint came from (an argument, a variable, a stack, the saved local stack)."""
+        return self._resolved.origin
+
+    def __repr__(self) -> str:
+        return f"QueueClient(endpoint={self.endpoint!r}, region={self.region!r})"
+
+    def _session(self) -> boto3.Session:
+        if self._boto_session is None:
+            import boto3
+            from botocore.exceptions import ProfileNotFound
+
+            try:
+                self._boto_session = boto3.Session(profile_name=self._profile)
+            except ProfileNotFound as exc:
+                raise ConfigurationError(f"AWS profile {self._profile!r} is not configured") from exc
+        return self._boto_session
+
+    def _resolve(self, endpoint: str | None, stack_name: str | None, region: str | None) -> Resolved:
+        local: LocalConnection | None = None
+        if endpoint:
+            url, origin = _check_endpoint(endpoint, "the endpoint argument"), "the endpoint argument"
+        elif stack_name:
+            url, origin = self._stack_url(stack_name, region), f"stack {stack_name}"
+        elif os.environ.get(ENDPOINT_ENV):
+            url = _check_endpoint(os.environ[ENDPOINT_ENV], ENDPOINT_ENV)
+            origin = ENDPOINT_ENV
+        elif os.environ.get(STACK_NAME_ENV):
+            name = os.environ[STACK_NAME_ENV]
+            url, origin = self._stack_url(name, region), f"stack {name} ({STACK_NAME_ENV})"
+        else:
+            local = load_local_connection()
+            if local is None:
+                raise ConfigurationError(
+                    "no sagequeue endpoint: pass endpoint= (CLI: --endpoint), set "
+                    f"{ENDPOINT_ENV}, name a deployed stack with stack_name= (CLI: --stack-name) or "
+                    f"{STACK_NAME_ENV}, or start a local stack with `sagequeue local`"
+                )
+            url, origin = _check_endpoint(local.endpoint, "the saved local stack"), "the saved local stack"
+        if local is None:
+            # an explicit endpoint that is the saved local stack still signs with the stack's keys
+            saved = _load_local_quietly()
+            if saved is not None and saved.endpoint.rstrip("/") == url:
+                local = saved
+        chosen_region = (
+            region
+            or region_from_endpoint(url)
+            or (local.region if local else None)
+            or self._default_region()
+            or "us-east-1"
+        )
+        return Resolved(endpoint=url, region=chosen_region, origin=origin, local=local)
+
+    def _default_region(self) -> str | None:
+        if self._boto_session is not None:
+            return self._boto_session.region_name
+        return os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+
+    def _stack_url(self, stack_name: str, region: str | None) -> str:
+        url = stack_endpoint(stack_name, self._session(), region)
+        return _check_endpoint(url, f"stack {stack_name}")
+
+    def _pick_credentials(self, credentials: Any) -> Credentials | None:
+        """Static credentials when they are known now; None means 'ask the AWS chain at each request'."""
+        if credentials is not None:
+            if isinstance(credentials, Credentials):
+                return credentials
+            if isinstance(credentials, tuple) and len(credentials) in (2, 3):
+                return Credentials(*credentials)
+            raise TypeError(
+                "credentials must be sagequeue.client.Credentials or (access_key, secret_key[, token])"
+            )
+        if self._profile is None and self._boto_session is None and self._resolved.local is not None:
+            local = self._resolved.local
+            return Credentials(local.access_key_id, local.secret_access_key)
+        return None
+
+    def _signing_credentials(self) -> Any:
+        if self._credentials_source is not None:
+            return self._credentials_source
+        found = self._session().get_credentials()
+        if found is None:
+            raise CredentialsError(
+                "no AWS credentials to sign sagequeue requests with: configure a profile "
+                "(aws configure, AWS_PROFILE) or set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"
+            )
+        # refreshable credentials (SSO, assumed roles) are frozen per request so a refresh mid-sign is safe
+        return found.get_frozen_credentials()
+
+    # -- HTTP -----------------------------------------------------------------------------------------------
+
+    def _pool(self) -> urllib3.PoolManager:
+        if self._http is None:
+            import urllib3
+
+            self._http = urllib3.PoolManager(num_pools=4, headers={"User-Agent": _USER_AGENT}, retries=False)
+        return self._http
+
+    def _signed_headers(self, method: str, url: str, body: bytes | None) -> dict[str, str]:
+        from botocore.auth import SigV4Auth
+        from botocore.awsrequest import AWSRequest
+
+        headers = {"Accept": "application/json"}
+        if body is not None:
+            headers["Content-Type"] = "application/json"
+        request = AWSRequest(method=method, url=url, data=body or b"", headers=headers)
+        SigV4Auth(self._signing_credentials(), "execute-api", self.region).add_auth(request)
+        return dict(request.headers.items())
+
+    def _backoff(self, attempt: int, retry_after: str | None) -> float:
+        if retry_after:
+            try:
+                return min(max(float(retry_after), 0.0), self.backoff_cap)
+            except ValueError:
+                pass
+        return random.uniform(0, min(self.backoff_cap, self.backoff_base * 2**attempt))
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Mapping[str, Any] | None = None,
+        query: Mapping[str, Any] | None = None,
+    ) -> Any:
+        """Send one signed request (retrying as documented) and return the decoded JSON answer."""
+        import urllib3
+
+        method = method.upper()
+        url = self.endpoint + path
+        params = {k: v for k, v in (query or {}).items() if v is not None}
+        if params:
+            url += "?" + urlencode(sorted(params.items()))
+        payload = None if body is None else json.dumps(body, default=_json_default).encode()
+        connect_failures = 0
+        for attempt in range(self.max_attempts):
+            headers = self._signed_headers(method, url, payload)
+            try:
+                response = self._pool().request(
+                    method,
+                    url,
+                    body=payload,
+                    headers=headers,
+                    timeout=urllib3.Timeout(connect=min(self.timeout, 10.0), read=self.timeout),
+                    retries=False,
+                    redirect=False,
+                )
+            except (urllib3.exceptions.NewConnectionError, urllib3.exceptions.ConnectTimeoutError) as exc:
+                # nothing reached the server: safe to retry any method, but give up quickly so a wrong
+                # endpoint is reported in about a second
+                connect_failures += 1
+                if connect_failures >= min(self.max_attempts, 3):
+                    raise EndpointUnreachable(self.endpoint, _reason(exc)) from exc
+                self._sleep(self._backoff(attempt, None))
+                continue
+            except urllib3.exceptions.HTTPError as exc:
+                # the request may have been processed: only repeat what is harmless to repeat
+                if method not in _IDEMPOTENT_METHODS or attempt + 1 >= self.max_attempts:
+                    raise EndpointUnreachable(self.endpoint, _reason(exc)) from exc
+                self._sleep(self._backoff(attempt, None))
+                continue
+            status = response.status
+            if status in _RETRYABLE_STATUS and attempt + 1 < self.max_attempts:
+                self._sleep(self._backoff(attempt, response.headers.get("Retry-After")))
+                continue
+            return self._decode(status, response.data, method, path)
+        raise AssertionError("unreachable: the loop returns or raises")  # pragma: no cover
+
+    def _decode(self, status: int, data: bytes, method: str, path: str) -> Any:
+        text = data.decode("utf-8", errors="replace") if data else ""
+        try:
+            decoded: Any = json.loads(text) if text else None
+        except json.JSONDecodeError:
+            decoded = None
+        if status >= 400:
+            snippet = text.strip().replace("\n", " ")[:200]
+            raise api_error(
+                status, decoded, f"{method} {path} answered HTTP {status}: {snippet or 'no body'}"
+            )
+        if decoded is None and text:
+            raise ServerError(
+                f"{method} {path} answered HTTP {status} with a body that is not JSON: {text[:200]!r}",
+                status=status,
+            )
+        return decoded
+
+    # -- the API --------------------------------------------------------------------------------------------
+
+    def submit(self, request: Mapping[str, Any], priority: int | None = None) -> Job:
+        """Queue a CreateTrainingJob request. Without `priority`, the server takes the request's
+        `priority` tag, else its default. Every other field (tags, keep-alive, checkpoints, training
+        plan) is sent as given."""
+        if not isinstance(request, Mapping):
+            raise TypeError(f"request must be a CreateTrainingJob mapping, got {type(request).__name__}")
+        body = dict(request)
+        if priority is not None:
+            if isinstance(priority, bool) or not isinstance(priority, int):
+                raise TypeError(f"priority must be an int, got {priority!r}")
+            body["priority"] = priority
+        return Job.from_api(self.request("POST", "/jobs", body=body))
+
+    def iter_jobs(
+        self,
+        state: str | None = None,
+        pool: str | None = None,
+        owner: str | None = None,
+        page_size: int | None = None,
+    ) -> Iterator[Job]:
+        """Every job matching the filters, page by page."""
+        token: str | None = None
+        while True:
+            answer = self.request(
+                "GET",
+                "/jobs",
+                query={"state": state, "pool": pool, "owner": owner, "limit": page_size, "next_token": token},
+            )
+            if not isinstance(answer, Mapping):
+                raise ServerError(f"GET /jobs answered {answer!r}, not a page of jobs", status=200)
+            for item in answer.get("jobs") or ():
+                yield Job.from_api(item)
+            token = answer.get("next_token")
+            if not token:
+                return
+
+    def jobs(
+        self,
+        state: str | None = None,
+        pool: str | None = None,
+        owner: str | None = None,
+        limit: int | None = None,
+    ) -> list[Job]:
+        """Jobs matching the filters (all pages, or the first `limit`)."""
+        out: list[Job] = []
+        for job in self.iter_jobs(state=state, pool=pool, owner=owner, page_size=limit):
+            out.append(job)
+            if limit is not None and len(out) >= limit:
+                break
+        return out
+
+    def job(self, name: str) -> Job:
+        """One job with its queue position, attempts and history."""
+        return Job.from_api(self.request("GET", _job_path(name)))
+
+    def cancel(self, name: str) -> Job:
+        """Cancel a job: removed from the queue, or its attempt stopped (state `stopping` until it is)."""
+        return Job.from_api(self.request("DELETE", _job_path(name)))
+
+    def set_priority(self, name: str, priority: int) -> Job:
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise TypeError(f"priority must be an int, got {priority!r}")
+        return Job.from_api(self.request("PATCH", _job_path(name), body={"priority": priority}))
+
+    def hold(self, name: str) -> Job:
+        """Keep a queued job from starting until released."""
+        return Job.from_api(self.request("PATCH", _job_path(name), body={"held": True}))
+
+    def release(self, name: str) -> Job:
+        return Job.from_api(self.request("PATCH", _job_path(name), body={"held": False}))
+
+    def pools(self) -> list[Pool]:
+        answer = self.request("GET", "/pools")
+        if not isinstance(answer, Mapping):
+            raise ServerError(f"GET /pools answered {answer!r}, not a list of pools", status=200)
+        return [Pool.from_api(p) for p in answer.get("pools") or ()]
+
+    def set_capacity(self, instance_type: str, instances: int) -> Pool:
+        """Set how many instances of `instance_type` the queue may use (admins only)."""
+        if isinstance(instances, bool) or not isinstance(instances, int):
+            raise TypeError(f"instances must be an int, got {instances!r}")
+        path = "/pools/" + quote(instance_type, safe="")
+        return Pool.from_api(self.request("PUT", path, body={"capacity": instances}))
+
+    def whoami(self) -> Identity:
+        answer = self.request("GET", "/whoami")
+        if not isinstance(answer, Mapping) or "arn" not in answer:
+            raise ServerError(f"GET /whoami answered {answer!r}", status=200)
+        return Identity(arn=str(answer["arn"]), admin=bool(answer.get("admin")))
+
+    def wait(
+        self,
+        name: str,
+        *,
+        poll: float = 10.0,
+        timeout: float | None = None,
+        until: Callable[[Job], bool] | None = None,
+        on_change: Callable[[Job], None] | None = None,
+        sleep: Callable[[float], None] | None = None,
+    ) -> Job:
+        """Poll a job until `until(job)` holds (default: it ended); `on_change` sees each new state or
+        position. Raises TimeoutError after `timeout` seconds."""
+        done = until or (lambda j: j.terminal)
+        pause = sleep or time.sleep
+        deadline = None if timeout is None else time.monotonic() + timeout
+        seen: tuple[str, int, int | None] | None = None
+        while True:
+            job = self.job(name)
+            key = (job.state, job.attempt, job.position)
+            if on_change is not None and key != seen:
+                on_change(job)
+            seen = key
+            if done(job):
+                return job
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(f"job {name} is still {job.state} after {timeout:g} s")
+            pause(poll)
+
+
+def _job_path(name: str) -> str:
+    if not isinstance(name, str) or not name:
+        raise ValueError("a job name is required")
+    return "/jobs/" + quote(name, safe="")
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, (set, frozenset, tuple)):
+        return list(value)
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    raise TypeError(f"cannot send a {type(value).__name__} in a sagequeue request: {value!r}")
+
+
+def _reason(exc: BaseException) -> str:
+    reason = getattr(exc, "reason", None) or exc
+    text = str(reason)
+    # urllib3 prefixes its messages with the connection object's repr; keep the part a person can act on
+    if ": " in text and text.startswith("<"):
+        text = text.split(": ", 1)[1]
+    return text
+
+
+def _load_local_quietly() -> LocalConnection | None:
+    try:
+        return load_local_connection()
+    except ConfigurationError:
+        return None
