@@ -282,3 +282,22 @@ def test_minimal_cover_is_irreducible(n: int) -> None:
     assert sum(v.demand[TRN1] for v in victims) >= 4
     for v in victims:
         assert sum(o.demand[TRN1] for o in victims if o is not v) < 4
+
+
+def test_spare_warm_pool_of_a_wanted_key_is_released_for_a_more_important_job() -> None:
+    # GIVEN two warm pools of one key that a single queued job wants, and a big job that needs three instances
+    shared = key(1)
+    snap = Snapshot(
+        now=at(5),
+        capacity={TRN1: 4},
+        queued=[queued("big", 4, 0, count=3), queued("one", 4, 1, resource_key=shared), queued("low", 0, 2)],
+        warm_pools=[WarmPool("warm-a", shared), WarmPool("warm-b", shared)],
+    )
+    result = plan(snap)
+    # THEN one pool is kept for "one", the spare is released so "big" starts, and "low" waits
+    assert (
+        ReleaseWarmPool("warm-a", for_job="big") in result.actions
+        or ReleaseWarmPool("warm-b", for_job="big") in result.actions
+    )
+    assert {s.job_name for s in result.starts} == {"big", "one"}
+    assert "low" in result.waiting

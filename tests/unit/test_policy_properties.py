@@ -220,18 +220,20 @@ def test_no_job_is_passed_over_by_a_less_important_one_unless_it_cannot_fit(
                 continue
             # What `higher` could have had: what is still free, what `lower` took, capacity held for jobs
             # ranked below it, and warm pools no job at least as important wants.
-            wanted = {
+            wanted = Counter(
                 o.resource_key
                 for o in _eligible(snapshot)
                 if o.name != higher.name and o.name not in started and o.priority >= higher.priority
-            }
+            )
             available = Counter(free)
             available.update(lower.demand)
             for name, held in result.held.items():
                 if rank(jobs[name]) > rank(higher):
                     available.update(held)
             for w in remaining_warm:
-                if w.resource_key not in wanted:
+                if wanted[w.resource_key] > 0:
+                    wanted[w.resource_key] -= 1  # one pool kept for each job that would reuse it
+                else:
                     available[w.pool] += w.instances
             fits = all(max(available[pool], 0) >= need for pool, need in higher.demand.items())
             assert not fits, f"{higher.name} (p{higher.priority}) could have run instead of {lower.name}"

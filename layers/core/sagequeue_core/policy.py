@@ -311,13 +311,23 @@ class _Pass:
         return next((w for w in self.warm if w.resource_key == job.resource_key), None)
 
     def _releasable_warm_pools(self, job: QueuedJob) -> list[WarmPool]:
-        """Warm pools in the job's pools that no queued job at least as important would reuse."""
-        wanted = {
+        """Warm pools in the job's pools that no queued job at least as important would reuse.
+
+        Each such job reuses one pool, so of several pools with the same key only as many are kept as
+        there are jobs wanting that key; the rest may be released.
+        """
+        wanted: Counter[ResourceKey | None] = Counter(
             other.resource_key
             for other in self.eligible
             if other.name != job.name and other.name not in self.started and other.priority >= job.priority
-        }
-        return [w for w in self.warm if w.pool in job.demand and w.resource_key not in wanted]
+        )
+        releasable: list[WarmPool] = []
+        for warm in self.warm:
+            if wanted[warm.resource_key] > 0:
+                wanted[warm.resource_key] -= 1
+            elif warm.pool in job.demand:
+                releasable.append(warm)
+        return releasable
 
     def _fewest_to_release(self, job: QueuedJob, releasable: Sequence[WarmPool]) -> list[WarmPool]:
         # Pools nobody queued would reuse go first; then those only less important jobs match.
