@@ -1,19 +1,40 @@
-"""Tag and policy rules for training jobs: pure checks shared by the API (reject at submit) and the
-governance function (stop jobs started outside the queue that break them).
+"""Governance rules for training jobs, all pure: what the API and the governance function decide, never
+how they carry it out.
 
-The same rules run on a CreateTrainingJob request and on a DescribeTrainingJob-shaped event detail, since
-the fields they read (ResourceConfig, StoppingCondition, Tags) have the same shape in both.
+- Tag and policy rules, shared by the API (reject at submit) and the governance function (stop jobs
+  started outside the queue that break them). They run on a CreateTrainingJob request and on a
+  DescribeTrainingJob-shaped event detail alike, since the fields they read (ResourceConfig,
+  StoppingCondition, Tags) have the same shape in both.
+- Idle-alarm specs: which metric shows that a host does no work, and the alarms that watch it.
+- Recovery: resume after transient failures, leave managed spot after repeated interruptions.
+- `govern`: from one state change of a training job to the actions governance takes.
 """
 
 from __future__ import annotations
 
+import copy
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from enum import StrEnum
 from typing import Any
 
-from sagequeue_core.defaults import EXEMPT_TAG
-from sagequeue_core.domain import DomainError, demand_of, tags_to_dict
+from sagequeue_core.defaults import (
+    ATTEMPT_TAG,
+    EXEMPT_TAG,
+    HOST_DIMENSION,
+    IDLE_ALARM_PREFIX,
+    JOB_TAG,
+    NEURON_METRIC_NAMESPACE,
+    NEURONCORE_UTILIZATION_METRIC,
+    SAGEMAKER_METRIC_NAMESPACE,
+    SUBMITTED_BY_TAG,
+    host_dimension_value,
+    is_gpu_instance,
+    is_neuron_instance,
+)
+from sagequeue_core.domain import DomainError, attempt_name, demand_of, tags_to_dict
 
 #: What SageMaker uses when StoppingCondition.MaxRuntimeInSeconds is absent (one day).
 SAGEMAKER_DEFAULT_MAX_RUNTIME_SECONDS = 86_400
@@ -121,3 +142,592 @@ def check_policy(
                 )
             )
     return violations
+
+
+def owner_of(job: Mapping[str, Any], tags: Mapping[str, str]) -> str:
+    """Who to name in a notification: the submitter recorded by the API, else an `owner` tag, else the
+    role the job runs as (a job started by hand carries nothing better)."""
+    for key in (SUBMITTED_BY_TAG, "owner", "Owner"):
+        if tags.get(key):
+            return tags[key]
+    return str(job.get("RoleArn") or "unknown")
+
+
+# --- Idle alarms -------------------------------------------------------------------------------------------
+#
+# Two alarms watch each host (docs/adr/0002-idle-alarms.md): the idle alarm fires when the host reports
+# utilization at or below the threshold for the idle window; the silence alarm fires when the host has
+# reported nothing at all for a longer window. The silence alarm is only created once the host has been
+# training for that whole window, because CloudWatch evaluates a new alarm over the past window at once and
+# would count the minutes before the job existed as missing (breaching) data.
+
+#: The idle alarm's name is IDLE_ALARM_PREFIX + host; the silence alarm's adds this suffix.
+SILENCE_ALARM_SUFFIX = "/no-data"
+
+#: CloudWatch rejects alarms whose Period x EvaluationPeriods exceeds one day (for periods under an hour).
+MAX_ALARM_WINDOW_SECONDS = 86_400
+
+
+class AlarmKind(StrEnum):
+    IDLE = "idle"  # utilization reported, at or below the threshold for the idle window
+    SILENCE = "silence"  # nothing reported for the silence window
+
+
+class IdleSignal(StrEnum):
+    """Which metric tells that a host's accelerators (or CPUs) do no work."""
+
+    NEURON = "neuron"  # NeuronCoreUtilization, published by the job image
+    GPU = "gpu"  # SageMaker's GPUUtilization
+    CPU = "cpu"  # SageMaker's CPUUtilization
+
+    @property
+    def namespace(self) -> str:
+        return NEURON_METRIC_NAMESPACE if self is IdleSignal.NEURON else SAGEMAKER_METRIC_NAMESPACE
+
+    @property
+    def metric_name(self) -> str:
+        return {
+            IdleSignal.NEURON: NEURONCORE_UTILIZATION_METRIC,
+            IdleSignal.GPU: "GPUUtilization",
+            IdleSignal.CPU: "CPUUtilization",
+        }[self]
+
+
+def idle_signal(instance_type: str) -> IdleSignal:
+    # SageMaker publishes no NeuronCore metric and a trn1 host never reports GPUUtilization: an alarm on it
+    # would wait for data forever.
+    if is_neuron_instance(instance_type):
+        return IdleSignal.NEURON
+    if is_gpu_instance(instance_type):
+        return IdleSignal.GPU
+    return IdleSignal.CPU
+
+
+@dataclass(frozen=True)
+class IdleRules:
+    threshold_percent: float = 5.0
+    period_seconds: int = 300
+    periods: int = 6
+    #: The silence window is this many idle windows: long enough that a late or bursty publisher is not
+    #: mistaken for a dead one.
+    silence_factor: int = 2
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.threshold_percent <= 100:
+            raise DomainError(
+                f"idle threshold must be a percentage in [0, 100], got {self.threshold_percent}"
+            )
+        if self.period_seconds < 60 or self.period_seconds % 60:
+            raise DomainError(
+                f"idle period must be a positive multiple of 60 seconds, got {self.period_seconds}"
+            )
+        if self.periods < 1:
+            raise DomainError(f"idle periods must be at least 1, got {self.periods}")
+        if self.silence_factor < 1:
+            raise DomainError(f"silence factor must be at least 1, got {self.silence_factor}")
+        if self.silence_window_seconds > MAX_ALARM_WINDOW_SECONDS:
+            raise DomainError(
+                f"the silence window ({self.silence_window_seconds} s = idle period {self.period_seconds} s x "
+                f"{self.periods} periods x {self.silence_factor}) exceeds CloudWatch's one-day alarm window"
+            )
+
+    @property
+    def idle_window_seconds(self) -> int:
+        return self.period_seconds * self.periods
+
+    @property
+    def silence_periods(self) -> int:
+        return self.periods * self.silence_factor
+
+    @property
+    def silence_window_seconds(self) -> int:
+        return self.period_seconds * self.silence_periods
+
+
+@dataclass(frozen=True)
+class AlarmSpec:
+    """One CloudWatch metric alarm on one host, as PutMetricAlarm takes it (less the actions)."""
+
+    name: str
+    training_job_name: str
+    host: str  # "<job>/algo-<n>", the Host dimension
+    kind: AlarmKind
+    signal: IdleSignal
+    statistic: str
+    comparison: str
+    threshold: float
+    period_seconds: int
+    evaluation_periods: int
+    treat_missing_data: str
+    description: str
+
+    @property
+    def namespace(self) -> str:
+        return self.signal.namespace
+
+    @property
+    def metric_name(self) -> str:
+        return self.signal.metric_name
+
+    def put_metric_alarm_args(self, actions: Sequence[str]) -> dict[str, Any]:
+        return {
+            "AlarmName": self.name,
+            "AlarmDescription": self.description,
+            "ActionsEnabled": True,
+            "AlarmActions": list(actions),
+            "Namespace": self.namespace,
+            "MetricName": self.metric_name,
+            "Dimensions": [{"Name": HOST_DIMENSION, "Value": self.host}],
+            "Statistic": self.statistic,
+            "Period": self.period_seconds,
+            "EvaluationPeriods": self.evaluation_periods,
+            "DatapointsToAlarm": self.evaluation_periods,
+            "Threshold": self.threshold,
+            "ComparisonOperator": self.comparison,
+            "TreatMissingData": self.treat_missing_data,
+            "Tags": [{"Key": JOB_TAG_FOR_ALARMS, "Value": self.training_job_name}],
+        }
+
+
+#: Tag on every idle alarm naming the training job it watches, for whoever browses alarms in the console.
+JOB_TAG_FOR_ALARMS = "sagequeue:training-job"
+
+
+@dataclass(frozen=True)
+class AlarmRef:
+    """What an alarm's name says: the training job, the host and which of its two alarms."""
+
+    training_job_name: str
+    host: str
+    kind: AlarmKind
+
+
+def alarm_name(host: str, kind: AlarmKind) -> str:
+    return IDLE_ALARM_PREFIX + host + (SILENCE_ALARM_SUFFIX if kind is AlarmKind.SILENCE else "")
+
+
+def alarm_prefix(training_job_name: str) -> str:
+    """Prefix shared by every alarm of one training job and no other (names cannot contain '/')."""
+    return f"{IDLE_ALARM_PREFIX}{training_job_name}/"
+
+
+_ALARM_NAME_RE = re.compile(
+    re.escape(IDLE_ALARM_PREFIX)
+    + r"(?P<job>[^/]+)/(?P<host>algo-\d+)(?P<silence>"
+    + re.escape(SILENCE_ALARM_SUFFIX)
+    + ")?"
+)
+
+
+def parse_alarm_name(name: str) -> AlarmRef | None:
+    """The job and host an idle alarm watches; None for an alarm that is not one of ours."""
+    match = _ALARM_NAME_RE.fullmatch(name)
+    if match is None:
+        return None
+    job = match["job"]
+    return AlarmRef(
+        training_job_name=job,
+        host=f"{job}/{match['host']}",
+        kind=AlarmKind.SILENCE if match["silence"] else AlarmKind.IDLE,
+    )
+
+
+def hosts_of(job: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """(Host dimension, instance type) of every host of a DescribeTrainingJob-shaped job.
+
+    Heterogeneous clusters number their hosts algo-1.. across instance groups in the order the groups are
+    declared.
+    """
+    name = job.get("TrainingJobName")
+    if not isinstance(name, str) or not name:
+        raise DomainError("TrainingJobName is required to name a job's hosts")
+    config = job.get("ResourceConfig")
+    if not isinstance(config, Mapping):
+        raise DomainError(f"training job {name}: ResourceConfig is required to name its hosts")
+    groups = config.get("InstanceGroups") or [config]
+    hosts: list[tuple[str, str]] = []
+    for group in groups:
+        instance_type = str(group.get("InstanceType", ""))
+        for _ in range(int(group.get("InstanceCount") or 0)):
+            hosts.append((host_dimension_value(name, len(hosts) + 1), instance_type))
+    return hosts
+
+
+def idle_alarm_specs(
+    job: Mapping[str, Any], rules: IdleRules, *, now: datetime | None = None
+) -> list[AlarmSpec]:
+    """The alarms a job in its Training phase should have.
+
+    Silence alarms are included only when `now` is given and the job's current Training phase began at
+    least one silence window before it (see the module note above); the reconcile timer adds them later.
+    """
+    name = str(job.get("TrainingJobName"))
+    training_since = training_phase_start(job)
+    with_silence = (
+        now is not None
+        and training_since is not None
+        and (now - training_since).total_seconds() >= rules.silence_window_seconds
+    )
+    specs: list[AlarmSpec] = []
+    for host, instance_type in hosts_of(job):
+        signal = idle_signal(instance_type)
+        specs.append(
+            AlarmSpec(
+                name=alarm_name(host, AlarmKind.IDLE),
+                training_job_name=name,
+                host=host,
+                kind=AlarmKind.IDLE,
+                signal=signal,
+                statistic="Average",
+                comparison="LessThanOrEqualToThreshold",
+                threshold=float(rules.threshold_percent),
+                period_seconds=rules.period_seconds,
+                evaluation_periods=rules.periods,
+                # A gap is not evidence of idleness; the silence alarm is the one that judges gaps.
+                treat_missing_data="notBreaching",
+                description=(
+                    f"sagequeue idle stop: {signal.metric_name} of {host} at or below "
+                    f"{rules.threshold_percent:g}% for {rules.idle_window_seconds // 60} minutes"
+                ),
+            )
+        )
+        if with_silence:
+            specs.append(
+                AlarmSpec(
+                    name=alarm_name(host, AlarmKind.SILENCE),
+                    training_job_name=name,
+                    host=host,
+                    kind=AlarmKind.SILENCE,
+                    signal=signal,
+                    # Any datapoint at all gives a SampleCount of at least 1; only a period without data
+                    # (treated as breaching) can fall below it.
+                    statistic="SampleCount",
+                    comparison="LessThanThreshold",
+                    threshold=1.0,
+                    period_seconds=rules.period_seconds,
+                    evaluation_periods=rules.silence_periods,
+                    treat_missing_data="breaching",
+                    description=(
+                        f"sagequeue idle stop: no {signal.metric_name} from {host} "
+                        f"for {rules.silence_window_seconds // 60} minutes"
+                    ),
+                )
+            )
+    return specs
+
+
+# --- Times in events --------------------------------------------------------------------------------------
+
+
+def as_datetime(value: Any) -> datetime | None:
+    """A time as events carry it: epoch milliseconds (real events), an ISO 8601 string (the documented
+    example), or a datetime (boto3 responses). None when absent or unreadable."""
+    if value is None or isinstance(value, bool):
+        return None
+    if isinstance(value, datetime):
+        return value if value.tzinfo else value.replace(tzinfo=UTC)
+    if isinstance(value, int | float):
+        return datetime.fromtimestamp(value / 1000, tz=UTC)
+    if isinstance(value, str):
+        text = value.strip()
+        if re.fullmatch(r"\d+(\.\d+)?", text):
+            return datetime.fromtimestamp(float(text) / 1000, tz=UTC)
+        try:
+            parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
+        except ValueError:
+            return None
+        return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+    return None
+
+
+def _transitions(job: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    raw = job.get("SecondaryStatusTransitions") or []
+    return [t for t in raw if isinstance(t, Mapping)] if isinstance(raw, list) else []
+
+
+def training_phase_start(job: Mapping[str, Any]) -> datetime | None:
+    """When the job's current Training phase began: the last Training transition (a spot job trains again
+    after each interruption), else TrainingStartTime."""
+    starts = [as_datetime(t.get("StartTime")) for t in _transitions(job) if t.get("Status") == "Training"]
+    known = [s for s in starts if s is not None]
+    if known:
+        return max(known)
+    return as_datetime(job.get("TrainingStartTime"))
+
+
+# --- Recovery: resume after transient failures, leave spot after repeated interruptions ------------------
+
+#: FailureReason prefixes of failures that are SageMaker's, not the job's: worth another attempt.
+TRANSIENT_FAILURE_PREFIXES = ("InternalServerError", "CapacityError")
+
+#: On clones governance makes of jobs started outside the queue: the first attempt's name, this clone's
+#: attempt number, and how many resumes after failures the lineage has used. Queue entries are never cloned
+#: (the scheduler starts their next attempt), so these stay apart from the queue's JOB_TAG and ATTEMPT_TAG.
+CLONE_OF_TAG = "sagequeue:clone-of"
+CLONE_ATTEMPT_TAG = "sagequeue:clone-attempt"
+RESUMES_TAG = "sagequeue:resumes"
+
+
+@dataclass(frozen=True)
+class RecoveryRules:
+    resume_after_failure_min_runtime_seconds: int = 600
+    max_resumes: int = 2
+    max_spot_interruptions: int = 3
+
+    def __post_init__(self) -> None:
+        for field_name in (
+            "resume_after_failure_min_runtime_seconds",
+            "max_resumes",
+            "max_spot_interruptions",
+        ):
+            if getattr(self, field_name) < 0:
+                raise DomainError(f"{field_name} must not be negative, got {getattr(self, field_name)}")
+
+
+def is_transient_failure(reason: str | None) -> bool:
+    return bool(reason) and str(reason).lstrip().startswith(TRANSIENT_FAILURE_PREFIXES)
+
+
+def runtime_seconds(job: Mapping[str, Any]) -> float | None:
+    """How long the attempt ran: its training time when it reached training, else its whole life (a job
+    that failed on capacity never trains, yet may have waited long for it)."""
+    end = as_datetime(job.get("TrainingEndTime")) or as_datetime(job.get("LastModifiedTime"))
+    start = as_datetime(job.get("TrainingStartTime")) or as_datetime(job.get("CreationTime"))
+    if end is None or start is None:
+        return None
+    return max(0.0, (end - start).total_seconds())
+
+
+@dataclass(frozen=True)
+class Lineage:
+    """Where a training job stands in the chain of clones sagequeue made of it."""
+
+    root: str  # name of the first attempt, from which clone names derive
+    attempt: int  # 1 for the original
+    resumes: int  # clones made after failures so far
+
+    @property
+    def next_attempt_name(self) -> str:
+        return attempt_name(self.root, self.attempt + 1)
+
+
+def lineage_of(training_job_name: str, tags: Mapping[str, str]) -> Lineage:
+    root = tags.get(CLONE_OF_TAG) or training_job_name
+    try:
+        attempt = max(1, int(tags.get(CLONE_ATTEMPT_TAG) or 1))
+        resumes = max(0, int(tags.get(RESUMES_TAG) or 0))
+    except ValueError:
+        # Tags anyone can edit: an unreadable counter restarts the lineage rather than blocking recovery.
+        attempt, resumes = 1, 0
+    return Lineage(root=root, attempt=attempt, resumes=resumes)
+
+
+@dataclass(frozen=True)
+class ResumeDecision:
+    resume: bool
+    reason: str
+
+
+def decide_resume(job: Mapping[str, Any], rules: RecoveryRules, resumes_so_far: int) -> ResumeDecision:
+    """Whether a Failed attempt should get another one, and why (or why not), in words for the record."""
+    name = job.get("TrainingJobName")
+    if job.get("TrainingJobStatus") != "Failed":
+        return ResumeDecision(False, f"{name} did not fail")
+    failure = str(job.get("FailureReason") or "")
+    if not is_transient_failure(failure):
+        return ResumeDecision(False, f"{name} failed for a reason of its own: {failure or 'unknown'}")
+    runtime = runtime_seconds(job)
+    if runtime is None or runtime < rules.resume_after_failure_min_runtime_seconds:
+        ran = "an unknown time" if runtime is None else f"{runtime:.0f} s"
+        return ResumeDecision(
+            False,
+            f"{name} ran {ran}, less than the {rules.resume_after_failure_min_runtime_seconds} s a resume needs",
+        )
+    if resumes_so_far >= rules.max_resumes:
+        return ResumeDecision(
+            False, f"{name} was already resumed {resumes_so_far} times (max {rules.max_resumes})"
+        )
+    return ResumeDecision(
+        True, f"resume {resumes_so_far + 1} of {rules.max_resumes} after {failure.split(':')[0]}"
+    )
+
+
+def spot_interruptions(job: Mapping[str, Any]) -> int:
+    return sum(1 for t in _transitions(job) if t.get("Status") == "Interrupted")
+
+
+@dataclass(frozen=True)
+class SpotDecision:
+    replace: bool
+    interruptions: int
+    reason: str
+
+
+def decide_spot(job: Mapping[str, Any], rules: RecoveryRules) -> SpotDecision:
+    """Whether a managed spot job has been interrupted too often and should run on demand instead."""
+    count = spot_interruptions(job)
+    name = job.get("TrainingJobName")
+    if not job.get("EnableManagedSpotTraining"):
+        return SpotDecision(False, count, f"{name} does not use managed spot")
+    if job.get("TrainingJobStatus") != "InProgress":
+        return SpotDecision(False, count, f"{name} is no longer in progress")
+    if count <= rules.max_spot_interruptions:
+        return SpotDecision(
+            False, count, f"{name} was interrupted {count} times (max {rules.max_spot_interruptions})"
+        )
+    return SpotDecision(
+        True,
+        count,
+        f"{name} was interrupted {count} times, more than {rules.max_spot_interruptions}: restarted without spot",
+    )
+
+
+#: DescribeTrainingJob fields that CreateTrainingJob accepts unchanged; everything else is read-only state.
+CLONABLE_FIELDS = (
+    "AlgorithmSpecification",
+    "RoleArn",
+    "HyperParameters",
+    "InputDataConfig",
+    "OutputDataConfig",
+    "ResourceConfig",
+    "VpcConfig",
+    "StoppingCondition",
+    "EnableNetworkIsolation",
+    "EnableInterContainerTrafficEncryption",
+    "EnableManagedSpotTraining",
+    "CheckpointConfig",
+    "DebugHookConfig",
+    "DebugRuleConfigurations",
+    "TensorBoardOutputConfig",
+    "ExperimentConfig",
+    "ProfilerConfig",
+    "ProfilerRuleConfigurations",
+    "Environment",
+    "RetryStrategy",
+    "RemoteDebugConfig",
+    "InfraCheckConfig",
+    "SessionChainingConfig",
+)
+
+
+def clone_request(
+    job: Mapping[str, Any],
+    *,
+    lineage: Lineage,
+    tags: Mapping[str, str],
+    resumed: bool,
+    disable_spot: bool = False,
+) -> dict[str, Any]:
+    """The CreateTrainingJob request of the next attempt of `job` (a DescribeTrainingJob response).
+
+    The clone keeps the job's CheckpointConfig, so a job that checkpoints resumes where it stopped. Its
+    tags carry the lineage, which bounds resumes without any state outside SageMaker.
+    """
+    request: dict[str, Any] = {
+        key: copy.deepcopy(job[key]) for key in CLONABLE_FIELDS if job.get(key) not in (None, {}, [])
+    }
+    request["TrainingJobName"] = lineage.next_attempt_name
+    if disable_spot:
+        request["EnableManagedSpotTraining"] = False
+        # MaxWaitTimeInSeconds is only valid with managed spot.
+        stopping = dict(request.get("StoppingCondition") or {})
+        stopping.pop("MaxWaitTimeInSeconds", None)
+        if stopping:
+            request["StoppingCondition"] = stopping
+    # aws: tags are reserved; queue tags would make the clone look like an attempt of a queue entry.
+    clone_tags = {
+        k: v for k, v in tags.items() if not k.startswith("aws:") and k not in (JOB_TAG, ATTEMPT_TAG)
+    }
+    clone_tags[CLONE_OF_TAG] = lineage.root
+    clone_tags[CLONE_ATTEMPT_TAG] = str(lineage.attempt + 1)
+    clone_tags[RESUMES_TAG] = str(lineage.resumes + (1 if resumed else 0))
+    request["Tags"] = [{"Key": k, "Value": v} for k, v in clone_tags.items()]
+    return request
+
+
+# --- One state change, the actions it calls for -------------------------------------------------------------
+
+#: SecondaryStatus values during which a host is not expected to work or report: its alarms go.
+_NO_ALARM_PHASES = frozenset({"Interrupted", "Uploading", "Restarting", "Stopping"})
+
+
+@dataclass(frozen=True)
+class GovernanceRules:
+    policy: PolicyRules = field(default_factory=PolicyRules)
+    idle: IdleRules = field(default_factory=IdleRules)
+    recovery: RecoveryRules = field(default_factory=RecoveryRules)
+
+
+@dataclass(frozen=True)
+class StopForPolicy:
+    violations: tuple[Violation, ...]
+
+    @property
+    def reason(self) -> str:
+        return "policy violation: " + "; ".join(v.message for v in self.violations)
+
+
+@dataclass(frozen=True)
+class EnsureAlarms:
+    specs: tuple[AlarmSpec, ...]
+
+
+@dataclass(frozen=True)
+class DeleteAlarms:
+    training_job_name: str
+
+
+@dataclass(frozen=True)
+class Resume:
+    reason: str
+
+
+@dataclass(frozen=True)
+class ReplaceSpot:
+    reason: str
+
+
+Action = StopForPolicy | EnsureAlarms | DeleteAlarms | Resume | ReplaceSpot
+
+
+def govern(
+    job: Mapping[str, Any],
+    tags: Mapping[str, str],
+    rules: GovernanceRules,
+    *,
+    now: datetime,
+    resumes_so_far: int | None = None,
+) -> list[Action]:
+    """The actions one state change of a training job calls for, in the order to take them.
+
+    `job` is the event detail (or a DescribeTrainingJob response), `tags` its tags as a dict. Every action
+    is safe to repeat, so a duplicated or replayed event only repeats harmless work. An exempt job is never
+    stopped nor watched; it may still be resumed after a transient failure, which only helps it.
+    `resumes_so_far` overrides the count the job's lineage tags carry.
+    """
+    name = str(job.get("TrainingJobName"))
+    status = job.get("TrainingJobStatus")
+    secondary = job.get("SecondaryStatus")
+    exempt = is_exempt(tags, rules.policy)
+    if status == "InProgress":
+        if not exempt:
+            # Checked at every in-progress event, not only Starting: events may be lost or arrive late, and
+            # a job must not escape the rules because its Starting event did.
+            violations = check_policy(job, rules.policy, tags)
+            if violations:
+                return [StopForPolicy(tuple(violations)), DeleteAlarms(name)]
+            spot = decide_spot(job, rules.recovery)
+            if spot.replace:
+                return [ReplaceSpot(spot.reason), DeleteAlarms(name)]
+        if secondary == "Training" and not exempt:
+            return [EnsureAlarms(tuple(idle_alarm_specs(job, rules.idle, now=now)))]
+        if secondary in _NO_ALARM_PHASES or (secondary == "Training" and exempt):
+            return [DeleteAlarms(name)]
+        return []
+    actions: list[Action] = [DeleteAlarms(name)]
+    if status == "Failed":
+        count = lineage_of(name, tags).resumes if resumes_so_far is None else resumes_so_far
+        decision = decide_resume(job, rules.recovery, count)
+        if decision.resume:
+            actions.append(Resume(decision.reason))
+    return actions
