@@ -1,0 +1,575 @@
+"""The repository that owns sagequeue's one DynamoDB table.
+
+Nothing outside this module sees a pynamodb model, a key string or an index name: callers get domain
+objects (Job, Pool, ExternalAttempt, TrackedWarmPool) and named errors. Every read is a GetItem or a Query
+on a sparse index; every state change is a conditional write on the item's version.
+
+Items (pk / sk):
+    JOB#<name> / JOB                  a queue entry and its current attempt
+    POOLS / <instance type>           a pool: capacity and a counter of queued jobs
+    EXTERNAL#<training job> / LIVE    a live training job started outside the queue on a managed pool
+    WARM#<training job> / WARM        an Available warm pool sagequeue tracks
+    CLAIM#<kind>#<subject> / CLAIM    idempotency ledger: the first claim wins
+
+Indexes (all sparse, attributes present only on the items they serve):
+    queued            queued_pool, queue_order      queued jobs of a pool: priority desc, then submission
+    live              live_kind, live_name          LIVE attempts (ours and external), WARM pools
+    by_owner          owner, submitted_order
+    by_state          state, submitted_order
+    by_pool           pool, submitted_order
+    by_training_job   training_job_name             the entry of a training job (its current attempt)
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from pynamodb.attributes import (
+    NumberAttribute,
+    UnicodeAttribute,
+    UTCDateTimeAttribute,
+    VersionAttribute,
+)
+from pynamodb.exceptions import (
+    DeleteError,
+    PutError,
+    TransactWriteError,
+)
+from pynamodb.indexes import AllProjection, GlobalSecondaryIndex
+from pynamodb.models import Model
+from pynamodb.transactions import TransactWrite
+
+from sagequeue_core.domain import (
+    PRIORITY_MAX,
+    Job,
+    JobState,
+    Pool,
+    ResourceKey,
+    StopReason,
+)
+from sagequeue_core.errors import JobAlreadyExists, JobNotFound, PoolNotFound, StaleVersion
+
+_JOB_SK = "JOB"
+_POOLS_PK = "POOLS"
+_LIVE = "LIVE"
+_WARM = "WARM"
+_CLAIM_SK = "CLAIM"
+
+_CONDITION_FAILED = "ConditionalCheckFailedException"
+
+
+def _job_pk(name: str) -> str:
+    return f"JOB#{name}"
+
+
+def _external_pk(training_job_name: str) -> str:
+    return f"EXTERNAL#{training_job_name}"
+
+
+def _warm_pk(training_job_name: str) -> str:
+    return f"WARM#{training_job_name}"
+
+
+def _claim_pk(kind: str, subject: str) -> str:
+    return f"CLAIM#{kind}#{subject}"
+
+
+def queue_order(priority: int, submitted_at: datetime, name: str) -> str:
+    """Sort key that orders a pool's queue: highest priority first, then oldest submission, then name.
+
+    Priorities are inverted and zero-padded so that an ascending string sort is the queue's order.
+    """
+    return f"{PRIORITY_MAX - priority:05d}#{_stamp(submitted_at)}#{name}"
+
+
+def _stamp(moment: datetime) -> str:
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+# --- domain objects the store returns besides Job and Pool -------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ExternalAttempt:
+    """A training job started outside the queue on a managed pool: it holds instances the queue cannot use."""
+
+    training_job_name: str
+    demand: Mapping[str, int]
+    started_at: datetime
+
+
+@dataclass(frozen=True)
+class TrackedWarmPool:
+    """An Available warm pool left by a finished attempt, until `expires_at` (its keep-alive)."""
+
+    training_job_name: str
+    resource_key: ResourceKey
+    expires_at: datetime
+    job_name: str | None = None
+
+
+@dataclass(frozen=True)
+class PoolStatus:
+    pool: Pool
+    queued: int
+
+
+@dataclass
+class Page:
+    jobs: list[Job] = field(default_factory=list)
+    next_token: str | None = None
+
+
+# --- the model (one class for every item type: one table, one connection, one client) -------------------------
+
+
+def _model_classes(table_name: str, host: str | None, region: str | None) -> Any:
+    """A model class bound to `table_name` at `host`: each repository gets its own, so tests and the local
+    stack can hold several tables and endpoints in one process."""
+
+    class _Index(GlobalSecondaryIndex[Any]):
+        pass
+
+    def index(name: str, hash_attr: str, range_attr: str | None) -> GlobalSecondaryIndex[Any]:
+        attrs: dict[str, Any] = {
+            "Meta": type("Meta", (), {"index_name": name, "projection": AllProjection()}),
+            hash_attr: UnicodeAttribute(hash_key=True),
+        }
+        if range_attr is not None:
+            attrs[range_attr] = UnicodeAttribute(range_key=True)
+        return type(f"Index_{name}", (_Index,), attrs)()
+
+    meta = type("Meta", (), {"table_name": table_name, "host": host, "region": region})
+
+    class Item(Model):
+        Meta = meta  # type: ignore[assignment]  # built per table, at runtime
+        pk = UnicodeAttribute(hash_key=True)
+        sk = UnicodeAttribute(range_key=True)
+        version = VersionAttribute()
+        # job
+        name = UnicodeAttribute(null=True)
+        request = UnicodeAttribute(null=True)  # the CreateTrainingJob request, JSON
+        priority = NumberAttribute(null=True)
+        owner = UnicodeAttribute(null=True)
+        submitted_at = UTCDateTimeAttribute(null=True)
+        state = UnicodeAttribute(null=True)
+        pool = UnicodeAttribute(null=True)
+        attempt = NumberAttribute(null=True)
+        training_job_name = UnicodeAttribute(null=True)
+        started_at = UTCDateTimeAttribute(null=True)
+        ended_at = UTCDateTimeAttribute(null=True)
+        reason = UnicodeAttribute(null=True)
+        stop_reason = UnicodeAttribute(null=True)
+        preemptions = NumberAttribute(null=True)
+        retries = NumberAttribute(null=True)
+        not_before = UTCDateTimeAttribute(null=True)
+        reused_warm_pool_of = UnicodeAttribute(null=True)
+        keep_alive_seconds = NumberAttribute(null=True)
+        history = UnicodeAttribute(null=True)  # JSON list
+        # index keys
+        queued_pool = UnicodeAttribute(null=True)
+        queue_order = UnicodeAttribute(null=True)
+        live_kind = UnicodeAttribute(null=True)
+        live_name = UnicodeAttribute(null=True)
+        submitted_order = UnicodeAttribute(null=True)
+        # pool
+        capacity = NumberAttribute(null=True)
+        queued = NumberAttribute(null=True)
+        # external attempt, warm pool, claim
+        demand = UnicodeAttribute(null=True)  # JSON {instance type: count}
+        resource_key = UnicodeAttribute(null=True)  # JSON
+        detail = UnicodeAttribute(null=True)  # JSON
+        claimed_at = UTCDateTimeAttribute(null=True)
+        expires_at = NumberAttribute(null=True)  # epoch seconds, the table's TTL attribute
+
+        queued_index = index("queued", "queued_pool", "queue_order")
+        live_index = index("live", "live_kind", "live_name")
+        owner_index = index("by_owner", "owner", "submitted_order")
+        state_index = index("by_state", "state", "submitted_order")
+        pool_index = index("by_pool", "pool", "submitted_order")
+        training_job_index = index("by_training_job", "training_job_name", None)
+
+    return Item
+
+
+def _condition_failed(exc: Exception) -> bool:
+    cause = getattr(exc, "cause_response_code", None)
+    if cause == _CONDITION_FAILED:
+        return True
+    reasons = getattr(exc, "cancellation_reasons", None) or []
+    # a cancelled transaction names each item's reason without the "Exception" suffix
+    return any(getattr(r, "code", None) == "ConditionalCheckFailed" for r in reasons if r is not None)
+
+
+class Repository:
+    """sagequeue's table. `host` is an endpoint URL (moto, DynamoDB Local); None means AWS."""
+
+    def __init__(self, table_name: str, *, host: str | None = None, region: str | None = None) -> None:
+        self.table_name = table_name
+        self._item: Any = _model_classes(table_name, host, region)
+        self._host = host
+        self._region = region
+
+    # the client, for instrumentation (request counting in tests, X-Ray patches)
+    @property
+    def client(self) -> Any:
+        return self._item._get_connection().connection.client
+
+    # --- jobs ---------------------------------------------------------------------------------------------
+
+    def create_job(self, job: Job) -> Job:
+        """Store a new queue entry; JobAlreadyExists when the name is taken."""
+        item = self._job_item(job, new=True)
+        try:
+            if job.state is JobState.QUEUED:
+                with self._transaction() as tx:
+                    tx.save(item)
+                    tx.update(
+                        self._item(_POOLS_PK, job.pool),
+                        actions=[self._item.queued.add(1)],
+                        condition=self._item.pk.exists(),
+                        add_version_condition=False,
+                    )
+            else:
+                item.save()
+        except (PutError, TransactWriteError) as exc:
+            if _condition_failed(exc):
+                if self.find_job(job.name) is not None:
+                    raise JobAlreadyExists(f"a job named {job.name!r} already exists") from None
+                raise PoolNotFound(f"no pool for instance type {job.pool}") from None
+            raise
+        job.version = 1
+        return job
+
+    def get_job(self, name: str) -> Job:
+        job = self.find_job(name)
+        if job is None:
+            raise JobNotFound(f"no job named {name!r}")
+        return job
+
+    def find_job(self, name: str) -> Job | None:
+        try:
+            item = self._item.get(_job_pk(name), _JOB_SK, consistent_read=True)
+        except self._item.DoesNotExist:
+            return None
+        return self._to_job(item)
+
+    def save_job(self, job: Job, *, was: JobState) -> Job:
+        """Write `job` if nobody changed it since it was read (its version); StaleVersion otherwise.
+
+        `was` is the state the job had when read: entering or leaving the queue moves the pool's counter
+        in the same transaction, so the counter cannot drift from the queue.
+        """
+        item = self._job_item(job)
+        entering = job.state is JobState.QUEUED and was is not JobState.QUEUED
+        leaving = was is JobState.QUEUED and job.state is not JobState.QUEUED
+        try:
+            if entering or leaving:
+                with self._transaction() as tx:
+                    tx.save(item)
+                    tx.update(
+                        self._item(_POOLS_PK, job.pool),
+                        actions=[self._item.queued.add(1 if entering else -1)],
+                        add_version_condition=False,
+                    )
+            else:
+                item.save()
+        except (PutError, TransactWriteError) as exc:
+            if _condition_failed(exc):
+                raise StaleVersion(
+                    f"job {job.name!r} changed since it was read (version {job.version})"
+                ) from None
+            raise
+        job.version += 1
+        return job
+
+    def find_job_by_training_job(self, training_job_name: str) -> Job | None:
+        """The queue entry whose current attempt is `training_job_name`."""
+        for item in self._item.training_job_index.query(training_job_name):
+            if item.pk.startswith("JOB#"):
+                return self._to_job(item)
+        return None
+
+    def queued_jobs(self, pool: str, limit: int) -> list[Job]:
+        """The first `limit` queued jobs of `pool` in queue order: one Query, whatever the queue's length."""
+        items = self._item.queued_index.query(pool, limit=limit, page_size=limit)
+        return [self._to_job(item) for item in items]
+
+    def queue_position(self, job: Job) -> int | None:
+        """1-based place of a queued job among its pool's queued jobs."""
+        if job.state is not JobState.QUEUED:
+            return None
+        order = queue_order(job.priority, job.submitted_at, job.name)
+        ahead = self._item.queued_index.count(job.pool, self._item.queue_order < order)
+        return ahead + 1
+
+    def live_jobs(self) -> list[Job]:
+        """Jobs whose attempt holds instances (starting, running, preempting, stopping)."""
+        return [
+            self._to_job(item)
+            for item in self._item.live_index.query(_LIVE, self._item.live_name.startswith("JOB#"))
+        ]
+
+    def list_jobs(
+        self,
+        *,
+        owner: str | None = None,
+        state: JobState | None = None,
+        pool: str | None = None,
+        limit: int = 50,
+        next_token: str | None = None,
+    ) -> Page:
+        """Jobs by owner, state or pool (the first given picks the index, the others filter), newest last."""
+        filters = []
+        if owner is not None:
+            index, key = self._item.owner_index, owner
+            if state is not None:
+                filters.append(self._item.state == state.value)
+            if pool is not None:
+                filters.append(self._item.pool == pool)
+        elif state is not None:
+            index, key = self._item.state_index, state.value
+            if pool is not None:
+                filters.append(self._item.pool == pool)
+        elif pool is not None:
+            index, key = self._item.pool_index, pool
+        else:
+            raise ValueError("list_jobs needs an owner, a state or a pool")
+        condition = None
+        for extra in filters:
+            condition = extra if condition is None else condition & extra
+        result = index.query(
+            key,
+            filter_condition=condition,
+            limit=limit,
+            page_size=limit,
+            last_evaluated_key=_decode_token(next_token),
+        )
+        jobs = [self._to_job(item) for item in result]
+        last = result.last_evaluated_key
+        return Page(jobs=jobs, next_token=_encode_token(last) if last else None)
+
+    def import_jobs(self, jobs: Sequence[Job]) -> None:
+        """Bulk-load queued jobs (a migration, a benchmark) with batch writes; counts them into their pools."""
+        per_pool: dict[str, int] = {}
+        with self._item.batch_write() as batch:
+            for job in jobs:
+                item = self._job_item(job, new=True)
+                item.version = 1
+                batch.save(item)
+                if job.state is JobState.QUEUED:
+                    per_pool[job.pool] = per_pool.get(job.pool, 0) + 1
+                job.version = 1
+        for pool, count in per_pool.items():
+            self._item(_POOLS_PK, pool).update(
+                actions=[self._item.queued.add(count)], add_version_condition=False
+            )
+
+    # --- pools --------------------------------------------------------------------------------------------
+
+    def pools(self) -> list[PoolStatus]:
+        return [
+            PoolStatus(Pool(item.sk, int(item.capacity or 0)), max(int(item.queued or 0), 0))
+            for item in self._item.query(_POOLS_PK)
+        ]
+
+    def get_pool(self, instance_type: str) -> PoolStatus:
+        try:
+            item = self._item.get(_POOLS_PK, instance_type, consistent_read=True)
+        except self._item.DoesNotExist:
+            raise PoolNotFound(f"no pool for instance type {instance_type}") from None
+        return PoolStatus(Pool(item.sk, int(item.capacity or 0)), max(int(item.queued or 0), 0))
+
+    def set_capacity(self, pool: Pool) -> PoolStatus:
+        """Create the pool or change its capacity (its queued counter is kept)."""
+        item = self._item(_POOLS_PK, pool.instance_type)
+        item.update(
+            actions=[self._item.capacity.set(pool.capacity), self._item.queued.add(0)],
+            add_version_condition=False,
+        )
+        return self.get_pool(pool.instance_type)
+
+    def seed_pools(self, capacity: Mapping[str, int]) -> None:
+        """Create the configured pools that do not exist yet; capacity changed at runtime is kept."""
+        for instance_type, count in capacity.items():
+            item = self._item(_POOLS_PK, instance_type, capacity=count, queued=0)
+            try:
+                item.save(condition=self._item.pk.does_not_exist(), add_version_condition=False)
+            except PutError as exc:
+                if not _condition_failed(exc):
+                    raise
+
+    # --- attempts started outside the queue ---------------------------------------------------------------
+
+    def record_external_attempt(self, attempt: ExternalAttempt) -> None:
+        item = self._item(
+            _external_pk(attempt.training_job_name),
+            _LIVE,
+            training_job_name=attempt.training_job_name,
+            live_kind=_LIVE,
+            live_name=f"EXTERNAL#{attempt.training_job_name}",
+            demand=json.dumps(dict(attempt.demand)),
+            started_at=attempt.started_at,
+        )
+        item.save(add_version_condition=False)
+
+    def forget_external_attempt(self, training_job_name: str) -> None:
+        self._item(_external_pk(training_job_name), _LIVE).delete(add_version_condition=False)
+
+    def external_attempts(self) -> list[ExternalAttempt]:
+        return [
+            ExternalAttempt(
+                training_job_name=item.training_job_name or "",
+                demand=json.loads(item.demand or "{}"),
+                started_at=item.started_at or datetime.now(UTC),
+            )
+            for item in self._item.live_index.query(_LIVE, self._item.live_name.startswith("EXTERNAL#"))
+        ]
+
+    # --- warm pools ---------------------------------------------------------------------------------------
+
+    def track_warm_pool(self, warm: TrackedWarmPool) -> None:
+        item = self._item(
+            _warm_pk(warm.training_job_name),
+            _WARM,
+            live_kind=_WARM,
+            live_name=warm.training_job_name,
+            resource_key=json.dumps(warm.resource_key.to_dict()),
+            name=warm.job_name,
+            expires_at=int(warm.expires_at.timestamp()),
+        )
+        item.save(add_version_condition=False)
+
+    def forget_warm_pool(self, training_job_name: str) -> bool:
+        """Stop tracking a warm pool; False when it was not tracked (someone else took it first)."""
+        try:
+            self._item(_warm_pk(training_job_name), _WARM).delete(
+                condition=self._item.pk.exists(), add_version_condition=False
+            )
+        except DeleteError as exc:
+            if _condition_failed(exc):
+                return False
+            raise
+        return True
+
+    def warm_pools(self) -> list[TrackedWarmPool]:
+        return [
+            TrackedWarmPool(
+                training_job_name=item.live_name or "",
+                resource_key=ResourceKey.from_dict(json.loads(item.resource_key or "{}")),
+                expires_at=datetime.fromtimestamp(int(item.expires_at or 0), UTC),
+                job_name=item.name,
+            )
+            for item in self._item.live_index.query(_WARM)
+        ]
+
+    # --- idempotency ledger -------------------------------------------------------------------------------
+
+    def claim(self, kind: str, subject: str, detail: Mapping[str, Any] | None = None) -> bool:
+        """Record that `kind` was done for `subject`; True the first time only (a conditional put)."""
+        item = self._item(
+            _claim_pk(kind, subject),
+            _CLAIM_SK,
+            detail=json.dumps(dict(detail or {}), default=str),
+            claimed_at=datetime.now(UTC),
+        )
+        try:
+            item.save(condition=self._item.pk.does_not_exist(), add_version_condition=False)
+        except PutError as exc:
+            if _condition_failed(exc):
+                return False
+            raise
+        return True
+
+    def get_claim(self, kind: str, subject: str) -> dict[str, Any] | None:
+        """The detail recorded by the first claim of (`kind`, `subject`), or None if never claimed."""
+        try:
+            item = self._item.get(_claim_pk(kind, subject), _CLAIM_SK, consistent_read=True)
+        except self._item.DoesNotExist:
+            return None
+        detail: dict[str, Any] = json.loads(item.detail or "{}")
+        return detail
+
+    # --- mapping ------------------------------------------------------------------------------------------
+
+    def _transaction(self) -> TransactWrite:
+        # the model's own connection, so one client (and its instrumentation) serves every request
+        return TransactWrite(connection=self._item._get_connection().connection)
+
+    def _job_item(self, job: Job, *, new: bool = False) -> Any:
+        queued = job.state is JobState.QUEUED
+        live = job.state.is_live
+        item = self._item(
+            _job_pk(job.name),
+            _JOB_SK,
+            name=job.name,
+            request=json.dumps(job.request, separators=(",", ":")),
+            priority=job.priority,
+            owner=job.owner,
+            submitted_at=job.submitted_at,
+            state=job.state.value,
+            pool=job.pool,
+            attempt=job.attempt,
+            training_job_name=job.training_job_name,
+            started_at=job.started_at,
+            ended_at=job.ended_at,
+            reason=job.reason,
+            stop_reason=job.stop_reason.value if job.stop_reason else None,
+            preemptions=job.preemptions,
+            retries=job.retries,
+            not_before=job.not_before,
+            reused_warm_pool_of=job.reused_warm_pool_of,
+            keep_alive_seconds=job.keep_alive_seconds,
+            history=json.dumps(job.history, separators=(",", ":")),
+            queued_pool=job.pool if queued else None,
+            queue_order=queue_order(job.priority, job.submitted_at, job.name) if queued else None,
+            live_kind=_LIVE if live else None,
+            live_name=_job_pk(job.name) if live else None,
+            submitted_order=f"{_stamp(job.submitted_at)}#{job.name}",
+        )
+        if job.version and not new:
+            item.version = job.version
+        return item
+
+    @staticmethod
+    def _to_job(item: Any) -> Job:
+        return Job(
+            name=item.name,
+            request=json.loads(item.request),
+            priority=int(item.priority),
+            owner=item.owner,
+            submitted_at=item.submitted_at,
+            state=JobState(item.state),
+            attempt=int(item.attempt or 0),
+            training_job_name=item.training_job_name,
+            started_at=item.started_at,
+            ended_at=item.ended_at,
+            reason=item.reason,
+            stop_reason=StopReason(item.stop_reason) if item.stop_reason else None,
+            preemptions=int(item.preemptions or 0),
+            retries=int(item.retries or 0),
+            not_before=item.not_before,
+            reused_warm_pool_of=item.reused_warm_pool_of,
+            keep_alive_seconds=int(item.keep_alive_seconds or 0),
+            version=int(item.version or 0),
+            history=json.loads(item.history or "[]"),
+        )
+
+
+def _encode_token(key: Mapping[str, Any]) -> str:
+    return base64.urlsafe_b64encode(json.dumps(key, separators=(",", ":")).encode()).decode()
+
+
+def _decode_token(token: str | None) -> dict[str, Any] | None:
+    if not token:
+        return None
+    try:
+        decoded: dict[str, Any] = json.loads(base64.urlsafe_b64decode(token.encode()))
+    except (ValueError, TypeError):
+        raise ValueError("next_token is not a token this API returned") from None
+    return decoded
