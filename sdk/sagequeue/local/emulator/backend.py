@@ -1,0 +1,454 @@
+"""The emulated SageMaker account: every training job, the instance limits, warm-pool matching, and the
+operations the HTTP layer dispatches to. All state lives under one lock.
+
+Operations and timed steps return `Output`s (events and metric data) instead of delivering them: the
+caller sends them after releasing the lock, because a subscriber may call the emulator back.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import copy
+import heapq
+import itertools
+import json
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from sagequeue.local.clock import Clock
+from sagequeue.local.emulator import validation as check
+from sagequeue.local.emulator.errors import (
+    ResourceInUse,
+    ResourceLimitExceeded,
+    ValidationError,
+    not_found,
+)
+from sagequeue.local.emulator.events import state_change_event
+from sagequeue.local.emulator.metrics import utilization_data
+from sagequeue.local.emulator.model import TrainingJob, WarmPoolState
+from sagequeue.local.emulator.simulation import SimPlan, Timings
+from sagequeue_core.domain import demand_of
+
+LIST_DEFAULT_MAX_RESULTS = 10
+LIST_MAX_RESULTS = 100
+TAGS_DEFAULT_MAX_RESULTS = 50
+
+
+@dataclass
+class Outputs:
+    """What one operation or one processing pass produced, in the order it happened."""
+
+    events: list[dict[str, Any]] = field(default_factory=list)
+    metric_data: list[dict[str, Any]] = field(default_factory=list)
+
+    def extend(self, other: Outputs) -> None:
+        self.events.extend(other.events)
+        self.metric_data.extend(other.metric_data)
+
+    def __bool__(self) -> bool:
+        return bool(self.events or self.metric_data)
+
+
+class SageMakerBackend:
+    def __init__(
+        self,
+        clock: Clock,
+        timings: Timings,
+        instance_limits: Mapping[str, int] | None,
+        region: str,
+        account_id: str,
+    ) -> None:
+        self.clock = clock
+        self.timings = timings
+        self.instance_limits = dict(instance_limits or {})
+        for instance_type, limit in self.instance_limits.items():
+            if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+                raise ValueError(
+                    f"instance limit of {instance_type} must be a non-negative integer, got {limit!r}"
+                )
+        self.region = region
+        self.account_id = account_id
+        self.lock = threading.RLock()
+        self._jobs: dict[str, TrainingJob] = {}
+        self._order: dict[str, int] = {}  # creation sequence, the tie-breaker of every ordering
+        self._due: list[tuple[datetime, int, str]] = []  # heap; stale entries are skipped when popped
+        self._heap_seq = itertools.count()
+        self._live: set[str] = set()
+        self._operations: dict[str, Callable[[Mapping[str, Any], datetime, Outputs], dict[str, Any]]] = {
+            "CreateTrainingJob": self._create_training_job,
+            "DescribeTrainingJob": self._describe_training_job,
+            "ListTrainingJobs": self._list_training_jobs,
+            "StopTrainingJob": self._stop_training_job,
+            "UpdateTrainingJob": self._update_training_job,
+            "AddTags": self._add_tags,
+            "ListTags": self._list_tags,
+            "DeleteTags": self._delete_tags,
+        }
+
+    @property
+    def operations(self) -> frozenset[str]:
+        return frozenset(self._operations)
+
+    # --- entry points ----------------------------------------------------------------------------------
+
+    def call(self, operation: str, request: Mapping[str, Any], outputs: Outputs) -> dict[str, Any]:
+        """Runs one API operation at the clock's current time, after every step that fell due before it.
+
+        What happens is appended to `outputs`, also when the operation itself is refused: the steps that
+        fell due before it still happened and their events must still go out.
+        """
+        handler = self._operations[operation]
+        with self.lock:
+            now = self.clock.now()
+            outputs.extend(self._process_due_locked(now))
+            check.require_mapping(request, operation)
+            return handler(request, now, outputs)
+
+    def next_due(self) -> datetime | None:
+        with self.lock:
+            while self._due:
+                due, _, name = self._due[0]
+                if self._jobs[name].due() == due:
+                    return due
+                heapq.heappop(self._due)
+            return None
+
+    def process_due(self, upto: datetime) -> Outputs:
+        with self.lock:
+            return self._process_due_locked(upto)
+
+    def job_names(self) -> list[str]:
+        with self.lock:
+            return list(self._jobs)
+
+    def describe(self, name: str) -> dict[str, Any]:
+        """DescribeTrainingJob without HTTP (datetimes as datetimes), for the embedded stack's tools."""
+        with self.lock:
+            job = self._job(name)
+            return job.describe(self.clock.now())
+
+    def instances_in_use(self) -> dict[str, int]:
+        """Instances held per type: live jobs plus Available warm pools (what the limit counts)."""
+        with self.lock:
+            return self._instances_held()
+
+    # --- time ------------------------------------------------------------------------------------------
+
+    def _process_due_locked(self, upto: datetime) -> Outputs:
+        outputs = Outputs()
+        while self._due:
+            due, _, name = self._due[0]
+            if due > upto:
+                break
+            heapq.heappop(self._due)
+            job = self._jobs[name]
+            if job.due() != due:
+                continue  # superseded by a later change to this job
+            job.collect_metrics(due)
+            self._drain_metrics(job, outputs)
+            if job.fire(due):
+                self._emit(job, due, outputs)
+            self._reschedule(job)
+        for name in list(self._live):
+            job = self._jobs[name]
+            job.collect_metrics(upto)
+            self._drain_metrics(job, outputs)
+        return outputs
+
+    def _reschedule(self, job: TrainingJob) -> None:
+        due = job.due()
+        if due is not None:
+            heapq.heappush(self._due, (due, next(self._heap_seq), job.name))
+        if job.ended:
+            self._live.discard(job.name)
+        else:
+            self._live.add(job.name)
+
+    def _emit(self, job: TrainingJob, at: datetime, outputs: Outputs) -> None:
+        outputs.events.append(
+            state_change_event(job.describe(at), job.tags, at, region=self.region, account_id=self.account_id)
+        )
+
+    def _drain_metrics(self, job: TrainingJob, outputs: Outputs) -> None:
+        if job.pending_metrics:
+            outputs.metric_data.extend(
+                utilization_data(
+                    job.name, job.instance_count, job.pending_metrics, job.plan.reported_utilization
+                )
+            )
+            job.pending_metrics.clear()
+
+    # --- operations ------------------------------------------------------------------------------------
+
+    def _job(self, name: str) -> TrainingJob:
+        job = self._jobs.get(name)
+        if job is None:
+            raise not_found(name)
+        return job
+
+    def _arn(self, name: str) -> str:
+        return f"arn:aws:sagemaker:{self.region}:{self.account_id}:training-job/{name}"
+
+    def _instances_held(self) -> dict[str, int]:
+        held: dict[str, int] = {}
+        for job in self._jobs.values():
+            for instance_type, count in job.held_instances().items():
+                held[instance_type] = held.get(instance_type, 0) + count
+        return held
+
+    def _create_training_job(
+        self, request: Mapping[str, Any], now: datetime, outputs: Outputs
+    ) -> dict[str, Any]:
+        check.create_training_job(request)
+        name = request["TrainingJobName"]
+        if name in self._jobs:
+            raise ResourceInUse(
+                "Training job names must be unique within an AWS account and region, and a training job with "
+                f"this name already exists ({self._arn(name)})"
+            )
+        plan = SimPlan.from_environment(request.get("Environment"), self.timings)
+        stored = copy.deepcopy(dict(request))
+        tags = {
+            t["Key"]: t["Value"] for t in check.tag_list(stored.pop("Tags", None), "tags", required=False)
+        }
+        job = TrainingJob(
+            name=name,
+            arn=self._arn(name),
+            request=stored,
+            created_at=now,
+            plan=plan,
+            timings=self.timings,
+            tags=tags,
+        )
+        donor = self._matching_warm_pool(job, now)
+        if donor is None:
+            self._check_limits(demand_of(stored))
+            job.start(now)
+        else:
+            pool = donor.hand_over_pool(now, to_job=name)
+            job.start(now, reused_pool=pool, reused_from=donor.name)
+            self._reschedule(donor)
+        self._jobs[name] = job
+        self._order[name] = len(self._order)
+        self._reschedule(job)
+        self._emit(job, now, outputs)
+        return {"TrainingJobArn": job.arn}
+
+    def _matching_warm_pool(self, job: TrainingJob, now: datetime) -> TrainingJob | None:
+        """The Available warm pool a new job may take: identical ResourceKey, still within its limits.
+
+        The oldest pool goes first, so the one closest to expiry is used rather than wasted.
+        """
+        key = job.resource_key
+        if key is None:
+            return None
+        candidates = [
+            other
+            for other in self._jobs.values()
+            if other.pool_is_reusable(now) and other.resource_key == key
+        ]
+        if not candidates:
+            return None
+        return min(candidates, key=lambda o: (o.warm_pool.available_since, self._order[o.name]))  # type: ignore[union-attr]
+
+    def _check_limits(self, demand: Mapping[str, int]) -> None:
+        held = self._instances_held()
+        for instance_type, count in demand.items():
+            limit = self.instance_limits.get(instance_type)
+            if limit is None:
+                continue
+            used = held.get(instance_type, 0)
+            if used + count > limit:
+                raise ResourceLimitExceeded(
+                    f"The account-level service limit '{instance_type} for training job usage' is {limit} "
+                    f"Instances, with current utilization of {used} Instances and a request delta of {count} "
+                    "Instances. Please use AWS Service Quotas to request an increase for this quota. If AWS "
+                    "Service Quotas is not available, contact AWS support to request an increase for this quota."
+                )
+
+    def _describe_training_job(
+        self, request: Mapping[str, Any], now: datetime, outputs: Outputs
+    ) -> dict[str, Any]:
+        name = check.training_job_name(request.get("TrainingJobName"))
+        return self._job(name).describe(now)
+
+    def _stop_training_job(
+        self, request: Mapping[str, Any], now: datetime, outputs: Outputs
+    ) -> dict[str, Any]:
+        name = check.training_job_name(request.get("TrainingJobName"))
+        job = self._job(name)
+        job.begin_stop(now)
+        self._drain_metrics(job, outputs)
+        self._reschedule(job)
+        self._emit(job, now, outputs)
+        return {}
+
+    def _update_training_job(
+        self, request: Mapping[str, Any], now: datetime, outputs: Outputs
+    ) -> dict[str, Any]:
+        name = check.training_job_name(request.get("TrainingJobName"))
+        config = request.get("ResourceConfig")
+        others = [
+            k for k in ("ProfilerConfig", "ProfilerRuleConfigurations", "RemoteDebugConfig") if request.get(k)
+        ]
+        if config is None and not others:
+            raise ValidationError(
+                "UpdateTrainingJob needs at least one of ResourceConfig, ProfilerConfig, "
+                "ProfilerRuleConfigurations or RemoteDebugConfig."
+            )
+        job = self._job(name)
+        if others and job.ended:
+            raise ValidationError(
+                f"The request was rejected because the training job is in status {job.status}."
+            )
+        if config is not None:
+            if not isinstance(config, Mapping):
+                raise check.violation(config, "resourceConfig", "be an object")
+            seconds = check.keep_alive_seconds(
+                config.get("KeepAlivePeriodInSeconds"), "resourceConfig.keepAlivePeriodInSeconds"
+            )
+            job.update_keep_alive(now, seconds)
+        for key in others:
+            job.request[key] = copy.deepcopy(request[key])
+        self._reschedule(job)
+        return {"TrainingJobArn": job.arn}
+
+    # --- listing ---------------------------------------------------------------------------------------
+
+    def _sort_key(self, job: TrainingJob, sort_by: str) -> list[Any]:
+        created = job.created_at.timestamp()
+        if sort_by == "Name":
+            return [job.name, self._order[job.name]]
+        if sort_by == "Status":
+            return [job.status, created, self._order[job.name]]
+        return [created, self._order[job.name]]
+
+    def _list_training_jobs(
+        self, request: Mapping[str, Any], now: datetime, outputs: Outputs
+    ) -> dict[str, Any]:
+        limit = check.max_results(
+            request.get("MaxResults"), "maxResults", 1, LIST_MAX_RESULTS, LIST_DEFAULT_MAX_RESULTS
+        )
+        sort_by = check.enum(request.get("SortBy"), "sortBy", check.SORT_BY) or "CreationTime"
+        descending = (
+            check.enum(request.get("SortOrder"), "sortOrder", check.SORT_ORDER) or "Ascending"
+        ) == "Descending"
+        status = check.enum(
+            request.get("StatusEquals"), "statusEquals", (*check.TRAINING_STATUSES, "Deleting")
+        )
+        warm_status = check.enum(
+            request.get("WarmPoolStatusEquals"), "warmPoolStatusEquals", check.WARM_POOL_STATUSES
+        )
+        contains = check.name_contains(request.get("NameContains"))
+        created_after = check.timestamp(request.get("CreationTimeAfter"), "creationTimeAfter")
+        created_before = check.timestamp(request.get("CreationTimeBefore"), "creationTimeBefore")
+        modified_after = check.timestamp(request.get("LastModifiedTimeAfter"), "lastModifiedTimeAfter")
+        modified_before = check.timestamp(request.get("LastModifiedTimeBefore"), "lastModifiedTimeBefore")
+        cursor = _decode_token(request.get("NextToken"), sort_by, descending)
+
+        def selected(job: TrainingJob) -> bool:
+            modified = job.last_modified or job.created_at
+            return (
+                (contains is None or contains.lower() in job.name.lower())
+                and (created_after is None or job.created_at > created_after)
+                and (created_before is None or job.created_at < created_before)
+                and (modified_after is None or modified > modified_after)
+                and (modified_before is None or modified < modified_before)
+            )
+
+        keyed = sorted(
+            ((self._sort_key(job, sort_by), job) for job in self._jobs.values() if selected(job)),
+            key=lambda pair: pair[0],
+            reverse=descending,
+        )
+        if cursor is not None:
+            keyed = [(k, j) for k, j in keyed if (k < cursor if descending else k > cursor)]
+        page = keyed[:limit]
+        # SageMaker's quirk, kept on purpose: the page is cut first and the status filters run on the cut
+        # page, so a page may hold fewer than MaxResults jobs (even none) while more matches follow.
+        summaries = [
+            job.summary(now)
+            for _, job in page
+            if (status is None or job.status == status)
+            and (
+                warm_status is None
+                or (job.warm_pool is not None and job.warm_pool.status is WarmPoolState(warm_status))
+            )
+        ]
+        answer: dict[str, Any] = {"TrainingJobSummaries": summaries}
+        if len(keyed) > limit:
+            answer["NextToken"] = _encode_token(page[-1][0], sort_by, descending)
+        return answer
+
+    # --- tags ------------------------------------------------------------------------------------------
+
+    def _tagged_job(self, arn: Any) -> TrainingJob:
+        name = check.training_job_arn_name(arn)
+        job = self._jobs.get(name)
+        if job is None or job.arn != arn:
+            raise not_found(str(arn))
+        return job
+
+    def _add_tags(self, request: Mapping[str, Any], now: datetime, outputs: Outputs) -> dict[str, Any]:
+        job = self._tagged_job(request.get("ResourceArn"))
+        tags = check.tag_list(request.get("Tags"), "tags", required=True)
+        merged = dict(job.tags)
+        merged.update({t["Key"]: t["Value"] for t in tags})
+        if len(merged) > check.MAX_TAGS:
+            raise ResourceLimitExceeded(
+                f"Training job {job.name} would have {len(merged)} tags; a resource can have at most {check.MAX_TAGS}."
+            )
+        job.tags = merged
+        return {"Tags": [{"Key": k, "Value": v} for k, v in merged.items()]}
+
+    def _list_tags(self, request: Mapping[str, Any], now: datetime, outputs: Outputs) -> dict[str, Any]:
+        job = self._tagged_job(request.get("ResourceArn"))
+        limit = check.max_results(
+            request.get("MaxResults"), "maxResults", 50, 10_000, TAGS_DEFAULT_MAX_RESULTS
+        )
+        token = request.get("NextToken")
+        start = 0
+        if token:
+            try:
+                start = int(base64.urlsafe_b64decode(str(token).encode()).decode())
+            except (ValueError, binascii.Error):
+                raise ValidationError(f"Invalid pagination token: {token!r}") from None
+        items = [{"Key": k, "Value": v} for k, v in job.tags.items()]
+        answer: dict[str, Any] = {"Tags": items[start : start + limit]}
+        if start + limit < len(items):
+            answer["NextToken"] = base64.urlsafe_b64encode(str(start + limit).encode()).decode()
+        return answer
+
+    def _delete_tags(self, request: Mapping[str, Any], now: datetime, outputs: Outputs) -> dict[str, Any]:
+        job = self._tagged_job(request.get("ResourceArn"))
+        keys = request.get("TagKeys")
+        if not isinstance(keys, list) or not keys or not all(isinstance(k, str) for k in keys):
+            raise check.violation(keys, "tagKeys", "be a non-empty list of tag keys")
+        for key in keys:
+            job.tags.pop(key, None)
+        return {}
+
+
+def _encode_token(key: list[Any], sort_by: str, descending: bool) -> str:
+    payload = json.dumps({"after": key, "by": sort_by, "desc": descending}, separators=(",", ":"))
+    return base64.urlsafe_b64encode(payload.encode()).decode()
+
+
+def _decode_token(token: Any, sort_by: str, descending: bool) -> list[Any] | None:
+    if token is None or token == "":
+        return None
+    try:
+        payload = json.loads(base64.urlsafe_b64decode(str(token).encode()).decode())
+        key = payload["after"]
+        if payload["by"] != sort_by or payload["desc"] != descending or not isinstance(key, list):
+            raise ValueError("token from another ordering")
+    except (ValueError, KeyError, TypeError, binascii.Error):
+        raise ValidationError(
+            f"Invalid pagination token {token!r}: pass the NextToken of the previous ListTrainingJobs "
+            "call made with the same SortBy and SortOrder."
+        ) from None
+    return key

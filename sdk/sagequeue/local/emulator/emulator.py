@@ -1,0 +1,268 @@
+"""`SageMakerEmulator`: the emulated training-job API on localhost, its clock, and event delivery.
+
+Delivery order is the order things happened in. Outputs go through one outbox drained by one thread at a
+time; a thread that finds another draining leaves its outputs to it instead of waiting, so a subscriber
+that calls the emulator back over HTTP never deadlocks it.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from datetime import datetime
+from types import TracebackType
+from typing import Any
+
+from sagequeue.local.clock import Clock, VirtualClock
+from sagequeue.local.emulator.backend import Outputs, SageMakerBackend
+from sagequeue.local.emulator.errors import ERRORS_BY_CODE, SageMakerError, UnknownOperation
+from sagequeue.local.emulator.events import EventBridgeForwarder
+from sagequeue.local.emulator.metrics import CloudWatchPublisher
+from sagequeue.local.emulator.server import ServerThread
+from sagequeue.local.emulator.simulation import Timings
+
+logger = logging.getLogger("sagequeue.local.emulator")
+
+EventSubscriber = Callable[[dict[str, Any]], None]
+
+
+class EmulatorNotRunning(RuntimeError):
+    """The emulator's HTTP server is not started (use it as a context manager or call start())."""
+
+
+class SageMakerEmulator:
+    """SageMaker's training-job API on 127.0.0.1, driven by a virtual or a real clock.
+
+    Defaults (simulated seconds): provisioning 180, warm start 20, download 30, upload 20, stop grace 30,
+    training 600 (a job's SAGEQUEUE_SIM_DURATION overrides it), capacity failure after 1800, spot restart
+    after 120. Instance types missing from `instance_limits` are unlimited.
+    """
+
+    def __init__(
+        self,
+        clock: Clock | None = None,
+        instance_limits: Mapping[str, int] | None = None,
+        provisioning_seconds: float = 180.0,
+        warm_start_seconds: float = 20.0,
+        stop_grace_seconds: float = 30.0,
+        default_duration_seconds: float = 600.0,
+        capacity_error_after_seconds: float = 1800.0,
+        download_seconds: float = 30.0,
+        upload_seconds: float = 20.0,
+        spot_interruption_seconds: float = 120.0,
+        on_event: EventSubscriber | None = None,
+        events_client: Any = None,
+        event_bus_name: str = "default",
+        cloudwatch_client: Any = None,
+        region: str = "us-east-1",
+        account_id: str = "123456789012",
+        host: str = "127.0.0.1",
+        port: int = 0,
+        tick_seconds: float = 0.05,
+    ) -> None:
+        self.clock: Clock = clock if clock is not None else VirtualClock()
+        self.timings = Timings(
+            provisioning_seconds=provisioning_seconds,
+            warm_start_seconds=warm_start_seconds,
+            download_seconds=download_seconds,
+            upload_seconds=upload_seconds,
+            stop_grace_seconds=stop_grace_seconds,
+            default_duration_seconds=default_duration_seconds,
+            capacity_error_after_seconds=capacity_error_after_seconds,
+            spot_interruption_seconds=spot_interruption_seconds,
+        )
+        self.region = region
+        self.account_id = account_id
+        self.backend = SageMakerBackend(self.clock, self.timings, instance_limits, region, account_id)
+        self.on_event = on_event
+        self._forwarder = (
+            EventBridgeForwarder(events_client, event_bus_name) if events_client is not None else None
+        )
+        self._metrics = CloudWatchPublisher(cloudwatch_client) if cloudwatch_client is not None else None
+        self._host = host
+        self._port = port
+        self._tick_seconds = tick_seconds
+        self._server: ServerThread | None = None
+        self._ticker: threading.Thread | None = None
+        self._stopping = threading.Event()
+        self._outbox: collections.deque[Outputs] = collections.deque()
+        self._deliver_lock = threading.Lock()
+        self._delivering = threading.local()
+        self._advance_lock = threading.Lock()
+        self._faults_lock = threading.Lock()
+        self._faults: dict[str, collections.deque[SageMakerError]] = {}
+
+    # --- lifecycle -------------------------------------------------------------------------------------
+
+    def start(self) -> SageMakerEmulator:
+        if self._server is not None:
+            return self
+        self._stopping.clear()
+        self._server = ServerThread(self._host, self._port, self._dispatch)
+        if not isinstance(self.clock, VirtualClock):
+            # A real clock moves by itself, so something must notice when steps fall due.
+            self._ticker = threading.Thread(target=self._tick, name="sagemaker-emulator-clock", daemon=True)
+            self._ticker.start()
+        return self
+
+    def stop(self) -> None:
+        self._stopping.set()
+        if self._ticker is not None:
+            self._ticker.join(timeout=5)
+            self._ticker = None
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+
+    def __enter__(self) -> SageMakerEmulator:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    @property
+    def endpoint_url(self) -> str:
+        if self._server is None:
+            raise EmulatorNotRunning("the SageMaker emulator is not running: call start() or use `with`")
+        host, port = self._server.address
+        return f"http://{host}:{port}"
+
+    def client(self, **kwargs: Any) -> Any:
+        """A boto3 SageMaker client for this emulator (any credentials work; none are checked)."""
+        import boto3
+
+        options: dict[str, Any] = {
+            "endpoint_url": self.endpoint_url,
+            "region_name": self.region,
+            "aws_access_key_id": "emulator",
+            "aws_secret_access_key": "emulator",
+        }
+        options.update(kwargs)
+        return boto3.client("sagemaker", **options)
+
+    # --- time ------------------------------------------------------------------------------------------
+
+    def now(self) -> datetime:
+        return self.clock.now()
+
+    def advance(self, seconds: float) -> datetime:
+        """Moves the virtual clock forward, stopping at every due step so that each event is delivered
+        with the clock showing its time; subscribers may call the emulator while it advances."""
+        if not isinstance(self.clock, VirtualClock):
+            raise TypeError(f"advance() needs a VirtualClock; this emulator runs on {self.clock!r}")
+        if seconds < 0:
+            raise ValueError(f"cannot advance by a negative time ({seconds} s)")
+        clock = self.clock
+        with self._advance_lock:
+            target = clock.advance(0) + _delta(seconds)
+            while True:
+                due = self.backend.next_due()
+                if due is None or due > target:
+                    break
+                clock.advance_to(due)
+                self._enqueue(self.backend.process_due(due))
+                self._deliver(raise_errors=True)
+            clock.advance_to(target)
+            self._enqueue(self.backend.process_due(target))
+            self._deliver(raise_errors=True)
+            return clock.now()
+
+    def process_due(self) -> None:
+        """Runs every step due by the clock's time now (for a clock moved by someone else)."""
+        self._enqueue(self.backend.process_due(self.clock.now()))
+        self._deliver(raise_errors=True)
+
+    def _tick(self) -> None:
+        while not self._stopping.wait(self._tick_seconds):
+            try:
+                self._enqueue(self.backend.process_due(self.clock.now()))
+                self._deliver(raise_errors=False)
+            except Exception:  # the ticker must outlive a failing subscriber or a bug
+                logger.exception("SageMaker emulator failed while processing due steps")
+
+    # --- faults ----------------------------------------------------------------------------------------
+
+    def fail_next(
+        self, operation: str, code: str = "ThrottlingException", times: int = 1, message: str | None = None
+    ) -> None:
+        """Answers the next `times` calls of `operation` with error `code` (e.g. to test retries)."""
+        if operation not in self.backend.operations:
+            raise ValueError(f"{operation!r} is not an emulated operation: {sorted(self.backend.operations)}")
+        error_class = ERRORS_BY_CODE.get(code)
+        if error_class is None:
+            raise ValueError(f"unknown error code {code!r}: one of {sorted(ERRORS_BY_CODE)}")
+        text = message or ("Rate exceeded" if code == "ThrottlingException" else f"Injected {code}")
+        with self._faults_lock:
+            queue = self._faults.setdefault(operation, collections.deque())
+            queue.extend(error_class(text) for _ in range(times))
+
+    # --- requests --------------------------------------------------------------------------------------
+
+    def _dispatch(self, operation: str, request: Any) -> dict[str, Any]:
+        if operation not in self.backend.operations:
+            raise UnknownOperation(
+                f"Operation {operation} is not supported by the sagequeue SageMaker emulator."
+            )
+        with self._faults_lock:
+            queue = self._faults.get(operation)
+            fault = queue.popleft() if queue else None
+        if fault is not None:
+            raise fault
+        outputs = Outputs()
+        try:
+            return self.backend.call(operation, request, outputs)
+        finally:
+            # Events caused by this request are delivered before the client sees the answer.
+            self._enqueue(outputs)
+            self._deliver(raise_errors=False)
+
+    # --- delivery --------------------------------------------------------------------------------------
+
+    def _enqueue(self, outputs: Outputs) -> None:
+        if outputs:
+            self._outbox.append(outputs)
+
+    def _deliver(self, *, raise_errors: bool) -> None:
+        if getattr(self._delivering, "active", False):
+            return  # a subscriber called back into this thread's delivery; the outer loop sends the rest
+        while self._outbox:
+            if not self._deliver_lock.acquire(blocking=raise_errors):
+                return  # another thread is delivering and will drain what this one queued
+            self._delivering.active = True
+            try:
+                while self._outbox:
+                    self._send(self._outbox.popleft(), raise_errors=raise_errors)
+            finally:
+                self._delivering.active = False
+                self._deliver_lock.release()
+
+    def _send(self, outputs: Outputs, *, raise_errors: bool) -> None:
+        steps: list[tuple[str, Callable[[], None]]] = []
+        if outputs.events:
+            if self.on_event is not None:
+                subscriber = self.on_event
+                for event in outputs.events:
+                    steps.append(("on_event", lambda e=event: subscriber(e)))  # type: ignore[misc]
+            if self._forwarder is not None:
+                forwarder = self._forwarder
+                steps.append(("EventBridge", lambda: forwarder.put(outputs.events)))
+        if outputs.metric_data and self._metrics is not None:
+            publisher = self._metrics
+            steps.append(("CloudWatch", lambda: publisher.put(outputs.metric_data)))
+        for what, step in steps:
+            try:
+                step()
+            except Exception:
+                if raise_errors:
+                    raise
+                logger.exception("SageMaker emulator could not deliver to %s", what)
+
+
+def _delta(seconds: float) -> Any:
+    from datetime import timedelta
+
+    return timedelta(seconds=seconds)

@@ -1,0 +1,138 @@
+"""What a simulated training job does, read from its `Environment`, and how long each phase lasts.
+
+A job tells the emulator how to behave through environment variables, so the same CreateTrainingJob
+request that runs on SageMaker runs here unchanged; the variables are ignored by real training images.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from sagequeue.local.emulator.errors import ValidationError
+
+#: Seconds of training (the Training phase only), default `Timings.default_duration_seconds`.
+DURATION_ENV = "SAGEQUEUE_SIM_DURATION"
+#: `Completed` | `Failed:<FailureReason>` | `CapacityError` | `Idle` | `Interrupted:<n>`.
+OUTCOME_ENV = "SAGEQUEUE_SIM_OUTCOME"
+#: NeuronCore utilization (percent) a busy host reports, default `DEFAULT_UTILIZATION`.
+UTILIZATION_ENV = "SAGEQUEUE_SIM_UTILIZATION"
+
+DEFAULT_UTILIZATION = 85.0
+MAX_INTERRUPTIONS = 100
+
+#: The FailureReason SageMaker gives a job it could not find instances for.
+CAPACITY_FAILURE_REASON = (
+    "CapacityError: Unable to provision requested ML compute capacity. "
+    "Please retry using a different ML instance type."
+)
+
+
+class Outcome(StrEnum):
+    COMPLETED = "Completed"
+    FAILED = "Failed"
+    CAPACITY_ERROR = "CapacityError"
+    IDLE = "Idle"
+    INTERRUPTED = "Interrupted"
+
+
+@dataclass(frozen=True)
+class Timings:
+    """How long the phases SageMaker controls last, in (simulated) seconds."""
+
+    provisioning_seconds: float = 180.0
+    warm_start_seconds: float = 20.0
+    download_seconds: float = 30.0
+    upload_seconds: float = 20.0
+    stop_grace_seconds: float = 30.0
+    default_duration_seconds: float = 600.0
+    capacity_error_after_seconds: float = 1800.0
+    spot_interruption_seconds: float = 120.0
+
+    def __post_init__(self) -> None:
+        for name, value in vars(self).items():
+            if not isinstance(value, int | float) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"{name} must be a non-negative number of seconds, got {value!r}")
+        if self.default_duration_seconds <= 0:
+            raise ValueError("default_duration_seconds must be positive")
+
+
+@dataclass(frozen=True)
+class SimPlan:
+    """The behaviour of one job: how long it trains, how it ends, how busy its NeuronCores are."""
+
+    duration_seconds: float
+    outcome: Outcome = Outcome.COMPLETED
+    failure_reason: str = ""
+    interruptions: int = 0
+    utilization: float = DEFAULT_UTILIZATION
+
+    @property
+    def reported_utilization(self) -> float:
+        return 0.0 if self.outcome is Outcome.IDLE else self.utilization
+
+    @classmethod
+    def from_environment(cls, environment: Mapping[str, Any] | None, timings: Timings) -> SimPlan:
+        env = environment or {}
+        duration = _positive_number(env.get(DURATION_ENV), DURATION_ENV, timings.default_duration_seconds)
+        utilization = _percent(env.get(UTILIZATION_ENV))
+        outcome_text = str(env.get(OUTCOME_ENV) or Outcome.COMPLETED.value).strip()
+        kind, _, argument = outcome_text.partition(":")
+        try:
+            outcome = Outcome(kind.strip())
+        except ValueError:
+            raise ValidationError(
+                f"Environment {OUTCOME_ENV}={outcome_text!r} is not one of Completed, Failed:<FailureReason>, "
+                "CapacityError, Idle, Interrupted:<n>"
+            ) from None
+        failure_reason = ""
+        interruptions = 0
+        if outcome is Outcome.FAILED:
+            failure_reason = argument.strip() or "AlgorithmError: the training script exited with code 1"
+        elif outcome is Outcome.INTERRUPTED:
+            if not re.fullmatch(r"\s*\d+\s*", argument):
+                raise ValidationError(
+                    f"Environment {OUTCOME_ENV}={outcome_text!r}: Interrupted needs a count, e.g. Interrupted:2"
+                )
+            interruptions = int(argument)
+            if interruptions > MAX_INTERRUPTIONS:
+                raise ValidationError(
+                    f"Environment {OUTCOME_ENV}={outcome_text!r}: at most {MAX_INTERRUPTIONS} interruptions"
+                )
+        elif argument.strip():
+            raise ValidationError(f"Environment {OUTCOME_ENV}={outcome_text!r}: {kind} takes no argument")
+        return cls(
+            duration_seconds=duration,
+            outcome=outcome,
+            failure_reason=failure_reason,
+            interruptions=interruptions,
+            utilization=utilization,
+        )
+
+
+def _positive_number(value: Any, name: str, default: float) -> float:
+    if value is None or value == "":
+        return default
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ValidationError(f"Environment {name}={value!r} must be a number of seconds") from None
+    if not math.isfinite(number) or number <= 0:
+        raise ValidationError(f"Environment {name}={value!r} must be a positive number of seconds")
+    return number
+
+
+def _percent(value: Any) -> float:
+    if value is None or value == "":
+        return DEFAULT_UTILIZATION
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ValidationError(f"Environment {UTILIZATION_ENV}={value!r} must be a percentage") from None
+    if not 0 <= number <= 100:
+        raise ValidationError(f"Environment {UTILIZATION_ENV}={value!r} must be between 0 and 100")
+    return number
