@@ -1,0 +1,109 @@
+"""CloudWatch alarm adapter: put, delete and list sagequeue's idle alarms.
+
+Every call goes through one injected client; ClientError codes become the named errors below, so callers
+never look at botocore's exceptions or message text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from botocore.exceptions import ClientError
+
+from sagequeue_core.governance import AlarmSpec
+
+#: DeleteAlarms takes at most this many names per call.
+DELETE_BATCH = 100
+
+
+class AlarmError(Exception):
+    """A CloudWatch alarm call failed; the message names the alarm and the cause."""
+
+
+class AlarmLimitExceeded(AlarmError):
+    """The account's alarm quota is reached: the job runs unwatched until alarms are freed."""
+
+
+class AlarmNotPermitted(AlarmError):
+    """The function's role may not manage this alarm (IAM scopes it to the idle-alarm prefix)."""
+
+
+class InvalidAlarm(AlarmError):
+    """CloudWatch refused the alarm's definition."""
+
+
+_ERRORS: dict[str, type[AlarmError]] = {
+    "LimitExceeded": AlarmLimitExceeded,
+    "LimitExceededFault": AlarmLimitExceeded,
+    "AccessDenied": AlarmNotPermitted,
+    "AccessDeniedException": AlarmNotPermitted,
+    "InvalidParameterValue": InvalidAlarm,
+    "InvalidParameterCombination": InvalidAlarm,
+    "MissingParameter": InvalidAlarm,
+    "ValidationError": InvalidAlarm,
+}
+
+
+def _translate(exc: ClientError, what: str) -> AlarmError:
+    code = exc.response.get("Error", {}).get("Code", "")
+    return _ERRORS.get(code, AlarmError)(
+        f"{what}: {code or 'error'}: {exc.response.get('Error', {}).get('Message', '')}"
+    )
+
+
+class CloudWatchAlarms:
+    def __init__(self, client: Any) -> None:
+        self._client = client
+
+    def put(self, spec: AlarmSpec, actions: Sequence[str]) -> None:
+        """Create or replace one alarm (PutMetricAlarm overwrites an alarm of the same name)."""
+        try:
+            self._client.put_metric_alarm(**spec.put_metric_alarm_args(actions))
+        except ClientError as exc:
+            raise _translate(exc, f"cannot put alarm {spec.name}") from exc
+
+    def delete(self, names: Iterable[str]) -> int:
+        """Delete alarms by name; names that do not exist are ignored. Returns how many were asked for."""
+        pending = sorted(set(names))
+        for start in range(0, len(pending), DELETE_BATCH):
+            batch = pending[start : start + DELETE_BATCH]
+            try:
+                self._client.delete_alarms(AlarmNames=batch)
+            except ClientError as exc:
+                # CloudWatch answers ResourceNotFound for a batch naming an alarm that is gone; another
+                # delivery of the same event deleted it first, which is the outcome we want.
+                if exc.response.get("Error", {}).get("Code") == "ResourceNotFound":
+                    continue
+                raise _translate(exc, f"cannot delete alarms {', '.join(batch)}") from exc
+        return len(pending)
+
+    def names(self, prefix: str) -> list[str]:
+        """Names of every metric alarm whose name starts with `prefix`, across all pages."""
+        found: list[str] = []
+        token: str | None = None
+        try:
+            while True:
+                kwargs: dict[str, Any] = {
+                    "AlarmNamePrefix": prefix,
+                    "AlarmTypes": ["MetricAlarm"],
+                    "MaxRecords": 100,
+                }
+                if token:
+                    kwargs["NextToken"] = token
+                page = self._client.describe_alarms(**kwargs)
+                found.extend(alarm["AlarmName"] for alarm in page.get("MetricAlarms", []))
+                token = page.get("NextToken")
+                if not token:
+                    return found
+        except ClientError as exc:
+            raise _translate(exc, f"cannot list alarms starting with {prefix!r}") from exc
+
+    def state(self, name: str) -> str | None:
+        """The alarm's state (OK, ALARM, INSUFFICIENT_DATA), or None when it does not exist."""
+        try:
+            page = self._client.describe_alarms(AlarmNames=[name], AlarmTypes=["MetricAlarm"])
+        except ClientError as exc:
+            raise _translate(exc, f"cannot describe alarm {name}") from exc
+        alarms = page.get("MetricAlarms", [])
+        return str(alarms[0]["StateValue"]) if alarms else None
