@@ -230,6 +230,12 @@ class QueueHook:
         for event, handler in self._handlers():
             emitter.register(event, handler, unique_id=_unique_id(event))
 
+    def register_on(self, target: Any) -> QueueHook:
+        """Register on every emitter of a boto3 client or Session or a SageMaker SDK session."""
+        for emitter in _emitters(target):
+            self.register(emitter)
+        return self
+
 
 def _unique_id(event: str) -> str:
     return f"{_UNIQUE_PREFIX}:{event}"
@@ -289,10 +295,7 @@ def install(
     `priority` applies to every job submitted through this hook (default: the request's `priority` tag,
     else the queue's default). Installing again replaces the previous hook.
     """
-    hook = QueueHook(client, priority=priority)
-    for emitter in _emitters(session_or_client):
-        hook.register(emitter)
-    return hook
+    return QueueHook(client, priority=priority).register_on(session_or_client)
 
 
 def uninstall(session_or_client: Any) -> None:
