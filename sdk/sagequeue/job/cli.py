@@ -1,0 +1,162 @@
+"""`sagequeue-job`: the training container's entry point.
+
+    sagequeue-job run [options] -- <training command>
+
+In the sagequeue image it is the ENTRYPOINT, so SageMaker's `train` argument becomes the command.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+import click
+
+from sagequeue.job import settings
+from sagequeue.job.runner import SAGEMAKER_STOP_GRACE_SECONDS, JobOptions, JobRunner
+from sagequeue_core.defaults import METRIC_PERIOD_SECONDS, NEFF_CACHE_ENV
+
+
+def _config_pairs(values: tuple[str, ...]) -> dict[str, str]:
+    pairs = {}
+    for value in values:
+        key, sep, item = value.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"expected KEY=VALUE, got {value!r}", param_hint="--config")
+        pairs[key.strip()] = item.strip()
+    return pairs
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("-v", "--verbose", is_flag=True, help="Log debug details.")
+def main(verbose: bool) -> None:
+    """Run a Neuron training command with a shared NEFF cache and NeuronCore utilization metrics."""
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s sagequeue-job %(levelname)s %(message)s",
+        stream=sys.stderr,
+    )
+    for noisy in ("botocore", "boto3", "urllib3", "s3transfer", "httpx", "httpx2", "huggingface_hub"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+@main.command(context_settings={"ignore_unknown_options": True})
+@click.option(
+    "--cache",
+    "cache_url",
+    help=f"Remote cache, hf://<org>/<repo> or s3://<bucket>/<prefix> (env {NEFF_CACHE_ENV}).",
+)
+@click.option(
+    "--cache-dir",
+    help="Local compile cache (default: warm-pool cache, NEURON_CC_FLAGS --cache_dir, /var/tmp/neuron-compile-cache).",
+)
+@click.option("--compiler-version", help="Neuron compiler version (default: asked from neuronx-cc).")
+@click.option(
+    "--model",
+    envvar="SAGEQUEUE_MODEL",
+    help="Model id recorded in the cache registry (e.g. meta-llama/Llama-3.1-8B).",
+)
+@click.option(
+    "--config",
+    "config",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Job configuration for the registry (precision, batch_size, sequence_length, ...). Repeatable.",
+)
+@click.option(
+    "--restore",
+    type=click.Choice(["auto", "all", "registry", "none"]),
+    default="auto",
+    show_default=True,
+    help="Which remote entries to restore.",
+)
+@click.option(
+    "--upload/--no-upload",
+    default=True,
+    show_default=True,
+    help="Publish new complete entries after the command.",
+)
+@click.option(
+    "--precompile-steps",
+    type=click.IntRange(min=1),
+    help="On a cache miss, first run the command under neuron_parallel_compile with this step limit.",
+)
+@click.option(
+    "--metrics",
+    type=click.Choice(["auto", "on", "off"]),
+    default="auto",
+    show_default=True,
+    help="Publish NeuronCore utilization to CloudWatch.",
+)
+@click.option(
+    "--metrics-period",
+    type=float,
+    default=float(METRIC_PERIOD_SECONDS),
+    show_default=True,
+    help="Seconds between metric data points.",
+)
+@click.option(
+    "--grace",
+    "grace_seconds",
+    type=float,
+    default=SAGEMAKER_STOP_GRACE_SECONDS,
+    show_default=True,
+    help="Seconds between SIGTERM and the kill: the upload fits inside.",
+)
+@click.option(
+    "--upload-timeout",
+    type=float,
+    default=1800.0,
+    show_default=True,
+    help="Bound on the upload after a normal end.",
+)
+@click.option(
+    "--workers", type=click.IntRange(1, 128), default=16, show_default=True, help="Parallel transfers."
+)
+@click.option("--progress/--no-progress", default=True, show_default=True)
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+def run(
+    cache_url: str | None,
+    cache_dir: str | None,
+    compiler_version: str | None,
+    model: str | None,
+    config: tuple[str, ...],
+    restore: str,
+    upload: bool,
+    precompile_steps: int | None,
+    metrics: str,
+    metrics_period: float,
+    grace_seconds: float,
+    upload_timeout: float,
+    workers: int,
+    progress: bool,
+    command: tuple[str, ...],
+) -> None:
+    """Restore the NEFF cache, run COMMAND, publish what it compiled; exit with COMMAND's status."""
+    if os.environ.get("HF_HUB_DISABLE_PROGRESS_BARS") is None:
+        os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
+    options = JobOptions(
+        command=list(command),
+        cache_url=settings.cache_url(cache_url),
+        cache_dir=cache_dir,
+        compiler_version=compiler_version,
+        model=model,
+        config=_config_pairs(config),
+        restore=restore,
+        upload=upload,
+        precompile_steps=precompile_steps,
+        metrics=metrics,
+        metrics_period=metrics_period,
+        grace_seconds=grace_seconds,
+        upload_timeout=upload_timeout,
+        workers=workers,
+        progress=progress,
+    )
+    outcome = JobRunner(options).run()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if outcome.abandoned:
+        # transfer threads may still block on sockets; the interpreter would wait for them at exit
+        os._exit(outcome.status)
+    sys.exit(outcome.status)

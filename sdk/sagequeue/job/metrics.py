@@ -1,0 +1,159 @@
+"""NeuronCore utilization from neuron-monitor to CloudWatch, once a period per host.
+
+SageMaker publishes no NeuronCore metric, so an idle alarm on a Trainium job needs this one. Each period
+carries the statistics of the reports neuron-monitor printed in it (each report: the mean utilization of
+the cores in use, 0 when no runtime holds a core). A period without any report publishes nothing, so a
+dead monitor shows as missing data rather than as an idle host.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import tempfile
+import threading
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import boto3
+from botocore.exceptions import BotoCoreError, ClientError
+
+from sagequeue.job import neuron
+from sagequeue.job.host import HostIdentity
+from sagequeue_core.defaults import (
+    HOST_DIMENSION,
+    METRIC_PERIOD_SECONDS,
+    NEURON_METRIC_NAMESPACE,
+    NEURONCORE_UTILIZATION_METRIC,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PeriodStatistics:
+    count: int
+    total: float
+    minimum: float
+    maximum: float
+
+    @property
+    def average(self) -> float:
+        return self.total / self.count
+
+
+def summarize(samples: list[float]) -> PeriodStatistics | None:
+    if not samples:
+        return None
+    return PeriodStatistics(len(samples), sum(samples), min(samples), max(samples))
+
+
+def metric_datum(identity: HostIdentity, stats: PeriodStatistics, at: datetime) -> dict[str, Any]:
+    return {
+        "MetricName": NEURONCORE_UTILIZATION_METRIC,
+        "Dimensions": [{"Name": HOST_DIMENSION, "Value": identity.dimension_value}],
+        "Timestamp": at,
+        "StatisticValues": {
+            "SampleCount": float(stats.count),
+            "Sum": stats.total,
+            "Minimum": stats.minimum,
+            "Maximum": stats.maximum,
+        },
+        "Unit": "Percent",
+    }
+
+
+class UtilizationPublisher:
+    """Runs neuron-monitor for the life of the training command and publishes its utilization."""
+
+    def __init__(
+        self,
+        identity: HostIdentity,
+        *,
+        period: float = METRIC_PERIOD_SECONDS,
+        cloudwatch: Any = None,
+        monitor_executable: str = neuron.MONITOR_EXECUTABLE,
+    ) -> None:
+        self.identity = identity
+        self.period = period
+        self.monitor_executable = monitor_executable
+        self._cloudwatch = cloudwatch
+        self._samples: list[float] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._monitor: subprocess.Popen[str] | None = None
+        self._threads: list[threading.Thread] = []
+        self._config_dir: tempfile.TemporaryDirectory[str] | None = None
+        self.published = 0
+
+    @property
+    def cloudwatch(self) -> Any:
+        if self._cloudwatch is None:
+            self._cloudwatch = boto3.client("cloudwatch")
+        return self._cloudwatch
+
+    def start(self) -> None:
+        self._config_dir = tempfile.TemporaryDirectory(prefix="neuron-monitor-")
+        config = Path(self._config_dir.name) / "monitor.json"
+        config.write_text(json.dumps(neuron.monitor_config(min(self.period, 5.0))))
+        self._monitor = subprocess.Popen(
+            neuron.monitor_command(config, self.monitor_executable),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        self._threads = [
+            threading.Thread(target=self._read, name="neuron-monitor-reader", daemon=True),
+            threading.Thread(target=self._publish_loop, name="neuroncore-publisher", daemon=True),
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def _read(self) -> None:
+        assert self._monitor is not None
+        assert self._monitor.stdout is not None
+        for line in self._monitor.stdout:
+            values = neuron.utilization_from_report(line)
+            if values is None:
+                continue
+            sample = sum(values) / len(values) if values else 0.0
+            with self._lock:
+                self._samples.append(sample)
+
+    def _publish_loop(self) -> None:
+        while not self._stop.wait(self.period):
+            self.flush()
+
+    def flush(self) -> None:
+        with self._lock:
+            samples, self._samples = self._samples, []
+        stats = summarize(samples)
+        if stats is None:
+            return
+        try:
+            self.cloudwatch.put_metric_data(
+                Namespace=NEURON_METRIC_NAMESPACE,
+                MetricData=[metric_datum(self.identity, stats, datetime.now(UTC))],
+            )
+            self.published += 1
+        except (BotoCoreError, ClientError) as exc:
+            # a metric lost is better than a training job failed
+            log.warning("could not publish NeuronCore utilization: %s", exc)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._monitor is not None and self._monitor.poll() is None:
+            self._monitor.terminate()
+            try:
+                self._monitor.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self._monitor.kill()
+                self._monitor.wait()
+        for thread in self._threads:
+            thread.join(timeout=5)
+        self.flush()
+        if self._config_dir is not None:
+            self._config_dir.cleanup()

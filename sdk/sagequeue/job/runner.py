@@ -1,0 +1,321 @@
+"""`sagequeue-job run`: the training container's entry point, step by step.
+
+1. choose the local compile cache (the warm pool's persistent directory first);
+2. restore this compiler version's entries from the remote cache (only the registry's entries for this
+   job configuration when it has them);
+3. on a miss, optionally precompile under neuron_parallel_compile with a step limit;
+4. run the training command, forwarding SIGTERM/SIGINT, while neuron-monitor's utilization goes to
+   CloudWatch;
+5. publish the new complete entries and the registry record, within SageMaker's stop grace when stopping.
+
+Nothing in the cache path may fail the training: a remote that is down, slow or refusing costs a compile,
+never the job. The exit status is the training command's.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from sagequeue.job import neuron, sync
+from sagequeue.job.host import INSTANCE_TYPE_ENV, HostIdentityError
+from sagequeue.job.host import resolve as resolve_host
+from sagequeue.job.process import SignalForwarder, StopWatch
+from sagequeue.job.remote import Deadline, RegistryRecord, RemoteCache, open_remote
+from sagequeue_core.defaults import METRIC_PERIOD_SECONDS
+
+log = logging.getLogger("sagequeue.job")
+
+#: SageMaker waits this long after SIGTERM before it kills the container.
+SAGEMAKER_STOP_GRACE_SECONDS = 120.0
+#: Environment the precompile run gets: the step limit a training script should honour.
+PRECOMPILE_STEPS_ENV = "SAGEQUEUE_PRECOMPILE_STEPS"
+#: Set for the training command: the local cache the wrapper chose.
+CACHE_DIR_ENV = "SAGEQUEUE_NEURON_CACHE_DIR"
+_CORES_ENV = "NEURON_RT_NUM_CORES"
+
+T = TypeVar("T")
+
+
+@dataclass
+class JobOptions:
+    command: list[str]
+    cache_url: str | None = None
+    cache_dir: str | None = None
+    compiler_version: str | None = None
+    model: str | None = None
+    config: dict[str, str] = field(default_factory=dict)
+    #: auto (the registry's entries when it knows this configuration, else all), all, registry, none
+    restore: str = "auto"
+    upload: bool = True
+    precompile_steps: int | None = None
+    #: auto (when neuron-monitor is on PATH and the host is known), on, off
+    metrics: str = "auto"
+    metrics_period: float = METRIC_PERIOD_SECONDS
+    grace_seconds: float = SAGEMAKER_STOP_GRACE_SECONDS
+    #: Seconds kept free at the end of the grace for the wrapper to exit.
+    exit_margin: float = 10.0
+    upload_timeout: float = 1800.0
+    restore_timeout: float = 1800.0
+    workers: int = 16
+    progress: bool = True
+    remote_options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class JobOutcome:
+    status: int
+    #: The upload did not finish within its bound: worker threads may still hold connections.
+    abandoned: bool = False
+    restored: list[str] = field(default_factory=list)
+    published: list[str] = field(default_factory=list)
+    precompiled: bool = False
+
+
+def job_record(options: JobOptions, env: Mapping[str, str], version: str) -> RegistryRecord | None:
+    """The registry record this job writes and looks up, or None when no model is named."""
+    if not options.model:
+        return None
+    config = {
+        "compiler_flags": neuron.flags_without_cache_dir(env.get(neuron.CC_FLAGS_ENV, "")),
+        "instance_type": env.get(INSTANCE_TYPE_ENV, ""),
+        "num_cores": env.get(_CORES_ENV, ""),
+    }
+    config.update(options.config)
+    return RegistryRecord(
+        model=options.model,
+        compiler_version=version,
+        config={k: v for k, v in config.items() if v != ""},
+        training_job=env.get("TRAINING_JOB_NAME"),
+    )
+
+
+def _bounded(fn: Callable[[], T], timeout: float, watch: StopWatch | None = None) -> tuple[bool, T | None]:
+    """Run `fn` in a daemon thread for at most `timeout` seconds (less if a stop arrives)."""
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
+            box["error"] = exc
+
+    thread = threading.Thread(target=target, name="neff-cache-transfer", daemon=True)
+    thread.start()
+    end = time.monotonic() + timeout
+    while thread.is_alive() and time.monotonic() < end:
+        thread.join(timeout=0.2)
+        if watch is not None and watch.stopped:
+            break
+    if thread.is_alive():
+        return False, None
+    if "error" in box:
+        raise box["error"]
+    return True, box.get("value")
+
+
+class JobRunner:
+    def __init__(self, options: JobOptions, env: Mapping[str, str] | None = None) -> None:
+        self.options = options
+        self.env = dict(os.environ if env is None else env)
+        self.watch = StopWatch()
+        self.forwarder = SignalForwarder(self.watch)
+
+    def run(self) -> JobOutcome:
+        self.forwarder.install()
+        try:
+            return self._run()
+        finally:
+            self.forwarder.restore()
+
+    def _run(self) -> JobOutcome:
+        options = self.options
+        location = neuron.choose_cache_dir(self.env, options.cache_dir)
+        root = location.path
+        root.mkdir(parents=True, exist_ok=True)
+        log.info("compile cache: %s (%s)", root, location.source)
+        version = neuron.discover_compiler_version(self.env, explicit=options.compiler_version)
+        log.info("Neuron compiler %s", version)
+        cleaned = neuron.remove_failed(root, version)
+        if cleaned:
+            log.info("removed %d failed entries so they compile again", len(cleaned))
+        record = job_record(options, self.env, version)
+        remote = self._remote()
+        before = {e.module for e in sync.shareable(root, version)}
+        outcome = JobOutcome(status=0)
+        registry_entries: set[str] = set()
+        if remote is not None and options.restore != "none":
+            registry_entries = self._restore(remote, root, version, record, outcome)
+        hit = bool(registry_entries) if record is not None else bool(sync.shareable(root, version))
+        child_env = neuron.child_environment(self.env, root)
+        child_env[CACHE_DIR_ENV] = str(root)
+        publisher = self._start_metrics()
+        try:
+            if options.precompile_steps and not hit and not self.watch.stopped:
+                outcome.precompiled = True
+                self._precompile(child_env)
+            if self.watch.stopped:
+                outcome.status = 128 + (self.watch.signal or 15)
+            else:
+                log.info("running %s", " ".join(options.command))
+                outcome.status = self.forwarder.run(options.command, child_env)
+                log.info("command exited with status %d", outcome.status)
+        finally:
+            if publisher is not None:
+                publisher.stop()
+        if remote is not None and options.upload:
+            new = {e.module for e in sync.shareable(root, version)} - before
+            if record is not None:
+                record.entries = sorted(registry_entries | new)
+            self._upload(remote, root, version, record if record and record.entries else None, outcome)
+        return outcome
+
+    def _remote(self) -> RemoteCache | None:
+        if not self.options.cache_url:
+            log.info("no remote NEFF cache configured: compiling locally only")
+            return None
+        try:
+            return open_remote(self.options.cache_url, **self.options.remote_options)
+        except ValueError as exc:
+            log.warning("ignoring the remote cache: %s", exc)
+            return None
+
+    def _restore(
+        self,
+        remote: RemoteCache,
+        root: Path,
+        version: str,
+        record: RegistryRecord | None,
+        outcome: JobOutcome,
+    ) -> set[str]:
+        options = self.options
+
+        def work() -> tuple[set[str], sync.RestoreReport | None]:
+            known: set[str] = set()
+            if record is not None and options.restore in ("auto", "registry"):
+                for other in remote.records(record.model):
+                    if other.config_hash == record.config_hash:
+                        known |= set(other.entries)
+            if options.restore == "registry" and not known:
+                return known, None
+            modules = known if known else None
+            report = sync.restore(
+                remote, root, version, modules, workers=options.workers, progress=options.progress
+            )
+            return known, report
+
+        started = time.monotonic()
+        try:
+            finished, value = _bounded(work, options.restore_timeout, self.watch)
+        except Exception as exc:  # noqa: BLE001 - a broken cache costs a compile, never the job
+            log.warning("restore failed, the job will compile what it needs: %s", exc)
+            return set()
+        if not finished or value is None:
+            log.warning("restore did not finish (stopped or over %.0fs); continuing", options.restore_timeout)
+            return set()
+        known, report = value
+        if report is not None:
+            outcome.restored = report.restored
+            log.info(
+                "restored %d entries (%d bytes) in %.1fs; %d already local, %d busy, %d failed",
+                len(report.restored),
+                report.bytes_downloaded,
+                time.monotonic() - started,
+                len(report.already_local),
+                len(report.busy),
+                len(report.failed),
+            )
+        return known
+
+    def _precompile(self, child_env: dict[str, str]) -> None:
+        steps = self.options.precompile_steps
+        env = dict(child_env)
+        env[PRECOMPILE_STEPS_ENV] = str(steps)
+        env.setdefault(neuron.PARALLEL_COMPILE_MAX_RETRIES_ENV, "1")
+        executable = shutil.which(neuron.PARALLEL_COMPILE_EXECUTABLE, path=env.get("PATH"))
+        if executable is None:
+            log.warning("%s is not on PATH: skipping the precompile run", neuron.PARALLEL_COMPILE_EXECUTABLE)
+            return
+        command = neuron.parallel_compile_command(self.options.command, executable)
+        log.info("cache miss: precompiling with a %s-step run", steps)
+        status = self.forwarder.run(command, env)
+        if status != 0:
+            # the real run compiles whatever the precompile run could not
+            log.warning("precompile run exited with status %d; training compiles the rest", status)
+
+    def _start_metrics(self) -> Any:
+        mode = self.options.metrics
+        if mode == "off":
+            return None
+        from sagequeue.job.metrics import UtilizationPublisher
+
+        executable = shutil.which(neuron.MONITOR_EXECUTABLE, path=self.env.get("PATH"))
+        try:
+            identity = resolve_host(self.env)
+        except HostIdentityError as exc:
+            if mode == "on":
+                raise
+            log.info("not publishing NeuronCore utilization: %s", exc)
+            return None
+        if executable is None:
+            if mode == "on":
+                raise FileNotFoundError(f"{neuron.MONITOR_EXECUTABLE} is not on PATH")
+            log.info("not publishing NeuronCore utilization: %s is not on PATH", neuron.MONITOR_EXECUTABLE)
+            return None
+        publisher = UtilizationPublisher(
+            identity, period=self.options.metrics_period, monitor_executable=executable
+        )
+        publisher.start()
+        log.info("publishing NeuronCore utilization as Host=%s", identity.dimension_value)
+        return publisher
+
+    def _upload(
+        self,
+        remote: RemoteCache,
+        root: Path,
+        version: str,
+        record: RegistryRecord | None,
+        outcome: JobOutcome,
+    ) -> None:
+        options = self.options
+        if self.watch.stopped:
+            budget = options.grace_seconds - self.watch.seconds_since() - options.exit_margin
+        else:
+            budget = options.upload_timeout
+        if budget <= 1:
+            log.warning("no time left to upload (%.0fs of the stop grace remain)", budget)
+            return
+        # the transfer stops starting new entries a little before the hard bound
+        deadline = Deadline(budget * 0.85)
+        records = [record] if record is not None else []
+        started = time.monotonic()
+        try:
+            finished, report = _bounded(
+                lambda: sync.upload(remote, root, version, records=records, deadline=deadline), budget
+            )
+        except Exception as exc:  # noqa: BLE001 - the training result matters more than the cache
+            log.warning("upload failed; entries stay local and go next time: %s", exc)
+            return
+        if not finished or report is None:
+            outcome.abandoned = True
+            log.warning(
+                "upload abandoned after %.0fs; unfinished entries are invisible remotely",
+                time.monotonic() - started,
+            )
+            return
+        outcome.published = report.result.published
+        log.info(
+            "uploaded %d entries in %.1fs (%d already there, %d left for later, %d failed entries cleaned)",
+            len(report.result.published),
+            time.monotonic() - started,
+            len(report.result.already_present),
+            len(report.result.skipped),
+            len(report.cleaned_failed),
+        )
