@@ -694,11 +694,12 @@ def _json_default(value: Any) -> Any:
 
 
 def _reason(exc: BaseException) -> str:
-    reason = getattr(exc, "reason", None) or exc
-    text = str(reason)
-    # urllib3 prefixes its messages with the connection object's repr; keep the part a person can act on
-    if ": " in text and text.startswith("<"):
-        text = text.split(": ", 1)[1]
+    text = str(getattr(exc, "reason", None) or exc)
+    # urllib3 prefixes the cause with the connection's repr; the cause is what a person can act on
+    for marker in ("Failed to establish a new connection: ", "Failed to resolve ", "): "):
+        if marker in text:
+            head, _, tail = text.partition(marker)
+            return (marker.strip() + " " + tail) if marker.startswith("Failed to resolve") else tail
     return text
 
 

@@ -1,0 +1,538 @@
+"""The queue commands of `sagequeue`: submit, ls, show, cancel, priority, hold, release, pools, capacity,
+whoami.
+
+Each command finds the queue as QueueClient does (--endpoint, --stack-name, SAGEQUEUE_ENDPOINT,
+SAGEQUEUE_STACK_NAME, or the stack `sagequeue local` saved) and prints a table, or JSON with --json.
+Errors are one line on stderr (a JSON object with --json) and an exit code a script can test:
+
+    0  done
+    1  the queue refused: invalid request, no such job, not allowed, conflicting state, throttled
+    2  bad usage or input (unknown option, unreadable or invalid request file)
+    3  the queue cannot be located or reached (no endpoint, unknown stack, no credentials, connection)
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from datetime import UTC, datetime
+from typing import Any, NoReturn, TypeVar
+
+import click
+
+from sagequeue.client import Job, Pool, QueueClient
+from sagequeue.exceptions import (
+    ApiError,
+    ConfigurationError,
+    CredentialsError,
+    EndpointUnreachable,
+    SageQueueError,
+)
+
+EXIT_REFUSED = 1
+EXIT_USAGE = 2
+EXIT_UNREACHABLE = 3
+
+_STATES = (
+    "queued",
+    "held",
+    "starting",
+    "running",
+    "preempting",
+    "stopping",
+    "completed",
+    "failed",
+    "cancelled",
+    "idle_stopped",
+)
+_ACTIVE_STATES = ("queued", "held", "starting", "running", "preempting", "stopping")
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+# --- shared options and error handling -----------------------------------------------------------------------
+
+
+class Target:
+    """Where to send requests, from the common options; the client is made on first use."""
+
+    def __init__(
+        self, endpoint: str | None, stack_name: str | None, region: str | None, profile: str | None
+    ) -> None:
+        self.endpoint = endpoint
+        self.stack_name = stack_name
+        self.region = region
+        self.profile = profile
+        self._client: QueueClient | None = None
+
+    def client(self) -> QueueClient:
+        if self._client is None:
+            self._client = QueueClient(
+                self.endpoint, stack_name=self.stack_name, region=self.region, profile=self.profile
+            )
+        return self._client
+
+
+def _queue_command(name: str, *, json_output: bool = True) -> Callable[[F], click.Command]:
+    """A click command with the endpoint options (and --json), whose errors become one line and an exit
+    code. The function receives `target: Target` and `as_json: bool` in place of those options."""
+
+    def decorate(func: F) -> click.Command:
+        @functools.wraps(func)
+        def run(
+            endpoint: str | None,
+            stack_name: str | None,
+            region: str | None,
+            profile: str | None,
+            as_json: bool = False,
+            **kwargs: Any,
+        ) -> None:
+            target = Target(endpoint, stack_name, region, profile)
+            try:
+                func(target=target, as_json=as_json, **kwargs)
+            except SageQueueError as exc:
+                _fail(exc, as_json)
+            except Exception as exc:  # noqa: BLE001 - a CLI prints one line, never a traceback
+                _fail_unexpected(exc, as_json)
+
+        command = run
+        if json_output:
+            command = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")(
+                command
+            )
+        command = click.option(
+            "--profile", metavar="NAME", help="AWS profile whose credentials sign requests."
+        )(command)
+        command = click.option(
+            "--region", metavar="REGION", help="AWS region of the API (default: from the endpoint)."
+        )(command)
+        command = click.option(
+            "--stack-name",
+            metavar="STACK",
+            envvar="SAGEQUEUE_STACK_NAME",
+            help="Deployed sagequeue stack whose ApiUrl output is the endpoint.",
+        )(command)
+        command = click.option(
+            "--endpoint",
+            metavar="URL",
+            envvar="SAGEQUEUE_ENDPOINT",
+            help="API base URL (default: SAGEQUEUE_ENDPOINT, then the saved local stack).",
+        )(command)
+        return click.command(name)(command)
+
+    return decorate
+
+
+def _fail(exc: SageQueueError, as_json: bool) -> NoReturn:
+    if isinstance(exc, (EndpointUnreachable, ConfigurationError, CredentialsError)):
+        code = EXIT_UNREACHABLE
+    else:
+        code = EXIT_REFUSED
+    error_code = exc.code if isinstance(exc, ApiError) else type(exc).__name__
+    message = exc.message if isinstance(exc, ApiError) else str(exc)
+    _emit_error(error_code, message, as_json)
+    sys.exit(code)
+
+
+def _fail_unexpected(exc: Exception, as_json: bool) -> NoReturn:
+    from botocore.exceptions import BotoCoreError
+
+    if isinstance(exc, BotoCoreError):
+        # e.g. a profile that does not exist, an SSO session that expired
+        _emit_error(type(exc).__name__, str(exc), as_json)
+        sys.exit(EXIT_UNREACHABLE)
+    _emit_error(type(exc).__name__, f"unexpected error: {exc}", as_json)
+    sys.exit(EXIT_REFUSED)
+
+
+def _emit_error(code: str, message: str, as_json: bool) -> None:
+    if as_json:
+        click.echo(json.dumps({"error": {"code": code, "message": message}}), err=True)
+    else:
+        click.echo(f"error: {message}", err=True)
+
+
+def _usage_error(message: str, as_json: bool) -> NoReturn:
+    _emit_error("UsageError", message, as_json)
+    sys.exit(EXIT_USAGE)
+
+
+def _print_json(value: Any) -> None:
+    click.echo(json.dumps(value, indent=2, sort_keys=False, default=str))
+
+
+# --- formatting ----------------------------------------------------------------------------------------------
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None or seconds < 0:
+        return "-"
+    total = int(seconds)
+    days, rest = divmod(total, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days}d{hours:02d}h"
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    if minutes:
+        return f"{minutes}m{secs:02d}s"
+    return f"{secs}s"
+
+
+def _span(start: datetime | None, end: datetime | None) -> float | None:
+    if start is None or end is None:
+        return None
+    return (end - start).total_seconds()
+
+
+def waited(job: Job, now: datetime) -> float | None:
+    """Time in the queue: until the current attempt started, or until now while waiting."""
+    if job.waiting:
+        return _span(job.submitted_at, now)
+    return _span(job.submitted_at, job.started_at or job.ended_at)
+
+
+def ran(job: Job, now: datetime) -> float | None:
+    """Time the current (or last) attempt has run."""
+    if job.started_at is None or job.waiting:
+        return None
+    return _span(job.started_at, job.ended_at or now)
+
+
+def _table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    text_rows = [[("-" if cell is None else str(cell)) for cell in row] for row in rows]
+    widths = [len(h) for h in headers]
+    for row in text_rows:
+        widths = [max(w, len(cell)) for w, cell in zip(widths, row, strict=True)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in text_rows]
+    return "\n".join(lines)
+
+
+def jobs_table(jobs: Sequence[Job], now: datetime) -> str:
+    ordered = sorted(
+        jobs, key=lambda j: (-j.priority, j.submitted_at or datetime.max.replace(tzinfo=UTC), j.name)
+    )
+    rows = [
+        (
+            j.name,
+            j.state,
+            j.priority,
+            j.attempt,
+            j.pool,
+            _duration(waited(j, now)),
+            _duration(ran(j, now)),
+        )
+        for j in ordered
+    ]
+    return _table(("NAME", "STATE", "PRIORITY", "ATTEMPT", "POOL", "WAITED", "RAN"), rows)
+
+
+def pools_table(pools: Sequence[Pool]) -> str:
+    rows = [(p.instance_type, p.capacity, p.used, p.free, p.queued, p.warm) for p in pools]
+    return _table(("POOL", "CAPACITY", "USED", "FREE", "QUEUED", "WARM"), rows)
+
+
+def _job_line(verb: str, job: Job) -> str:
+    extra = f", position {job.position}" if job.position else ""
+    return f"{verb} {job.name}: {job.state}, priority {job.priority}, pool {job.pool}{extra}"
+
+
+# --- commands ------------------------------------------------------------------------------------------------
+
+
+def _read_request(source: str, as_json: bool) -> dict[str, Any]:
+    try:
+        if source == "-":
+            text = sys.stdin.read()
+            where = "standard input"
+        else:
+            with open(source, encoding="utf-8") as handle:
+                text = handle.read()
+            where = source
+    except OSError as exc:
+        _usage_error(f"cannot read {source}: {exc.strerror or exc}", as_json)
+    try:
+        request = json.loads(text)
+    except json.JSONDecodeError as exc:
+        _usage_error(
+            f"{where} is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno}); "
+            "expected a CreateTrainingJob request",
+            as_json,
+        )
+    if not isinstance(request, dict):
+        _usage_error(
+            f"{where} must hold a JSON object (a CreateTrainingJob request), not {type(request).__name__}",
+            as_json,
+        )
+    return request
+
+
+@_queue_command("submit")
+@click.argument("file", metavar="FILE|-")
+@click.option("--priority", type=int, help="Priority of the job (default: its 'priority' tag, else 0).")
+@click.option("--name", "job_name", metavar="NAME", help="Use this TrainingJobName instead of the file's.")
+def submit(target: Target, as_json: bool, file: str, priority: int | None, job_name: str | None) -> None:
+    """Queue the CreateTrainingJob request in FILE (JSON; - reads standard input)."""
+    request = _read_request(file, as_json)
+    if job_name:
+        request["TrainingJobName"] = job_name
+    if priority is None and "priority" in request:
+        # a request saved from the API's body form keeps its priority
+        priority = request.pop("priority")
+    job = target.client().submit(request, priority=priority)
+    if as_json:
+        _print_json(job.to_dict())
+    else:
+        click.echo(_job_line("queued", job))
+
+
+def _list(
+    client: QueueClient, states: Sequence[str], pool: str | None, owner: str | None, limit: int | None
+) -> list[Job]:
+    if not states:
+        return client.jobs(pool=pool, owner=owner, limit=limit)
+    found: dict[str, Job] = {}
+    for state in states:
+        for job in client.jobs(state=state, pool=pool, owner=owner, limit=limit):
+            found[job.name] = job
+    return list(found.values())
+
+
+@_queue_command("ls")
+@click.option(
+    "--state",
+    "states",
+    multiple=True,
+    type=click.Choice(_STATES),
+    help="Only jobs in this state (repeatable).",
+)
+@click.option("--active", is_flag=True, help="Only jobs that have not ended.")
+@click.option("--pool", metavar="TYPE", help="Only jobs in this pool (instance type).")
+@click.option("--owner", metavar="ARN", help="Only jobs submitted by this IAM principal.")
+@click.option("--mine", is_flag=True, help="Only my jobs (the caller's ARN, as `whoami` shows).")
+@click.option("--limit", type=click.IntRange(min=1), help="At most this many jobs.")
+@click.option("--watch", "watch", is_flag=True, help="Refresh until interrupted.")
+@click.option(
+    "--interval",
+    type=click.FloatRange(min=0.1),
+    default=5.0,
+    show_default=True,
+    help="Seconds between refreshes.",
+)
+@click.option("--count", type=click.IntRange(min=1), help="With --watch, stop after this many refreshes.")
+def ls(
+    target: Target,
+    as_json: bool,
+    states: tuple[str, ...],
+    active: bool,
+    pool: str | None,
+    owner: str | None,
+    mine: bool,
+    limit: int | None,
+    watch: bool,
+    interval: float,
+    count: int | None,
+) -> None:
+    """List the queue: name, state, priority, attempt, pool, time waited and time run.
+
+    Highest priority first, then by time of submission. With --watch and --json, prints one JSON document
+    per refresh.
+    """
+    if mine and owner:
+        _usage_error("--mine and --owner cannot be used together", as_json)
+    client = target.client()
+    if mine:
+        owner = client.whoami().arn
+    wanted = list(states) or (list(_ACTIVE_STATES) if active else [])
+    if active and states:
+        wanted = [s for s in states if s in _ACTIVE_STATES]
+    refreshes = 0
+    try:
+        while True:
+            jobs = _list(client, wanted, pool, owner, limit)
+            now = datetime.now(UTC)
+            if as_json:
+                document = {"jobs": [j.to_dict() for j in jobs]}
+                click.echo(
+                    json.dumps(document, default=str)
+                    if watch
+                    else json.dumps(document, indent=2, default=str)
+                )
+            else:
+                if watch:
+                    click.clear()
+                    click.echo(
+                        f"sagequeue at {client.endpoint}  {now:%Y-%m-%d %H:%M:%S} UTC  (every {interval:g}s)\n"
+                    )
+                click.echo(jobs_table(jobs, now) if jobs else "no jobs")
+            refreshes += 1
+            if not watch or (count is not None and refreshes >= count):
+                return
+            time.sleep(interval)
+    except KeyboardInterrupt:
+        return
+
+
+@_queue_command("show")
+@click.argument("name")
+def show(target: Target, as_json: bool, name: str) -> None:
+    """A job in detail: state, position, attempts, history and reason."""
+    job = target.client().job(name)
+    if as_json:
+        _print_json(job.to_dict())
+        return
+    now = datetime.now(UTC)
+    fields: list[tuple[str, Any]] = [
+        ("name", job.name),
+        ("state", job.state),
+        ("priority", job.priority),
+        ("pool", f"{job.pool} x {job.instances}"),
+        ("position", job.position),
+        ("owner", job.owner),
+        ("attempt", job.attempt),
+        ("training job", job.training_job_name),
+        ("submitted", _when(job.submitted_at)),
+        ("started", _when(job.started_at)),
+        ("ended", _when(job.ended_at)),
+        ("waited", _duration(waited(job, now))),
+        ("ran", _duration(ran(job, now))),
+        ("preemptions", job.preemptions),
+        ("retries", job.retries),
+        ("reason", job.reason),
+    ]
+    width = max(len(k) for k, _ in fields)
+    for key, value in fields:
+        click.echo(f"{key.ljust(width)}  {'-' if value is None or value == '' else value}")
+    if job.attempts:
+        click.echo("\nattempts")
+        for number, attempt in enumerate(job.attempts, start=1):
+            click.echo(f"  {number}  {attempt}")
+    if job.history:
+        click.echo("\nhistory")
+        rows = [(_when(h.at), h.state, h.attempt, h.reason) for h in job.history]
+        click.echo("  " + _table(("AT", "STATE", "ATTEMPT", "REASON"), rows).replace("\n", "\n  "))
+
+
+def _when(value: datetime | None) -> str | None:
+    if value is None:
+        return None
+    if value.tzinfo is not None:
+        value = value.astimezone(UTC)
+    return value.strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _each(
+    target: Target, as_json: bool, names: Sequence[str], action: Callable[[QueueClient, str], Job], verb: str
+) -> None:
+    """Apply `action` to each name; report every outcome, fail (exit 1) if any failed."""
+    client = target.client()
+    done: list[Job] = []
+    failed: list[tuple[str, ApiError]] = []
+    for name in names:
+        try:
+            done.append(action(client, name))
+        except ApiError as exc:
+            failed.append((name, exc))
+            if not as_json:
+                click.echo(f"error: {name}: {exc.message}", err=True)
+    if as_json:
+        _print_json([j.to_dict() for j in done] if len(names) > 1 else (done[0].to_dict() if done else None))
+        for name, error in failed:
+            click.echo(
+                json.dumps({"error": {"code": error.code, "message": error.message, "job": name}}), err=True
+            )
+    else:
+        for job in done:
+            click.echo(_job_line(verb, job))
+    if failed:
+        sys.exit(EXIT_REFUSED)
+
+
+@_queue_command("cancel")
+@click.argument("names", nargs=-1, required=True, metavar="NAME...")
+def cancel(target: Target, as_json: bool, names: tuple[str, ...]) -> None:
+    """Cancel jobs: queued ones leave the queue, running ones are stopped."""
+    _each(target, as_json, names, lambda c, n: c.cancel(n), "cancelled")
+
+
+@_queue_command("priority")
+@click.argument("name")
+@click.argument("priority", type=int)
+def priority(target: Target, as_json: bool, name: str, priority: int) -> None:
+    """Set the priority of a job (higher runs first)."""
+    job = target.client().set_priority(name, priority)
+    if as_json:
+        _print_json(job.to_dict())
+    else:
+        click.echo(_job_line("reprioritized", job))
+
+
+@_queue_command("hold")
+@click.argument("names", nargs=-1, required=True, metavar="NAME...")
+def hold(target: Target, as_json: bool, names: tuple[str, ...]) -> None:
+    """Keep queued jobs from starting until released."""
+    _each(target, as_json, names, lambda c, n: c.hold(n), "held")
+
+
+@_queue_command("release")
+@click.argument("names", nargs=-1, required=True, metavar="NAME...")
+def release(target: Target, as_json: bool, names: tuple[str, ...]) -> None:
+    """Let held jobs start again."""
+    _each(target, as_json, names, lambda c, n: c.release(n), "released")
+
+
+@_queue_command("pools")
+def pools(target: Target, as_json: bool) -> None:
+    """Pools (instance types): capacity, used, free, queued and warm instances."""
+    found = target.client().pools()
+    if as_json:
+        _print_json({"pools": [p.to_dict() for p in found]})
+    else:
+        click.echo(pools_table(found) if found else "no pools: set one with `sagequeue capacity TYPE N`")
+
+
+@_queue_command("capacity")
+@click.argument("instance_type", metavar="TYPE")
+@click.argument("instances", metavar="N", type=click.IntRange(min=0))
+def capacity(target: Target, as_json: bool, instance_type: str, instances: int) -> None:
+    """Set how many TYPE instances the queue may use (admins only)."""
+    pool = target.client().set_capacity(instance_type, instances)
+    if as_json:
+        _print_json(pool.to_dict())
+    else:
+        click.echo(f"{pool.instance_type}: capacity {pool.capacity}, used {pool.used}, queued {pool.queued}")
+
+
+@_queue_command("whoami")
+def whoami(target: Target, as_json: bool) -> None:
+    """Who the API sees you as, and where it is."""
+    client = target.client()
+    identity = client.whoami()
+    if as_json:
+        _print_json(
+            {
+                "arn": identity.arn,
+                "admin": identity.admin,
+                "endpoint": client.endpoint,
+                "region": client.region,
+                "endpoint_from": client.endpoint_origin,
+            }
+        )
+        return
+    click.echo(f"arn       {identity.arn}")
+    click.echo(f"admin     {'yes' if identity.admin else 'no'}")
+    click.echo(f"endpoint  {client.endpoint} ({client.endpoint_origin})")
+    click.echo(f"region    {client.region}")
+
+
+#: What `sagequeue` (sagequeue.cli) adds to its command group.
+COMMANDS: dict[str, click.Command] = {
+    command.name: command
+    for command in (submit, ls, show, cancel, priority, hold, release, pools, capacity, whoami)
+    if command.name
+}
