@@ -1,0 +1,208 @@
+"""Events in and out: SageMaker's state changes parsed defensively, and sagequeue's own events published.
+
+SageMaker's "Training Job State Change" detail mirrors DescribeTrainingJob, but its shape varies by source:
+real events carry Tags as a `{key: value}` map and times as epoch milliseconds; the documentation's example
+uses time strings; the schema registry models Tags as a `[{Key, Value}]` list. All of them parse here, and
+a DescribeTrainingJob answer (the reconcile timer's view) parses the same way.
+
+sagequeue publishes on its own bus, source `sagequeue`:
+
+| detail-type     | when                                                      | triggers the scheduler |
+|-----------------|-----------------------------------------------------------|------------------------|
+| JobQueued       | a job was submitted                                       | yes                    |
+| JobChanged      | a job was cancelled, held, released or re-prioritised, or | yes                    |
+|                 | a pool's capacity changed                                 |                        |
+| JobStarted      | an attempt was created (first attempt)                    | no                     |
+| JobResumed      | a later attempt was created (after preemption or a retry) | no                     |
+| JobPreempted    | the scheduler stopped an attempt for a more important job | no                     |
+| JobFinished     | a job reached a final state                               | no                     |
+| WarmPoolReused  | an attempt started on another attempt's warm pool         | no                     |
+
+Only JobQueued and JobChanged trigger the scheduler (template.yaml's QueueChanged rule); the others are
+for users' rules and notifications, and would only make the scheduler run twice for its own actions.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any, Protocol
+
+from botocore.exceptions import ClientError
+
+from sagequeue_core.defaults import SAGEMAKER_EVENT_SOURCE, SAGEQUEUE_EVENT_SOURCE, TRAINING_JOB_STATE_CHANGE
+from sagequeue_core.domain import DomainError, demand_of, tags_to_dict
+from sagequeue_core.errors import SageQueueError
+
+
+class EventType(StrEnum):
+    JOB_QUEUED = "JobQueued"
+    JOB_CHANGED = "JobChanged"
+    JOB_STARTED = "JobStarted"
+    JOB_RESUMED = "JobResumed"
+    JOB_PREEMPTED = "JobPreempted"
+    JOB_FINISHED = "JobFinished"
+    WARM_POOL_REUSED = "WarmPoolReused"
+
+
+#: The detail types of sagequeue's own events that make the scheduler run a pass.
+SCHEDULER_TRIGGERS = frozenset({EventType.JOB_QUEUED, EventType.JOB_CHANGED})
+
+
+class MalformedEvent(SageQueueError):
+    """An event lacks what sagequeue needs from it (a training job name or status)."""
+
+
+@dataclass(frozen=True)
+class TrainingJobChange:
+    """What a SageMaker state change (or a DescribeTrainingJob answer) says about one training job."""
+
+    training_job_name: str
+    status: str  # InProgress | Completed | Failed | Stopping | Stopped
+    secondary_status: str = ""
+    failure_reason: str | None = None
+    tags: Mapping[str, str] = field(default_factory=dict)
+    demand: Mapping[str, int] = field(default_factory=dict)
+    keep_alive_seconds: int = 0
+    warm_pool_status: str | None = None  # Available | InUse | Reused | Terminated
+    creation_time: datetime | None = None
+    training_start_time: datetime | None = None
+    training_end_time: datetime | None = None
+    last_modified_time: datetime | None = None
+    detail: Mapping[str, Any] = field(default_factory=dict)  # the whole detail, for the resource key
+
+    @property
+    def ended(self) -> bool:
+        return self.status in ("Completed", "Failed", "Stopped")
+
+
+def parse_time(value: Any) -> datetime | None:
+    """Epoch milliseconds (real events), epoch seconds, ISO 8601 strings, or datetimes; None if unreadable."""
+    if value is None or isinstance(value, bool):
+        return None
+    if isinstance(value, datetime):
+        return value if value.tzinfo else value.replace(tzinfo=UTC)
+    if isinstance(value, int | float):
+        # Anything after 2001-09-09 in milliseconds is above 1e12; in seconds it is far below.
+        seconds = value / 1000 if value > 1e11 else value
+        return datetime.fromtimestamp(seconds, UTC)
+    if isinstance(value, str):
+        text = value.strip()
+        if not text:
+            return None
+        if text.replace(".", "", 1).isdigit():
+            return parse_time(float(text))
+        try:
+            parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
+        except ValueError:
+            return None
+        return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+    return None
+
+
+def is_training_job_event(event: Mapping[str, Any]) -> bool:
+    return (
+        event.get("source") == SAGEMAKER_EVENT_SOURCE
+        and event.get("detail-type") == TRAINING_JOB_STATE_CHANGE
+    )
+
+
+def parse_training_job_event(event: Mapping[str, Any]) -> TrainingJobChange:
+    """The change an EventBridge event announces; MalformedEvent when it names no job or status."""
+    detail = event.get("detail")
+    if not isinstance(detail, Mapping):
+        raise MalformedEvent("SageMaker event without a detail object")
+    return parse_description(detail)
+
+
+def parse_description(detail: Mapping[str, Any]) -> TrainingJobChange:
+    """A DescribeTrainingJob answer or an event detail, whatever the shape of its tags and times."""
+    name = detail.get("TrainingJobName")
+    status = detail.get("TrainingJobStatus")
+    if not isinstance(name, str) or not name:
+        raise MalformedEvent("SageMaker event detail has no TrainingJobName")
+    if not isinstance(status, str) or not status:
+        raise MalformedEvent(f"SageMaker event for {name} has no TrainingJobStatus")
+    try:
+        tags = tags_to_dict(detail.get("Tags"))
+    except DomainError:
+        tags = {}
+    try:
+        demand = demand_of(detail)
+    except DomainError:
+        demand = {}
+    config = detail.get("ResourceConfig")
+    keep_alive = config.get("KeepAlivePeriodInSeconds") if isinstance(config, Mapping) else None
+    warm = detail.get("WarmPoolStatus")
+    warm_status = warm.get("Status") if isinstance(warm, Mapping) else None
+    reason = detail.get("FailureReason")
+    return TrainingJobChange(
+        training_job_name=name,
+        status=status,
+        secondary_status=str(detail.get("SecondaryStatus") or ""),
+        failure_reason=str(reason) if reason else None,
+        tags=tags,
+        demand=demand,
+        keep_alive_seconds=int(keep_alive) if isinstance(keep_alive, int | float) else 0,
+        warm_pool_status=str(warm_status) if warm_status else None,
+        creation_time=parse_time(detail.get("CreationTime")),
+        training_start_time=parse_time(detail.get("TrainingStartTime")),
+        training_end_time=parse_time(detail.get("TrainingEndTime")),
+        last_modified_time=parse_time(detail.get("LastModifiedTime")),
+        detail=detail,
+    )
+
+
+# --- publishing -----------------------------------------------------------------------------------------------
+
+
+class Publisher(Protocol):
+    def publish(self, event_type: EventType, detail: Mapping[str, Any]) -> None: ...
+
+
+class PublishError(SageQueueError):
+    """EventBridge refused an event."""
+
+
+class EventBridgePublisher:
+    """Puts sagequeue's events on its bus with one boto3 EventBridge client (created once, injected)."""
+
+    def __init__(self, client: Any, event_bus_name: str, clock: Any = None) -> None:
+        self.client = client
+        self.event_bus_name = event_bus_name
+        self._clock = clock
+
+    def publish(self, event_type: EventType, detail: Mapping[str, Any]) -> None:
+        entry: dict[str, Any] = {
+            "Source": SAGEQUEUE_EVENT_SOURCE,
+            "DetailType": event_type.value,
+            "Detail": json.dumps(dict(detail), default=str),
+            "EventBusName": self.event_bus_name,
+        }
+        if self._clock is not None:
+            entry["Time"] = self._clock()
+        try:
+            response = self.client.put_events(Entries=[entry])
+        except ClientError as exc:
+            raise PublishError(f"could not publish {event_type.value}: {exc}") from exc
+        if response.get("FailedEntryCount"):
+            failed = response.get("Entries", [{}])[0]
+            raise PublishError(
+                f"EventBridge refused {event_type.value}: {failed.get('ErrorCode')} {failed.get('ErrorMessage')}"
+            )
+
+
+class RecordingPublisher:
+    """Keeps events in memory: for the embedded stack's inspection and for unit tests."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[EventType, dict[str, Any]]] = []
+
+    def publish(self, event_type: EventType, detail: Mapping[str, Any]) -> None:
+        self.events.append((event_type, dict(detail)))
+
+    def of_type(self, event_type: EventType) -> list[dict[str, Any]]:
+        return [detail for kind, detail in self.events if kind is event_type]

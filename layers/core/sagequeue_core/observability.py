@@ -1,0 +1,44 @@
+"""Logging, metrics and tracing through Powertools, configured in one place.
+
+Logs are structured JSON with the job name and attempt as keys; metrics are CloudWatch EMF under the
+namespace POWERTOOLS_METRICS_NAMESPACE (template.yaml sets `SageQueue`); traces go to X-Ray when the
+function has active tracing. Handlers decorate themselves with `logger.inject_lambda_context`,
+`metrics.log_metrics` and `tracer.capture_lambda_handler`; use cases add keys and metrics.
+"""
+
+from __future__ import annotations
+
+from aws_lambda_powertools import Logger, Metrics, Tracer, single_metric
+from aws_lambda_powertools.metrics import MetricUnit
+
+SERVICE = "sagequeue"
+NAMESPACE = "SageQueue"
+
+logger = Logger(service=SERVICE)
+metrics = Metrics(service=SERVICE, namespace=NAMESPACE)
+tracer = Tracer(service=SERVICE)
+
+# --- metric names (one place, so dashboards and alarms agree with the code) ----------------------------------
+QUEUE_DEPTH = "QueueDepth"  # queued jobs per pool (dimension Pool)
+OLDEST_WAIT = "OldestQueuedWaitSeconds"  # longest wait among the jobs a pass looked at, per pool
+STARTS = "JobsStarted"
+RESUMES = "JobsResumed"
+PREEMPTIONS = "JobsPreempted"
+WARM_POOL_REUSES = "WarmPoolReuses"
+WARM_POOL_RELEASES = "WarmPoolsReleased"
+FINISHED = "JobsFinished"
+REQUEUES = "JobsRequeued"
+SUBMISSIONS = "JobsSubmitted"
+
+
+def count(name: str, value: float = 1) -> None:
+    metrics.add_metric(name=name, unit=MetricUnit.Count, value=value)
+
+
+def pool_gauge(name: str, pool: str, value: float, unit: MetricUnit = MetricUnit.Count) -> None:
+    """A per-pool value, in its own EMF document so its Pool dimension does not leak onto other metrics."""
+    with single_metric(name=name, unit=unit, value=value, namespace=NAMESPACE) as metric:
+        metric.add_dimension(name="Pool", value=pool)
+
+
+__all__ = ["MetricUnit", "count", "logger", "metrics", "pool_gauge", "tracer"]

@@ -1,0 +1,156 @@
+"""What the handlers run with: settings, a clock, the repository, the adapters, built once per process.
+
+In Lambda, `dependencies()` builds everything from the environment on the first call of a cold start and
+returns the same objects afterwards. The embedded stack builds its own with `build(...)` (moto and the
+SageMaker emulator as endpoints, a shared virtual clock) and `install()`s them, so the very same handlers
+run locally without touching the process environment; `reset()` undoes that.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import boto3
+from botocore.config import Config
+
+from sagequeue_core.config import Settings
+from sagequeue_core.events import EventBridgePublisher, Publisher
+from sagequeue_core.observability import metrics as default_metrics
+from sagequeue_core.sagemaker import SageMakerAdapter
+from sagequeue_core.store import Repository
+
+#: Boto3 service names an `endpoints` mapping may redirect.
+SERVICES = ("dynamodb", "events", "sagemaker", "cloudwatch", "sns", "sqs", "s3")
+
+Clock = Callable[[], datetime]
+
+_CLIENT_CONFIG = Config(retries={"mode": "standard", "max_attempts": 4}, connect_timeout=5, read_timeout=30)
+
+
+def _utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+def as_clock(clock: Any) -> Clock:
+    """A `now()` callable from a callable or from an object with a `now()` method (VirtualClock, RealClock)."""
+    if clock is None:
+        return _utc_now
+    now = getattr(clock, "now", None)
+    if callable(now):
+        return now
+    if callable(clock):
+        return clock
+    raise TypeError(f"a clock is a callable returning a datetime or has now(); got {clock!r}")
+
+
+@dataclass
+class Dependencies:
+    settings: Settings
+    clock: Clock
+    store: Repository
+    sagemaker: SageMakerAdapter
+    publisher: Publisher
+    metrics: Any = default_metrics
+    #: boto3 clients by service name; `client()` creates the missing ones once.
+    clients: dict[str, Any] = field(default_factory=dict)
+    #: room for the governance parts (idle alarms, notifications)
+    alarms: Any = None
+    notifier: Any = None
+    endpoints: Mapping[str, str] = field(default_factory=dict)
+    region: str = "us-east-1"
+    _session: Any = None
+    _pools_seeded: bool = False
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def now(self) -> datetime:
+        return self.clock()
+
+    def client(self, service: str) -> Any:
+        """The one boto3 client of `service` (created on first use, with the configured endpoint)."""
+        with self._lock:
+            existing = self.clients.get(service)
+            if existing is None:
+                session = self._session or boto3.session.Session(region_name=self.region)
+                existing = session.client(
+                    service, endpoint_url=self.endpoints.get(service), config=_CLIENT_CONFIG
+                )
+                self.clients[service] = existing
+            return existing
+
+    def ensure_pools(self) -> None:
+        """Create the configured pools once per process (capacity changed at runtime is kept)."""
+        if self._pools_seeded:
+            return
+        self.store.seed_pools(self.settings.capacity)
+        self._pools_seeded = True
+
+
+def build(
+    settings: Settings,
+    *,
+    clock: Any = None,
+    endpoints: Mapping[str, str] | None = None,
+    region: str | None = None,
+    clients: Mapping[str, Any] | None = None,
+    publisher: Publisher | None = None,
+) -> Dependencies:
+    """Everything the handlers need. `endpoints` maps boto3 service names to endpoint URLs (moto, the
+    emulator); `clients` injects ready-made clients; `publisher` replaces the EventBridge publisher."""
+    endpoints = dict(endpoints or {})
+    unknown = set(endpoints) - set(SERVICES)
+    if unknown:
+        raise ValueError(f"endpoints for unknown services {sorted(unknown)}; known: {', '.join(SERVICES)}")
+    region = region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
+    now = as_clock(clock)
+    session = boto3.session.Session(region_name=region)
+    made: dict[str, Any] = dict(clients or {})
+    for service in ("sagemaker", "events"):
+        if service not in made:
+            made[service] = session.client(
+                service, endpoint_url=endpoints.get(service), config=_CLIENT_CONFIG
+            )
+    store = Repository(settings.table_name, host=endpoints.get("dynamodb"), region=region)
+    return Dependencies(
+        settings=settings,
+        clock=now,
+        store=store,
+        sagemaker=SageMakerAdapter(made["sagemaker"]),
+        publisher=publisher or EventBridgePublisher(made["events"], settings.event_bus_name, clock=now),
+        clients=made,
+        endpoints=endpoints,
+        region=region,
+        _session=session,
+    )
+
+
+_installed: Dependencies | None = None
+_install_lock = threading.Lock()
+
+
+def dependencies() -> Dependencies:
+    """The process's dependencies: those installed, else built once from the environment (cold start)."""
+    global _installed
+    if _installed is None:
+        with _install_lock:
+            if _installed is None:
+                _installed = build(Settings.from_env())
+    return _installed
+
+
+def install(deps: Dependencies) -> None:
+    """Use `deps` for every handler call in this process (the embedded stack, tests)."""
+    global _installed
+    with _install_lock:
+        _installed = deps
+
+
+def reset() -> None:
+    """Forget installed or built dependencies; the next `dependencies()` builds from the environment."""
+    global _installed
+    with _install_lock:
+        _installed = None
