@@ -698,7 +698,7 @@ def _reason(exc: BaseException) -> str:
     # urllib3 prefixes the cause with the connection's repr; the cause is what a person can act on
     for marker in ("Failed to establish a new connection: ", "Failed to resolve ", "): "):
         if marker in text:
-            head, _, tail = text.partition(marker)
+            tail = text.partition(marker)[2]
             return (marker.strip() + " " + tail) if marker.startswith("Failed to resolve") else tail
     return text
 
