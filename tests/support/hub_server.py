@@ -7,8 +7,8 @@ with `parentCommit` checks (412 when the parent is no longer the head). It offer
 clients run with HF_HUB_DISABLE_XET=1. Storage: commits in memory, LFS objects on disk.
 
 Test hooks: `fail_next_commits` (statuses to answer the next commits with), `commit_barrier` (hold
-commits until N have arrived, to force a race), `commit_gate` (an Event the commit waits for), a request
-log, and an optional required token.
+commits until N have arrived, to force a race), `commit_gate` and `lfs_gate` (Events that commits and LFS
+uploads wait for), counters, a request log, and an optional required token.
 
 Run standalone: `python -m tests.support.hub_server --port 8080 --storage /tmp/hub`.
 """
@@ -98,6 +98,8 @@ class HubState:
         self.fail_next_commits: list[int] = []
         self.commit_barrier: threading.Barrier | None = None
         self.commit_gate: threading.Event | None = None
+        self.lfs_gate: threading.Event | None = None
+        self.lfs_arrivals = 0
         self.lfs_puts = 0
         self.commit_statuses: list[int] = []
 
@@ -508,6 +510,10 @@ class HubHandler(BaseHTTPRequestHandler):
         self._json(200, {"transfer": "basic", "objects": objects, "hash_algo": "sha256"})
 
     def _lfs_put(self, tail: str, body: bytes) -> None:
+        with self.state.lock:
+            self.state.lfs_arrivals += 1
+        if self.state.lfs_gate is not None:
+            self.state.lfs_gate.wait(timeout=60)
         oid = tail.split("?", 1)[0]
         if hashlib.sha256(body).hexdigest() != oid:
             self._error(400, f"content does not match oid {oid}")

@@ -1,0 +1,117 @@
+"""Fixtures for the job image's tests: stand-in Neuron tools on PATH, S3 on moto's server, the Hub-API
+test server, and a helper that runs `sagequeue-job` / `sagequeue` as real processes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from support.hub_server import HubServer
+
+STANDINS = Path(__file__).resolve().parents[2] / "standins"
+BIN = Path(sys.executable).parent
+VERSION = "2.14.213.0+013d129b"
+HUB_TOKEN = "hf_sagequeue_test_token"
+
+
+@pytest.fixture(scope="session")
+def hub_server() -> Iterator[HubServer]:
+    with HubServer(token=HUB_TOKEN) as server:
+        yield server
+
+
+@pytest.fixture(autouse=True)
+def _no_xet(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The test server speaks LFS only; huggingface_hub would otherwise upload through Xet.
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_DISABLE_XET", True)
+
+
+@dataclass
+class Cache:
+    """A remote cache under test: its URL, an in-process handle, and the environment to reach it."""
+
+    kind: str
+    url: str
+    remote: object
+    env: dict[str, str]
+
+
+@pytest.fixture
+def base_env(
+    tmp_path: Path, moto_endpoint: str, hub_server: HubServer, monkeypatch: pytest.MonkeyPatch
+) -> dict[str, str]:
+    env = dict(os.environ)
+    for name in (
+        "TRAINING_JOB_NAME",
+        "SAGEMAKER_MANAGED_WARMPOOL_CACHE_DIRECTORY",
+        "NEURON_CC_FLAGS",
+        "NEURON_COMPILE_CACHE_URL",
+        "SAGEQUEUE_NEFF_CACHE",
+    ):
+        env.pop(name, None)
+    env.update(
+        {
+            "PATH": f"{STANDINS}{os.pathsep}{BIN}{os.pathsep}{env.get('PATH', '')}",
+            "AWS_ENDPOINT_URL": moto_endpoint,
+            "HF_ENDPOINT": hub_server.url,
+            "HF_TOKEN": HUB_TOKEN,
+            "HF_HOME": str(tmp_path / "hf-home"),
+            "HF_HUB_DISABLE_XET": "1",
+            "SAGEQUEUE_CONFIG_DIR": str(tmp_path / "config"),
+            "STANDIN_COMPILE_SECONDS": "0.02",
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_endpoint)
+    monkeypatch.setenv("HF_TOKEN", HUB_TOKEN)
+    return env
+
+
+def make_cache(kind: str, env: dict[str, str], hub_server: HubServer) -> Cache:
+    from sagequeue.job.remote import open_remote
+
+    name = f"neff-{uuid.uuid4().hex[:10]}"
+    if kind == "s3":
+        url = f"s3://{name}/team/cache"
+        remote = open_remote(url)
+    else:
+        url = f"hf://sq-org/{name}"
+        remote = open_remote(url, endpoint=hub_server.url, token=HUB_TOKEN, backoff_base=0.05)
+    remote.create(private=True)
+    return Cache(kind, url, remote, env)
+
+
+@pytest.fixture(params=["s3", "hub"])
+def cache(request: pytest.FixtureRequest, base_env: dict[str, str], hub_server: HubServer) -> Cache:
+    return make_cache(request.param, base_env, hub_server)
+
+
+def run_wrapper(
+    args: list[str], env: dict[str, str], timeout: float = 90, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(BIN / "sagequeue-job"), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=cwd,
+        check=False,
+    )
+
+
+def run_cli(args: list[str], env: dict[str, str], timeout: float = 90) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(BIN / "sagequeue"), *args], env=env, capture_output=True, text=True, timeout=timeout, check=False
+    )
