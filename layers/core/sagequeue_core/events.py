@@ -17,6 +17,8 @@ sagequeue publishes on its own bus, source `sagequeue`:
 | JobPreempted    | the scheduler stopped an attempt for a more important job | no                     |
 | JobFinished     | a job reached a final state                               | no                     |
 | WarmPoolReused  | an attempt started on another attempt's warm pool         | no                     |
+| PolicyViolation | governance stopped a job that breaks the tag/policy rules | no                     |
+| IdleStopped     | governance stopped a job its idle alarm caught            | no                     |
 
 Only JobQueued and JobChanged trigger the scheduler (template.yaml's QueueChanged rule); the others are
 for users' rules and notifications, and would only make the scheduler run twice for its own actions.
@@ -46,6 +48,8 @@ class EventType(StrEnum):
     JOB_PREEMPTED = "JobPreempted"
     JOB_FINISHED = "JobFinished"
     WARM_POOL_REUSED = "WarmPoolReused"
+    POLICY_VIOLATION = "PolicyViolation"
+    IDLE_STOPPED = "IdleStopped"
 
 
 #: The detail types of sagequeue's own events that make the scheduler run a pass.

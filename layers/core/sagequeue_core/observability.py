@@ -29,6 +29,8 @@ WARM_POOL_RELEASES = "WarmPoolsReleased"
 FINISHED = "JobsFinished"
 REQUEUES = "JobsRequeued"
 SUBMISSIONS = "JobsSubmitted"
+POLICY_STOPS = "JobsStoppedForPolicy"
+IDLE_STOPS = "JobsIdleStopped"
 
 
 def count(name: str, value: float = 1) -> None:
