@@ -1,0 +1,315 @@
+"""`sagequeue cache`: create, choose, inspect, fill and trim a NEFF cache."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import time
+from collections.abc import Iterable
+from datetime import UTC, datetime
+from pathlib import Path
+
+import click
+
+from sagequeue.job import neuron, settings, sync
+from sagequeue.job.remote import Deadline, RemoteCache, RemoteCacheError, RemoteEntry, RemoteFile, open_remote
+from sagequeue_core.defaults import NEFF_CACHE_ENV
+
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)i?B?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
+
+
+def parse_size(text: str) -> int:
+    match = _SIZE_RE.match(text)
+    if match is None:
+        raise click.BadParameter(f"expected a size like 500M or 20G, got {text!r}")
+    return int(float(match.group(1)) * _UNITS[match.group(2).upper()])
+
+
+def human(size: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if size < 1024:
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} TiB"
+
+
+def _remote(url: str | None) -> RemoteCache:
+    resolved = settings.cache_url(url)
+    if not resolved:
+        raise click.UsageError(
+            f"no NEFF cache: pass --cache, set {NEFF_CACHE_ENV}, or run `sagequeue cache set <url>`"
+        )
+    try:
+        return open_remote(resolved)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from exc
+
+
+def _versions(remote: RemoteCache, chosen: Iterable[str]) -> list[str]:
+    picked = list(chosen)
+    return picked or remote.versions()
+
+
+_cache_option = click.option(
+    "--cache",
+    "cache_url",
+    help=f"hf://<org>/<repo> or s3://<bucket>/<prefix> (default: {NEFF_CACHE_ENV}, then `cache set`).",
+)
+_dir_option = click.option(
+    "--cache-dir",
+    type=click.Path(path_type=Path),
+    help="Local compile cache (default: as the compiler would choose).",
+)
+
+
+def _local_root(cache_dir: Path | None) -> Path:
+    return neuron.choose_cache_dir(os.environ, str(cache_dir) if cache_dir else None).path
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def cache() -> None:
+    """Share compiled Neuron graphs (NEFFs) between jobs through the Hugging Face Hub or S3."""
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+
+
+@cache.command()
+@click.argument("url")
+@click.option("--public", is_flag=True, help="Hub only: make the repository public (default private).")
+@click.option(
+    "--set/--no-set", "make_default", default=True, show_default=True, help="Make it the default cache."
+)
+def create(url: str, public: bool, make_default: bool) -> None:
+    """Create the cache repository or bucket at URL."""
+    remote = _remote(url)
+    try:
+        remote.create(private=not public)
+    except RemoteCacheError as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(f"created {url}")
+    if make_default:
+        click.echo(f"default cache saved in {settings.save_cache_url(url)}")
+
+
+@cache.command(name="set")
+@click.argument("url")
+def set_default(url: str) -> None:
+    """Make URL the default cache for this user."""
+    remote = _remote(url)
+    try:
+        present = remote.exists()
+    except RemoteCacheError as exc:
+        raise click.ClickException(str(exc)) from exc
+    if not present:
+        raise click.ClickException(f"{url} does not exist (create it with `sagequeue cache create {url}`)")
+    click.echo(f"default cache {url} saved in {settings.save_cache_url(url)}")
+
+
+@cache.command(name="ls")
+@_cache_option
+@click.option(
+    "--compiler-version", "versions", multiple=True, help="Only this compiler version (repeatable)."
+)
+@click.option("--model", help="Only entries the registry attributes to this model.")
+def list_entries(cache_url: str | None, versions: tuple[str, ...], model: str | None) -> None:
+    """Entries by compiler version, with the models that produced them."""
+    remote = _remote(cache_url)
+    try:
+        owners: dict[str, set[str]] = {}
+        for record in remote.records(model):
+            for module in record.entries:
+                owners.setdefault(neuron.entry_key(record.compiler_version, module), set()).add(record.model)
+        for version in _versions(remote, versions):
+            entries = remote.entries(version)
+            shown = [e for e in entries.values() if model is None or e.key in owners]
+            total = sum(e.size for e in shown)
+            click.echo(f"{neuron.version_dir(version)}: {len(shown)} entries, {human(total)}")
+            for entry in sorted(shown, key=lambda e: e.module):
+                models = ", ".join(sorted(owners.get(entry.key, set()))) or "-"
+                click.echo(f"  {entry.module}  {human(entry.size):>10}  {models}")
+    except RemoteCacheError as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+@cache.command()
+@_cache_option
+@click.argument("model")
+def lookup(cache_url: str | None, model: str) -> None:
+    """Job configurations recorded for MODEL, and their entries."""
+    remote = _remote(cache_url)
+    try:
+        records = remote.records(model)
+    except RemoteCacheError as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(f"{len(records)} configurations of {model} in {remote.url}")
+    for record in sorted(records, key=lambda r: (r.compiler_version, r.config_hash)):
+        click.echo(
+            f"- compiler {record.compiler_version}  ({len(record.entries)} entries, updated {record.updated_at})"
+        )
+        for key, value in sorted(record.config.items()):
+            click.echo(f"    {key}: {value}")
+
+
+@cache.command()
+@_cache_option
+@_dir_option
+@click.option(
+    "--compiler-version",
+    "versions",
+    multiple=True,
+    help="Only this compiler version (default: all local ones).",
+)
+@click.option(
+    "--timeout", type=float, default=None, help="Stop starting new entries after this many seconds."
+)
+def sync_cmd(
+    cache_url: str | None, cache_dir: Path | None, versions: tuple[str, ...], timeout: float | None
+) -> None:
+    """Upload the complete entries of a local cache that the remote lacks (failed ones are removed)."""
+    remote = _remote(cache_url)
+    root = _local_root(cache_dir)
+    deadline = Deadline(timeout)
+    try:
+        for version in list(versions) or neuron.local_versions(root):
+            report = sync.upload(remote, root, version, deadline=deadline)
+            result = report.result
+            click.echo(
+                f"{neuron.version_dir(version)}: {len(result.published)} uploaded, {len(result.already_present)} already there, "
+                f"{len(result.skipped)} left for later, {len(report.cleaned_failed)} failed entries removed"
+            )
+    except RemoteCacheError as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+cache.add_command(sync_cmd, name="sync")
+
+
+def _published_times(remote: RemoteCache, version: str, entries: dict[str, RemoteEntry]) -> dict[str, float]:
+    times = {m: e.published_at for m, e in entries.items() if e.published_at is not None}
+    if len(times) < len(entries):
+        published = getattr(remote, "published_times", None)
+        if callable(published):
+            times.update(published(version))
+    return times
+
+
+@cache.command()
+@_cache_option
+@click.option("--older-than", type=float, metavar="DAYS", help="Remove entries published more than DAYS ago.")
+@click.option("--max-size", help="Remove the oldest entries until the cache fits (e.g. 200G).")
+@click.option(
+    "--compiler-version",
+    "versions",
+    multiple=True,
+    help="Remove every entry of this compiler version (repeatable).",
+)
+@click.option("--local", "local", is_flag=True, help="Prune the local cache instead of the remote one.")
+@_dir_option
+@click.option("--yes", is_flag=True, help="Delete for real (the default is a dry run).")
+def prune(
+    cache_url: str | None,
+    older_than: float | None,
+    max_size: str | None,
+    versions: tuple[str, ...],
+    local: bool,
+    cache_dir: Path | None,
+    yes: bool,
+) -> None:
+    """Remove entries by age, total size or compiler version. Dry run unless --yes."""
+    if older_than is None and max_size is None and not versions:
+        raise click.UsageError("say what to prune: --older-than, --max-size or --compiler-version")
+    limit = parse_size(max_size) if max_size else None
+    now = time.time()
+    if local:
+        _prune_local(_local_root(cache_dir), older_than, limit, versions, now, yes)
+        return
+    remote = _remote(cache_url)
+    try:
+        candidates: list[tuple[float, RemoteEntry]] = []
+        for version in remote.versions():
+            entries = remote.entries(version)
+            times = _published_times(remote, version, entries)
+            candidates += [(times.get(m, now), e) for m, e in entries.items()]
+        doomed = _choose(candidates, older_than, limit, versions, now)
+        _report(doomed, yes)
+        if yes and doomed:
+            remote.delete([e for _, e in doomed])
+            click.echo(f"removed {len(doomed)} entries from {remote.url}")
+    except RemoteCacheError as exc:
+        raise click.ClickException(str(exc)) from exc
+
+
+def _choose(
+    candidates: list[tuple[float, RemoteEntry]],
+    older_than: float | None,
+    limit: int | None,
+    versions: tuple[str, ...],
+    now: float,
+) -> list[tuple[float, RemoteEntry]]:
+    doomed: dict[str, tuple[float, RemoteEntry]] = {}
+    for when, entry in candidates:
+        if entry.version in versions or (older_than is not None and now - when > older_than * 86400):
+            doomed[entry.key] = (when, entry)
+    if limit is not None:
+        kept = sorted((c for c in candidates if c[1].key not in doomed), key=lambda c: c[0])
+        total = sum(e.size for _, e in kept)
+        for when, entry in kept:
+            if total <= limit:
+                break
+            doomed[entry.key] = (when, entry)
+            total -= entry.size
+    return sorted(doomed.values(), key=lambda c: c[0])
+
+
+def _report(doomed: list[tuple[float, RemoteEntry]], yes: bool) -> None:
+    verb = "removing" if yes else "would remove"
+    total = sum(e.size for _, e in doomed)
+    click.echo(f"{verb} {len(doomed)} entries ({human(total)})")
+    for when, entry in doomed:
+        stamp = datetime.fromtimestamp(when, UTC).strftime("%Y-%m-%d")
+        click.echo(f"  {entry.key}  {human(entry.size):>10}  {stamp}")
+    if not yes and doomed:
+        click.echo("dry run: pass --yes to delete")
+
+
+def _prune_local(
+    root: Path, older_than: float | None, limit: int | None, versions: tuple[str, ...], now: float, yes: bool
+) -> None:
+    local = [e for e in neuron.scan(root) if e.state is not neuron.EntryState.LOCKED]
+    candidates = [(e.mtime(), RemoteEntry(e.version, e.module, tuple(_local_files(e)))) for e in local]
+    doomed = _choose(candidates, older_than, limit, versions, now)
+    _report(doomed, yes)
+    if yes:
+        for _, entry in doomed:
+            shutil.rmtree(root / entry.key, ignore_errors=True)
+
+
+def _local_files(entry: neuron.LocalEntry) -> list[RemoteFile]:
+    return [RemoteFile(name, path.stat().st_size) for name, path in neuron.iter_entry_files(entry.path)]
+
+
+@cache.command()
+@_dir_option
+@click.option("--clean", is_flag=True, help="Remove failed entries so they compile again.")
+def status(cache_dir: Path | None, clean: bool) -> None:
+    """Local entries by compiler version: complete, failed, locked (compiling), incomplete."""
+    root = _local_root(cache_dir)
+    click.echo(f"local cache {root}")
+    versions = neuron.local_versions(root)
+    if not versions:
+        click.echo("  no entries")
+    for version in versions:
+        entries = neuron.scan(root, version)
+        counts = dict.fromkeys(neuron.EntryState, 0)
+        for entry in entries:
+            counts[entry.state] += 1
+        size = sum(e.size() for e in entries if e.state is neuron.EntryState.COMPLETE)
+        summary = ", ".join(f"{counts[s]} {s.value}" for s in neuron.EntryState)
+        click.echo(f"  {neuron.version_dir(version)}: {summary}; {human(size)} complete")
+        for entry in entries:
+            if entry.state is not neuron.EntryState.COMPLETE:
+                click.echo(f"    {entry.state.value:<10} {entry.module}")
+    if clean:
+        removed = neuron.remove_failed(root)
+        click.echo(f"removed {len(removed)} failed entries")
