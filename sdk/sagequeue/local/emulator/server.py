@@ -46,6 +46,8 @@ def encode(payload: dict[str, Any]) -> bytes:
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    # Headers and body go out in separate writes; with Nagle on, each answer waits for a delayed ACK (~40 ms).
+    disable_nagle_algorithm = True
     server: EmulatorHTTPServer
 
     def do_POST(self) -> None:
