@@ -1,0 +1,1039 @@
+"""Read `template.yaml` and resolve what the embedded stack must create and run.
+
+The local stack creates its tables, topics, queues, buses, rules and alarms from the very template that
+`sam deploy` deploys, so the two cannot drift. This module parses the template (CloudFormation short tags
+included), resolves the intrinsic functions the stack uses (Ref, Fn::Sub, Fn::GetAtt, Fn::If and the
+condition functions, Fn::Join, Fn::Select, Fn::Split, Fn::FindInMap, ...) for given parameter values, and
+describes the result as plain specs. It makes no AWS call: `sagequeue.local.provision` does.
+
+Resolution is lazy: only the properties the local stack reads are resolved, so an IAM policy or a
+dashboard body using an intrinsic this module does not know never stops the stack from starting.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import re
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class TemplateError(ValueError):
+    """The template cannot be read or resolved; the message names the resource, property or function."""
+
+
+# --- Parsing ---------------------------------------------------------------------------------------------------
+
+_BASE_LOADER: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class _CfnLoader(_BASE_LOADER):  # type: ignore[valid-type,misc]
+    """A safe YAML loader that understands CloudFormation's short-form tags (!Ref, !Sub, ...)."""
+
+
+_SHORT_TAGS = {
+    "Ref": "Ref",
+    "Condition": "Condition",
+    "Sub": "Fn::Sub",
+    "GetAtt": "Fn::GetAtt",
+    "Join": "Fn::Join",
+    "If": "Fn::If",
+    "Equals": "Fn::Equals",
+    "Not": "Fn::Not",
+    "And": "Fn::And",
+    "Or": "Fn::Or",
+    "Select": "Fn::Select",
+    "Split": "Fn::Split",
+    "FindInMap": "Fn::FindInMap",
+    "Base64": "Fn::Base64",
+    "GetAZs": "Fn::GetAZs",
+    "ImportValue": "Fn::ImportValue",
+    "Cidr": "Fn::Cidr",
+    "ToJsonString": "Fn::ToJsonString",
+    "Length": "Fn::Length",
+}
+
+
+def _construct_short_tag(loader: yaml.SafeLoader, tag_suffix: str, node: yaml.Node) -> dict[str, Any]:
+    name = _SHORT_TAGS.get(tag_suffix)
+    if name is None:
+        raise TemplateError(f"unknown CloudFormation tag !{tag_suffix} at line {node.start_mark.line + 1}")
+    value: Any
+    if isinstance(node, yaml.ScalarNode):
+        value = loader.construct_scalar(node)
+    elif isinstance(node, yaml.SequenceNode):
+        value = loader.construct_sequence(node, deep=True)
+    else:
+        value = loader.construct_mapping(node, deep=True)  # type: ignore[arg-type]
+    if name == "Fn::GetAtt" and isinstance(value, str):
+        logical_id, _, attribute = value.partition(".")
+        value = [logical_id, attribute]
+    return {name: value}
+
+
+_CfnLoader.add_multi_constructor("!", _construct_short_tag)
+
+
+def load_template(path: str | Path) -> dict[str, Any]:
+    """The template at `path` as a dictionary, short tags expanded to their long forms."""
+    source = Path(path)
+    try:
+        text = source.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise TemplateError(f"cannot read the template {source}: {exc.strerror or exc}") from exc
+    try:
+        document = yaml.load(text, Loader=_CfnLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as exc:
+        raise TemplateError(f"{source} is not valid YAML: {exc}") from exc
+    if not isinstance(document, dict) or not isinstance(document.get("Resources"), dict):
+        raise TemplateError(f"{source} has no Resources section")
+    return document
+
+
+# --- Resolution ------------------------------------------------------------------------------------------------
+
+
+class _NoValue:
+    """AWS::NoValue: the property it stands for is removed."""
+
+    def __repr__(self) -> str:
+        return "AWS::NoValue"
+
+
+NO_VALUE = _NoValue()
+
+# Which property names a resource's physical name, when the template gives one.
+_NAME_PROPERTY = {
+    "AWS::DynamoDB::Table": "TableName",
+    "AWS::Serverless::SimpleTable": "TableName",
+    "AWS::SNS::Topic": "TopicName",
+    "AWS::SQS::Queue": "QueueName",
+    "AWS::Events::EventBus": "Name",
+    "AWS::Events::Rule": "Name",
+    "AWS::Serverless::Function": "FunctionName",
+    "AWS::Lambda::Function": "FunctionName",
+    "AWS::CloudWatch::Alarm": "AlarmName",
+    "AWS::IAM::Role": "RoleName",
+    "AWS::Scheduler::Schedule": "Name",
+    "AWS::Logs::LogGroup": "LogGroupName",
+}
+# Where a generated name must stay short (SQS: 80 characters, Lambda: 64).
+_NAME_LIMIT = {"AWS::SQS::Queue": 80, "AWS::Serverless::Function": 64, "AWS::Lambda::Function": 64}
+
+_SUB_VARIABLE = re.compile(r"\$\{([^}]*)\}")
+
+
+@dataclass(frozen=True)
+class StackContext:
+    """Where the template is being resolved: the pseudo parameters and the moto endpoint for queue URLs."""
+
+    stack_name: str
+    region: str
+    account_id: str
+    partition: str = "aws"
+    queue_url_base: str = "http://127.0.0.1"
+
+    @property
+    def stack_id(self) -> str:
+        return (
+            f"arn:{self.partition}:cloudformation:{self.region}:{self.account_id}:stack/{self.stack_name}/"
+            f"{hashlib.sha256(self.stack_name.encode()).hexdigest()[:32]}"
+        )
+
+
+class Template:
+    """A parsed template bound to a stack context and parameter values, resolving intrinsics on demand."""
+
+    def __init__(
+        self,
+        document: Mapping[str, Any],
+        context: StackContext,
+        parameters: Mapping[str, Any] | None = None,
+        *,
+        base_dir: Path | None = None,
+    ) -> None:
+        self.document = document
+        self.context = context
+        self.base_dir = base_dir or Path.cwd()
+        self.resources: dict[str, dict[str, Any]] = dict(document.get("Resources") or {})
+        self.parameters = self._parameter_values(parameters or {})
+        self._conditions: dict[str, bool] = {}
+        self._physical: dict[str, str] = {}
+        self._resolving: set[str] = set()
+
+    @classmethod
+    def from_file(
+        cls, path: str | Path, context: StackContext, parameters: Mapping[str, Any] | None = None
+    ) -> Template:
+        source = Path(path)
+        return cls(load_template(source), context, parameters, base_dir=source.parent)
+
+    # --- parameters and conditions ---------------------------------------------------------------------------
+
+    def _parameter_values(self, given: Mapping[str, Any]) -> dict[str, Any]:
+        declared: Mapping[str, Any] = self.document.get("Parameters") or {}
+        unknown = sorted(set(given) - set(declared))
+        if unknown:
+            raise TemplateError(
+                f"the template declares no parameter {', '.join(unknown)}; "
+                f"its parameters are {', '.join(sorted(declared)) or 'none'}"
+            )
+        values: dict[str, Any] = {}
+        for name, spec in declared.items():
+            spec = spec or {}
+            if name in given:
+                raw = given[name]
+            elif "Default" in spec:
+                raw = spec["Default"]
+            else:
+                raise TemplateError(f"parameter {name} has no default and no value was given")
+            text = _parameter_text(raw)
+            allowed = spec.get("AllowedValues")
+            if allowed is not None and text not in [str(a) for a in allowed]:
+                raise TemplateError(
+                    f"parameter {name} is {text!r}; allowed values: {', '.join(str(a) for a in allowed)}"
+                )
+            pattern = spec.get("AllowedPattern")
+            if pattern is not None and not re.fullmatch(pattern, text):
+                raise TemplateError(f"parameter {name} is {text!r}, which does not match {pattern}")
+            kind = str(spec.get("Type", "String"))
+            if kind == "CommaDelimitedList" or kind.startswith("List<"):
+                values[name] = [part.strip() for part in text.split(",")] if text else []
+            else:
+                values[name] = text
+        return values
+
+    def condition(self, name: str) -> bool:
+        if name not in self._conditions:
+            conditions: Mapping[str, Any] = self.document.get("Conditions") or {}
+            if name not in conditions:
+                raise TemplateError(f"condition {name} is not declared in Conditions")
+            if name in self._resolving:
+                raise TemplateError(f"condition {name} refers to itself")
+            self._resolving.add(name)
+            try:
+                self._conditions[name] = bool(self.resolve(conditions[name], where=f"condition {name}"))
+            finally:
+                self._resolving.discard(name)
+        return self._conditions[name]
+
+    def included(self, logical_id: str) -> bool:
+        """Whether the resource exists for these parameters (its Condition, if any, holds)."""
+        condition = self.resources[logical_id].get("Condition")
+        return condition is None or self.condition(str(condition))
+
+    # --- resources -------------------------------------------------------------------------------------------
+
+    def resource_type(self, logical_id: str) -> str:
+        return str(self.resources[logical_id].get("Type", ""))
+
+    def of_type(self, *types: str) -> Iterator[str]:
+        """Logical ids of the included resources of the given types, in template order."""
+        for logical_id, resource in self.resources.items():
+            if resource.get("Type") in types and self.included(logical_id):
+                yield logical_id
+
+    def properties(self, logical_id: str) -> dict[str, Any]:
+        """A resource's properties with every intrinsic resolved."""
+        raw = self.resources[logical_id].get("Properties") or {}
+        resolved = self.resolve(raw, where=logical_id)
+        return resolved if isinstance(resolved, dict) else {}
+
+    def raw_properties(self, logical_id: str) -> dict[str, Any]:
+        return dict(self.resources[logical_id].get("Properties") or {})
+
+    def physical_name(self, logical_id: str) -> str:
+        """The resource's name: the one the template sets, or a stable one generated the way CloudFormation
+        does (`<stack>-<logical id>-<suffix>`)."""
+        if logical_id in self._physical:
+            return self._physical[logical_id]
+        if logical_id not in self.resources:
+            raise TemplateError(f"no resource {logical_id} in the template")
+        kind = self.resource_type(logical_id)
+        name_property = _NAME_PROPERTY.get(kind)
+        name: str | None = None
+        raw = self.resources[logical_id].get("Properties") or {}
+        if name_property and raw.get(name_property) is not None:
+            key = f"name of {logical_id}"
+            if key in self._resolving:
+                raise TemplateError(f"the name of {logical_id} refers to itself")
+            self._resolving.add(key)
+            try:
+                value = self.resolve(raw[name_property], where=f"{logical_id}.{name_property}")
+            finally:
+                self._resolving.discard(key)
+            if value is not NO_VALUE:
+                name = str(value)
+        if name is None:
+            suffix = hashlib.sha256(f"{self.context.stack_name}/{logical_id}".encode()).hexdigest()
+            suffix = suffix[:12].upper()
+            limit = _NAME_LIMIT.get(kind, 255)
+            head = f"{self.context.stack_name}-{logical_id}"[: limit - len(suffix) - 1]
+            name = f"{head}-{suffix}"
+            if kind == "AWS::SQS::Queue" and _truthy(raw.get("FifoQueue")):
+                name = name[: limit - 5] + ".fifo"
+        self._physical[logical_id] = name
+        return name
+
+    def arn(self, service: str, resource: str, *, regional: bool = True) -> str:
+        region = self.context.region if regional else ""
+        return f"arn:{self.context.partition}:{service}:{region}:{self.context.account_id}:{resource}"
+
+    def ref(self, logical_id: str) -> Any:
+        if logical_id in self.parameters:
+            return self.parameters[logical_id]
+        pseudo = self._pseudo(logical_id)
+        if pseudo is not None:
+            return pseudo
+        if logical_id not in self.resources:
+            raise TemplateError(f"Ref to {logical_id}, which is neither a parameter nor a resource")
+        kind = self.resource_type(logical_id)
+        name = self.physical_name(logical_id)
+        if kind == "AWS::SNS::Topic":
+            return self.arn("sns", name)
+        if kind == "AWS::SQS::Queue":
+            return f"{self.context.queue_url_base}/{self.context.account_id}/{name}"
+        if kind in ("AWS::Serverless::Api", "AWS::ApiGateway::RestApi", "AWS::Serverless::HttpApi"):
+            return hashlib.sha256(f"{self.context.stack_name}/{logical_id}".encode()).hexdigest()[:10]
+        if kind in ("AWS::Serverless::LayerVersion", "AWS::Lambda::LayerVersion"):
+            return self.arn("lambda", f"layer:{name}:1")
+        return name
+
+    def _pseudo(self, name: str) -> Any:
+        context = self.context
+        return {
+            "AWS::Region": context.region,
+            "AWS::AccountId": context.account_id,
+            "AWS::Partition": context.partition,
+            "AWS::StackName": context.stack_name,
+            "AWS::StackId": context.stack_id,
+            "AWS::URLSuffix": "amazonaws.com",
+            "AWS::NoValue": NO_VALUE,
+            "AWS::NotificationARNs": [],
+        }.get(name)
+
+    def get_att(self, logical_id: str, attribute: str) -> Any:
+        if logical_id not in self.resources:
+            raise TemplateError(f"Fn::GetAtt on {logical_id}.{attribute}: no such resource")
+        kind = self.resource_type(logical_id)
+        name = self.physical_name(logical_id)
+        if kind in ("AWS::DynamoDB::Table", "AWS::Serverless::SimpleTable"):
+            arn = self.arn("dynamodb", f"table/{name}")
+            return {"Arn": arn, "StreamArn": f"{arn}/stream/1970-01-01T00:00:00.000"}.get(attribute, arn)
+        if kind == "AWS::SNS::Topic":
+            return name if attribute == "TopicName" else self.arn("sns", name)
+        if kind == "AWS::SQS::Queue":
+            if attribute == "QueueName":
+                return name
+            if attribute == "QueueUrl":
+                return self.ref(logical_id)
+            return self.arn("sqs", name)
+        if kind == "AWS::Events::EventBus":
+            return name if attribute == "Name" else self.arn("events", f"event-bus/{name}")
+        if kind == "AWS::Events::Rule":
+            bus = self.resolve(
+                self.raw_properties(logical_id).get("EventBusName", "default"), where=logical_id
+            )
+            bus_name = _bus_name(str(bus))
+            path = f"rule/{name}" if bus_name == "default" else f"rule/{bus_name}/{name}"
+            return self.arn("events", path)
+        if kind in ("AWS::Serverless::Function", "AWS::Lambda::Function"):
+            return self.arn("lambda", f"function:{name}")
+        if kind == "AWS::IAM::Role":
+            return self.arn("iam", f"role/{name}", regional=False)
+        if kind == "AWS::CloudWatch::Alarm":
+            return self.arn("cloudwatch", f"alarm:{name}")
+        if kind == "AWS::Logs::LogGroup":
+            return self.arn("logs", f"log-group:{name}:*")
+        # Attributes the local stack never reads still resolve, to a recognizable placeholder.
+        return self.arn("local", f"{logical_id}/{attribute}")
+
+    def resolve(self, value: Any, *, where: str = "template") -> Any:
+        """`value` with every intrinsic function evaluated; AWS::NoValue entries are dropped."""
+        if isinstance(value, list):
+            items = [self.resolve(item, where=where) for item in value]
+            return [item for item in items if item is not NO_VALUE]
+        if not isinstance(value, dict):
+            return value
+        if len(value) == 1:
+            ((key, argument),) = value.items()
+            function = _FUNCTIONS.get(key)
+            if function is not None:
+                try:
+                    return function(self, argument, where)
+                except TemplateError:
+                    raise
+                except (TypeError, ValueError, IndexError, KeyError) as exc:
+                    raise TemplateError(f"{where}: cannot evaluate {key} {argument!r}: {exc}") from exc
+        out: dict[str, Any] = {}
+        for key, item in value.items():
+            resolved = self.resolve(item, where=f"{where}.{key}")
+            if resolved is not NO_VALUE:
+                out[key] = resolved
+        return out
+
+    # --- intrinsic functions ----------------------------------------------------------------------------------
+
+    def _fn_ref(self, argument: Any, where: str) -> Any:
+        return self.ref(str(argument))
+
+    def _fn_condition(self, argument: Any, where: str) -> Any:
+        return self.condition(str(argument))
+
+    def _fn_get_att(self, argument: Any, where: str) -> Any:
+        if isinstance(argument, str):
+            argument = argument.split(".", 1)
+        logical_id, attribute = argument
+        return self.get_att(str(logical_id), str(self.resolve(attribute, where=where)))
+
+    def _fn_sub(self, argument: Any, where: str) -> Any:
+        variables: dict[str, Any] = {}
+        if isinstance(argument, list):
+            text, raw_variables = argument
+            variables = {k: self.resolve(v, where=where) for k, v in (raw_variables or {}).items()}
+        else:
+            text = argument
+        if not isinstance(text, str):
+            raise TemplateError(f"{where}: Fn::Sub needs a string, got {text!r}")
+
+        def substitute(match: re.Match[str]) -> str:
+            inner = match.group(1)
+            if inner.startswith("!"):
+                return "${" + inner[1:] + "}"
+            if inner in variables:
+                return _as_text(variables[inner])
+            if inner in self.parameters or self._pseudo(inner) is not None:
+                return _as_text(self.ref(inner))
+            logical_id, dot, attribute = inner.partition(".")
+            if dot:
+                return _as_text(self.get_att(logical_id, attribute))
+            return _as_text(self.ref(inner))
+
+        return _SUB_VARIABLE.sub(substitute, text)
+
+    def _fn_join(self, argument: Any, where: str) -> Any:
+        delimiter, items = argument
+        items = self.resolve(items, where=where)
+        return str(delimiter).join(_as_text(item) for item in items)
+
+    def _fn_if(self, argument: Any, where: str) -> Any:
+        name, when_true, when_false = argument
+        chosen = when_true if self.condition(str(name)) else when_false
+        return self.resolve(chosen, where=where)
+
+    def _fn_equals(self, argument: Any, where: str) -> Any:
+        left, right = (self.resolve(item, where=where) for item in argument)
+        return _as_text(left) == _as_text(right)
+
+    def _fn_not(self, argument: Any, where: str) -> Any:
+        (operand,) = argument
+        return not self.resolve(operand, where=where)
+
+    def _fn_and(self, argument: Any, where: str) -> Any:
+        return all(self.resolve(item, where=where) for item in argument)
+
+    def _fn_or(self, argument: Any, where: str) -> Any:
+        return any(self.resolve(item, where=where) for item in argument)
+
+    def _fn_select(self, argument: Any, where: str) -> Any:
+        index, items = argument
+        return self.resolve(items, where=where)[int(self.resolve(index, where=where))]
+
+    def _fn_split(self, argument: Any, where: str) -> Any:
+        delimiter, text = argument
+        return str(self.resolve(text, where=where)).split(str(delimiter))
+
+    def _fn_find_in_map(self, argument: Any, where: str) -> Any:
+        map_name, first, second = (self.resolve(item, where=where) for item in argument[:3])
+        mappings: Mapping[str, Any] = self.document.get("Mappings") or {}
+        try:
+            return mappings[str(map_name)][str(first)][str(second)]
+        except KeyError:
+            if len(argument) > 3 and isinstance(argument[3], dict) and "DefaultValue" in argument[3]:
+                return self.resolve(argument[3]["DefaultValue"], where=where)
+            raise TemplateError(f"{where}: Fn::FindInMap found no {map_name}/{first}/{second}") from None
+
+    def _fn_base64(self, argument: Any, where: str) -> Any:
+        return base64.b64encode(_as_text(self.resolve(argument, where=where)).encode()).decode()
+
+    def _fn_get_azs(self, argument: Any, where: str) -> Any:
+        region = self.resolve(argument, where=where) or self.context.region
+        return [f"{region}{zone}" for zone in "abc"]
+
+    def _fn_to_json_string(self, argument: Any, where: str) -> Any:
+        return json.dumps(self.resolve(argument, where=where), separators=(",", ":"))
+
+    def _fn_length(self, argument: Any, where: str) -> Any:
+        return len(self.resolve(argument, where=where))
+
+    def _fn_unsupported(self, argument: Any, where: str) -> Any:
+        raise TemplateError(f"{where}: the local stack cannot resolve {argument!r} (cross-stack or network)")
+
+
+_FUNCTIONS: dict[str, Callable[[Template, Any, str], Any]] = {
+    "Ref": Template._fn_ref,
+    "Condition": Template._fn_condition,
+    "Fn::GetAtt": Template._fn_get_att,
+    "Fn::Sub": Template._fn_sub,
+    "Fn::Join": Template._fn_join,
+    "Fn::If": Template._fn_if,
+    "Fn::Equals": Template._fn_equals,
+    "Fn::Not": Template._fn_not,
+    "Fn::And": Template._fn_and,
+    "Fn::Or": Template._fn_or,
+    "Fn::Select": Template._fn_select,
+    "Fn::Split": Template._fn_split,
+    "Fn::FindInMap": Template._fn_find_in_map,
+    "Fn::Base64": Template._fn_base64,
+    "Fn::GetAZs": Template._fn_get_azs,
+    "Fn::ToJsonString": Template._fn_to_json_string,
+    "Fn::Length": Template._fn_length,
+    "Fn::ImportValue": Template._fn_unsupported,
+    "Fn::Cidr": Template._fn_unsupported,
+}
+
+
+def _as_text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list):
+        return ",".join(_as_text(item) for item in value)
+    return str(value)
+
+
+def _parameter_text(value: Any) -> str:
+    """A parameter value as CloudFormation receives it: a string (lists comma-joined, mappings as
+    `key=value` pairs, booleans lower-case)."""
+    if isinstance(value, Mapping):
+        return ",".join(f"{key}={_as_text(item)}" for key, item in value.items())
+    if isinstance(value, list | tuple | set | frozenset):
+        return ",".join(_as_text(item) for item in value)
+    if value is None:
+        return ""
+    return _as_text(value)
+
+
+def _truthy(value: Any) -> bool:
+    return value is True or (isinstance(value, str) and value.lower() == "true")
+
+
+def _bus_name(name_or_arn: str) -> str:
+    """An event bus name from a name or an ARN (`arn:aws:events:r:a:event-bus/<name>`)."""
+    if name_or_arn.startswith("arn:"):
+        return name_or_arn.rsplit("/", 1)[-1]
+    return name_or_arn or "default"
+
+
+# --- Specs: what the local stack creates and runs ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    logical_id: str
+    name: str
+    #: CreateTable arguments (KeySchema, AttributeDefinitions, indexes, billing, stream).
+    create: dict[str, Any]
+    ttl_attribute: str | None = None
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    logical_id: str
+    name: str
+    arn: str
+    attributes: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class QueueSpec:
+    logical_id: str
+    name: str
+    arn: str
+    attributes: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class BusSpec:
+    logical_id: str
+    name: str
+
+
+@dataclass(frozen=True)
+class FunctionSpec:
+    """A Lambda function of the stack, run in process by the local stack."""
+
+    logical_id: str
+    name: str
+    arn: str
+    code_dir: Path
+    module: str  # file name (without .py) inside code_dir
+    attribute: str  # the handler function in that module
+    environment: dict[str, str]
+    reserved_concurrency: int | None
+    timeout_seconds: int
+    memory_mb: int
+    #: Where an asynchronous event goes after its retries fail (an SQS or SNS ARN), if anywhere.
+    on_failure: str | None
+    max_retry_attempts: int
+
+
+@dataclass(frozen=True)
+class RouteSpec:
+    """An API route: `method` (upper case, or ANY) and a path template such as /jobs/{name}."""
+
+    function: str  # logical id
+    method: str
+    path: str
+    api: str  # logical id of the API (ServerlessRestApi when implicit)
+
+
+@dataclass(frozen=True)
+class RuleTarget:
+    """Where a rule sends what it matches: a function of the stack, or an SQS/SNS ARN moto delivers to."""
+
+    target_id: str
+    function: str | None = None
+    arn: str | None = None
+    input: str | None = None  # constant JSON replacing the event
+    input_path: str | None = None
+    input_transformer: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class RuleSpec:
+    """An EventBridge rule: an event pattern or a schedule expression, on a bus, with its targets."""
+
+    logical_id: str
+    name: str
+    bus: str
+    pattern: dict[str, Any] | None
+    schedule: str | None
+    enabled: bool
+    targets: tuple[RuleTarget, ...]
+
+
+@dataclass(frozen=True)
+class SubscriptionSpec:
+    """An SNS topic delivering to a function of the stack (protocol lambda)."""
+
+    topic_arn: str
+    function: str
+    filter_policy: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class QueueSourceSpec:
+    """An SQS queue a function consumes (SQS event source)."""
+
+    queue_arn: str
+    function: str
+    batch_size: int = 10
+
+
+@dataclass(frozen=True)
+class AlarmSpec:
+    logical_id: str
+    name: str
+    #: PutMetricAlarm arguments.
+    put: dict[str, Any]
+
+
+@dataclass
+class StackSpec:
+    """Everything the local stack creates and runs, resolved for one set of parameters."""
+
+    tables: list[TableSpec] = field(default_factory=list)
+    topics: list[TopicSpec] = field(default_factory=list)
+    queues: list[QueueSpec] = field(default_factory=list)
+    buses: list[BusSpec] = field(default_factory=list)
+    functions: dict[str, FunctionSpec] = field(default_factory=dict)
+    routes: list[RouteSpec] = field(default_factory=list)
+    rules: list[RuleSpec] = field(default_factory=list)
+    subscriptions: list[SubscriptionSpec] = field(default_factory=list)
+    #: SNS subscriptions moto delivers itself (topic ARN, protocol, endpoint), e.g. sqs.
+    native_subscriptions: list[tuple[str, str, str]] = field(default_factory=list)
+    queue_sources: list[QueueSourceSpec] = field(default_factory=list)
+    alarms: list[AlarmSpec] = field(default_factory=list)
+    outputs: dict[str, Any] = field(default_factory=dict)
+    #: What the template declares that the local stack does not run (resource or event, and why).
+    skipped: list[str] = field(default_factory=list)
+
+    def function_by_arn(self, arn: str) -> FunctionSpec | None:
+        for spec in self.functions.values():
+            if arn in (spec.arn, f"{spec.arn}:$LATEST") or arn.startswith(spec.arn + ":"):
+                return spec
+        return None
+
+
+_FUNCTION_TYPES = ("AWS::Serverless::Function", "AWS::Lambda::Function")
+_API_TYPES = ("AWS::Serverless::Api", "AWS::ApiGateway::RestApi")
+IMPLICIT_API = "ServerlessRestApi"
+
+
+def build_spec(template: Template) -> StackSpec:
+    """Resolve `template` into what the local stack creates and runs."""
+    spec = StackSpec()
+    _tables(template, spec)
+    for logical_id in template.of_type("AWS::SNS::Topic"):
+        props = template.properties(logical_id)
+        attributes = {}
+        if _truthy(props.get("FifoTopic")):
+            attributes["FifoTopic"] = "true"
+        spec.topics.append(
+            TopicSpec(logical_id, template.physical_name(logical_id), template.ref(logical_id), attributes)
+        )
+    for logical_id in template.of_type("AWS::SQS::Queue"):
+        props = template.properties(logical_id)
+        attributes = {
+            key: _as_text(props[key])
+            for key in ("FifoQueue", "VisibilityTimeout", "MessageRetentionPeriod", "DelaySeconds")
+            if key in props
+        }
+        if "RedrivePolicy" in props:
+            attributes["RedrivePolicy"] = json.dumps(props["RedrivePolicy"])
+        name = template.physical_name(logical_id)
+        spec.queues.append(QueueSpec(logical_id, name, template.get_att(logical_id, "Arn"), attributes))
+    for logical_id in template.of_type("AWS::Events::EventBus"):
+        spec.buses.append(BusSpec(logical_id, template.physical_name(logical_id)))
+    for logical_id in template.of_type(*_FUNCTION_TYPES):
+        function = _function(template, logical_id)
+        if function is not None:
+            spec.functions[logical_id] = function
+        elif logical_id not in spec.functions:
+            spec.skipped.append(f"{logical_id}: only AWS::Serverless::Function with a CodeUri folder runs")
+    for logical_id in template.of_type(*_FUNCTION_TYPES):
+        if logical_id in spec.functions:
+            _function_events(template, spec, logical_id)
+    _standalone_wiring(template, spec)
+    for logical_id in template.of_type("AWS::CloudWatch::Alarm"):
+        props = template.properties(logical_id)
+        put = {key: value for key, value in props.items() if key in _ALARM_FIELDS}
+        put["AlarmName"] = template.physical_name(logical_id)
+        spec.alarms.append(AlarmSpec(logical_id, put["AlarmName"], put))
+    outputs: Mapping[str, Any] = template.document.get("Outputs") or {}
+    for name, output in outputs.items():
+        condition = (output or {}).get("Condition")
+        if condition is not None and not template.condition(str(condition)):
+            continue
+        try:
+            spec.outputs[name] = template.resolve((output or {}).get("Value"), where=f"output {name}")
+        except TemplateError as exc:
+            spec.skipped.append(f"output {name}: {exc}")
+    return spec
+
+
+_ALARM_FIELDS = {
+    "AlarmName",
+    "AlarmDescription",
+    "ActionsEnabled",
+    "OKActions",
+    "AlarmActions",
+    "InsufficientDataActions",
+    "MetricName",
+    "Namespace",
+    "Statistic",
+    "ExtendedStatistic",
+    "Dimensions",
+    "Period",
+    "Unit",
+    "EvaluationPeriods",
+    "DatapointsToAlarm",
+    "Threshold",
+    "ComparisonOperator",
+    "TreatMissingData",
+    "EvaluateLowSampleCountPercentile",
+    "Metrics",
+    "ThresholdMetricId",
+}
+
+
+def _tables(template: Template, spec: StackSpec) -> None:
+    for logical_id in template.of_type("AWS::DynamoDB::Table"):
+        props = template.properties(logical_id)
+        name = template.physical_name(logical_id)
+        create: dict[str, Any] = {
+            "TableName": name,
+            "KeySchema": props["KeySchema"],
+            "AttributeDefinitions": props["AttributeDefinitions"],
+            "BillingMode": props.get("BillingMode", "PROVISIONED"),
+        }
+        provisioned = props.get("ProvisionedThroughput")
+        if create["BillingMode"] == "PROVISIONED":
+            create["ProvisionedThroughput"] = _throughput(provisioned)
+        for key in ("GlobalSecondaryIndexes", "LocalSecondaryIndexes"):
+            if props.get(key):
+                indexes = []
+                for index in props[key]:
+                    index = {k: v for k, v in index.items() if k != "ContributorInsightsSpecification"}
+                    if create["BillingMode"] == "PROVISIONED" and key == "GlobalSecondaryIndexes":
+                        index["ProvisionedThroughput"] = _throughput(index.get("ProvisionedThroughput"))
+                    indexes.append(index)
+                create[key] = indexes
+        stream = props.get("StreamSpecification")
+        if stream:
+            create["StreamSpecification"] = {"StreamEnabled": True, **stream}
+        ttl = props.get("TimeToLiveSpecification") or {}
+        ttl_attribute = ttl.get("AttributeName") if _truthy(ttl.get("Enabled")) else None
+        spec.tables.append(TableSpec(logical_id, name, create, ttl_attribute))
+    for logical_id in template.of_type("AWS::Serverless::SimpleTable"):
+        props = template.properties(logical_id)
+        name = template.physical_name(logical_id)
+        key = props.get("PrimaryKey") or {"Name": "id", "Type": "String"}
+        kind = {"String": "S", "Number": "N", "Binary": "B"}[str(key.get("Type", "String"))]
+        create = {
+            "TableName": name,
+            "KeySchema": [{"AttributeName": key["Name"], "KeyType": "HASH"}],
+            "AttributeDefinitions": [{"AttributeName": key["Name"], "AttributeType": kind}],
+        }
+        if props.get("ProvisionedThroughput"):
+            create["BillingMode"] = "PROVISIONED"
+            create["ProvisionedThroughput"] = _throughput(props["ProvisionedThroughput"])
+        else:
+            create["BillingMode"] = "PAY_PER_REQUEST"
+        spec.tables.append(TableSpec(logical_id, name, create))
+
+
+def _throughput(value: Any) -> dict[str, int]:
+    value = value or {}
+    return {
+        "ReadCapacityUnits": int(value.get("ReadCapacityUnits", 5)),
+        "WriteCapacityUnits": int(value.get("WriteCapacityUnits", 5)),
+    }
+
+
+def _merged_function_properties(template: Template, logical_id: str) -> dict[str, Any]:
+    """A SAM function's properties with the template's Globals.Function merged in (maps merge, lists
+    concatenate, the function's scalars win), as SAM does."""
+    own = template.raw_properties(logical_id)
+    if template.resource_type(logical_id) != "AWS::Serverless::Function":
+        return own
+    globals_: Mapping[str, Any] = ((template.document.get("Globals") or {}).get("Function")) or {}
+    return _merge(dict(globals_), own)
+
+
+def _merge(base: dict[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict) and not _is_intrinsic(value):
+            out[key] = _merge(out[key], value)
+        elif isinstance(value, list) and isinstance(out.get(key), list):
+            out[key] = [*out[key], *value]
+        else:
+            out[key] = value
+    return out
+
+
+def _is_intrinsic(value: Mapping[str, Any]) -> bool:
+    return len(value) == 1 and next(iter(value)) in _FUNCTIONS
+
+
+def _function(template: Template, logical_id: str) -> FunctionSpec | None:
+    raw = _merged_function_properties(template, logical_id)
+    if template.resource_type(logical_id) != "AWS::Serverless::Function":
+        return None
+    code_uri = template.resolve(raw.get("CodeUri"), where=f"{logical_id}.CodeUri")
+    handler = template.resolve(raw.get("Handler"), where=f"{logical_id}.Handler")
+    if not isinstance(code_uri, str) or not isinstance(handler, str) or "." not in handler:
+        return None
+    code_dir = (template.base_dir / code_uri).resolve()
+    module, _, attribute = handler.rpartition(".")
+    variables = template.resolve(
+        ((raw.get("Environment") or {}).get("Variables")) or {}, where=f"{logical_id}.Environment"
+    )
+    environment = {str(k): _as_text(v) for k, v in variables.items()}
+    reserved = template.resolve(raw.get("ReservedConcurrentExecutions"), where=logical_id)
+    on_failure: str | None = None
+    retries = 2
+    dead_letter = template.resolve(raw.get("DeadLetterQueue"), where=f"{logical_id}.DeadLetterQueue")
+    if isinstance(dead_letter, dict) and dead_letter.get("TargetArn"):
+        on_failure = str(dead_letter["TargetArn"])
+    invoke_config = template.resolve(raw.get("EventInvokeConfig"), where=f"{logical_id}.EventInvokeConfig")
+    if isinstance(invoke_config, dict):
+        if invoke_config.get("MaximumRetryAttempts") is not None:
+            retries = int(invoke_config["MaximumRetryAttempts"])
+        failure = ((invoke_config.get("DestinationConfig") or {}).get("OnFailure")) or {}
+        if failure.get("Destination"):
+            on_failure = str(failure["Destination"])
+    timeout = template.resolve(raw.get("Timeout", 3), where=logical_id)
+    memory = template.resolve(raw.get("MemorySize", 128), where=logical_id)
+    name = template.physical_name(logical_id)
+    return FunctionSpec(
+        logical_id=logical_id,
+        name=name,
+        arn=template.get_att(logical_id, "Arn"),
+        code_dir=code_dir,
+        module=module.replace("/", "."),
+        attribute=attribute,
+        environment=environment,
+        reserved_concurrency=None if reserved in (None, NO_VALUE) else int(reserved),
+        timeout_seconds=int(timeout),
+        memory_mb=int(memory),
+        on_failure=on_failure,
+        max_retry_attempts=retries,
+    )
+
+
+def _rule_state(props: Mapping[str, Any], default: bool = True) -> bool:
+    if "State" in props:
+        return str(props["State"]).upper() == "ENABLED"
+    if "Enabled" in props:
+        return _truthy(props["Enabled"]) or props["Enabled"] is True
+    return default
+
+
+def _function_events(template: Template, spec: StackSpec, logical_id: str) -> None:
+    raw = _merged_function_properties(template, logical_id)
+    events: Mapping[str, Any] = raw.get("Events") or {}
+    for event_name, event in events.items():
+        kind = str((event or {}).get("Type", ""))
+        props = template.resolve((event or {}).get("Properties") or {}, where=f"{logical_id}.{event_name}")
+        where = f"{logical_id}.Events.{event_name}"
+        if kind in ("Api", "HttpApi"):
+            api = (event.get("Properties") or {}).get("RestApiId") or (event.get("Properties") or {}).get(
+                "ApiId"
+            )
+            api_id = api["Ref"] if isinstance(api, dict) and "Ref" in api else IMPLICIT_API
+            spec.routes.append(
+                RouteSpec(
+                    function=logical_id,
+                    method=str(props.get("Method", "ANY")).upper(),
+                    path=str(props.get("Path", "/")),
+                    api=str(api_id),
+                )
+            )
+        elif kind in ("EventBridgeRule", "CloudWatchEvent", "Schedule", "ScheduleV2"):
+            schedule = props.get("Schedule") or props.get("ScheduleExpression")
+            rule_name = props.get("RuleName") or props.get("Name")
+            name = str(rule_name) if rule_name else _generated(template, f"{logical_id}{event_name}", 64)
+            target = RuleTarget(
+                target_id=str((props.get("Target") or {}).get("Id") or f"{logical_id}{event_name}"),
+                function=logical_id,
+                input=props.get("Input"),
+                input_path=props.get("InputPath"),
+                input_transformer=props.get("InputTransformer"),
+            )
+            spec.rules.append(
+                RuleSpec(
+                    logical_id=f"{logical_id}{event_name}",
+                    name=name,
+                    bus=_bus_name(str(props.get("EventBusName") or "default")),
+                    pattern=None if schedule else props.get("Pattern"),
+                    schedule=str(schedule) if schedule else None,
+                    enabled=_rule_state(props),
+                    targets=(target,),
+                )
+            )
+        elif kind == "SNS":
+            spec.subscriptions.append(
+                SubscriptionSpec(str(props["Topic"]), logical_id, props.get("FilterPolicy"))
+            )
+        elif kind == "SQS":
+            spec.queue_sources.append(
+                QueueSourceSpec(str(props["Queue"]), logical_id, int(props.get("BatchSize", 10)))
+            )
+        else:
+            spec.skipped.append(f"{where}: event type {kind or '(none)'} is not run locally")
+
+
+def _generated(template: Template, logical_id: str, limit: int) -> str:
+    suffix = hashlib.sha256(f"{template.context.stack_name}/{logical_id}".encode()).hexdigest()[:12].upper()
+    head = f"{template.context.stack_name}-{logical_id}"[: limit - len(suffix) - 1]
+    return f"{head}-{suffix}"
+
+
+def _standalone_wiring(template: Template, spec: StackSpec) -> None:
+    """Rules, subscriptions, schedules and event source mappings declared as their own resources."""
+    for logical_id in template.of_type("AWS::Events::Rule"):
+        props = template.properties(logical_id)
+        targets = []
+        for target in props.get("Targets") or []:
+            arn = str(target.get("Arn", ""))
+            function = spec.function_by_arn(arn)
+            targets.append(
+                RuleTarget(
+                    target_id=str(target.get("Id", logical_id)),
+                    function=function.logical_id if function else None,
+                    arn=None if function else arn,
+                    input=target.get("Input"),
+                    input_path=target.get("InputPath"),
+                    input_transformer=target.get("InputTransformer"),
+                )
+            )
+        schedule = props.get("ScheduleExpression")
+        spec.rules.append(
+            RuleSpec(
+                logical_id=logical_id,
+                name=template.physical_name(logical_id),
+                bus=_bus_name(str(props.get("EventBusName") or "default")),
+                pattern=props.get("EventPattern"),
+                schedule=str(schedule) if schedule else None,
+                enabled=_rule_state(props),
+                targets=tuple(targets),
+            )
+        )
+    for logical_id in template.of_type("AWS::Scheduler::Schedule"):
+        props = template.properties(logical_id)
+        target = props.get("Target") or {}
+        function = spec.function_by_arn(str(target.get("Arn", "")))
+        if function is None:
+            spec.skipped.append(f"{logical_id}: only schedules that invoke a function of the stack run")
+            continue
+        spec.rules.append(
+            RuleSpec(
+                logical_id=logical_id,
+                name=template.physical_name(logical_id),
+                bus="default",
+                pattern=None,
+                schedule=str(props["ScheduleExpression"]),
+                enabled=_rule_state(props),
+                targets=(
+                    RuleTarget(target_id=logical_id, function=function.logical_id, input=target.get("Input")),
+                ),
+            )
+        )
+    subscriptions: list[tuple[str, dict[str, Any]]] = []
+    for logical_id in template.of_type("AWS::SNS::Topic"):
+        topic_arn = template.ref(logical_id)
+        for item in template.properties(logical_id).get("Subscription") or []:
+            subscriptions.append((logical_id, {"TopicArn": topic_arn, **item}))
+    for logical_id in template.of_type("AWS::SNS::Subscription"):
+        subscriptions.append((logical_id, template.properties(logical_id)))
+    for logical_id, props in subscriptions:
+        protocol = str(props.get("Protocol", "")).lower()
+        endpoint = str(props.get("Endpoint", ""))
+        topic_arn = str(props.get("TopicArn", ""))
+        if protocol == "lambda":
+            function = spec.function_by_arn(endpoint)
+            if function is None:
+                spec.skipped.append(
+                    f"{logical_id}: subscribes {endpoint}, which is not a function of the stack"
+                )
+                continue
+            spec.subscriptions.append(
+                SubscriptionSpec(topic_arn, function.logical_id, props.get("FilterPolicy"))
+            )
+        elif protocol == "sqs":
+            spec.native_subscriptions.append((topic_arn, protocol, endpoint))
+        else:
+            spec.skipped.append(
+                f"{logical_id}: {protocol or 'unknown'} subscriptions are not delivered locally"
+            )
+    for logical_id in template.of_type("AWS::Lambda::EventSourceMapping"):
+        props = template.properties(logical_id)
+        source = str(props.get("EventSourceArn", ""))
+        target = str(props.get("FunctionName", ""))
+        function = spec.function_by_arn(target) or next(
+            (f for f in spec.functions.values() if target in (f.name, f.logical_id)), None
+        )
+        if function is None or ":sqs:" not in source:
+            spec.skipped.append(f"{logical_id}: only SQS event sources of the stack's functions run")
+            continue
+        spec.queue_sources.append(
+            QueueSourceSpec(source, function.logical_id, int(props.get("BatchSize", 10)))
+        )
