@@ -11,13 +11,14 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
+from sagequeue_core.errors import SageQueueError
 from sagequeue_core.governance import AlarmSpec
 
 #: DeleteAlarms takes at most this many names per call.
 DELETE_BATCH = 100
 
 
-class AlarmError(Exception):
+class AlarmError(SageQueueError):
     """A CloudWatch alarm call failed; the message names the alarm and the cause."""
 
 

@@ -11,11 +11,13 @@ from typing import Any, Protocol
 
 from botocore.exceptions import ClientError
 
+from sagequeue_core.errors import SageQueueError
+
 #: SNS refuses subjects longer than this, and any that are not ASCII or hold a line break.
 MAX_SUBJECT_LENGTH = 100
 
 
-class NotificationError(Exception):
+class NotificationError(SageQueueError):
     """Publishing a notification failed; the message names the topic and the cause."""
 
 

@@ -1,0 +1,382 @@
+"""Governance: every training job in the account, queued or not, is held to the rules.
+
+On each SageMaker state change (and for every job in progress, on the reconcile timer) the pure
+`governance.govern` decides, and this use case carries the actions out:
+
+- stop a job that breaks the tag and policy rules, record why, announce it (PolicyViolation, SNS);
+- create the job's idle alarms when it trains, delete them when it stops working or ends;
+- resume a job started outside the queue after a transient failure, as a clone with the next attempt's
+  name (a queued job is the scheduler's: it goes back to the queue instead);
+- move a managed spot job interrupted too often to on-demand instances.
+
+Every step is safe to repeat: stops are idempotent, alarms are created only when missing, clones have
+deterministic names, and announcements go out once per job through the store's claim ledger.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from sagequeue_core.alarms import CloudWatchAlarms
+from sagequeue_core.defaults import IDLE_ALARM_PREFIX
+from sagequeue_core.domain import Job, JobState, StopReason
+from sagequeue_core.errors import AttemptNameTaken, StaleVersion, TrainingJobNotFound
+from sagequeue_core.events import EventType, Publisher, parse_training_job_event
+from sagequeue_core.governance import (
+    CLONE_OF_TAG,
+    DeleteAlarms,
+    EnsureAlarms,
+    GovernanceRules,
+    IdleRules,
+    RecoveryRules,
+    ReplaceSpot,
+    Resume,
+    StopForPolicy,
+    alarm_prefix,
+    clone_request,
+    govern,
+    lineage_of,
+    owner_of,
+)
+from sagequeue_core.notify import Notifier, notifier_for
+from sagequeue_core.observability import POLICY_STOPS, RESUMES, count, logger
+from sagequeue_core.sagemaker import SageMakerAdapter
+from sagequeue_core.store import Repository
+
+#: Claim kinds in the store's idempotency ledger (one claim per training job and kind).
+POLICY_STOP_CLAIM = "governance-policy-stop"
+RESUME_CLAIM = "governance-resume"
+SPOT_CLAIM = "governance-spot-replace"
+
+
+def rules_from(settings: Any) -> GovernanceRules:
+    """The governance rules of `sagequeue_core.config.Settings`."""
+    return GovernanceRules(
+        policy=settings.policy_rules,
+        idle=IdleRules(
+            threshold_percent=settings.idle_threshold_percent,
+            period_seconds=settings.idle_period_seconds,
+            periods=settings.idle_periods,
+        ),
+        recovery=RecoveryRules(
+            resume_after_failure_min_runtime_seconds=settings.resume_after_failure_min_runtime_seconds,
+            max_resumes=settings.max_resumes,
+            max_spot_interruptions=settings.max_spot_interruptions,
+        ),
+    )
+
+
+@dataclass
+class Outcome:
+    """What governance did about one training job, for logs and tests."""
+
+    training_job_name: str
+    stopped: str | None = None  # the reason, when governance stopped the job
+    alarms_created: list[str] = field(default_factory=list)
+    alarms_deleted: list[str] = field(default_factory=list)
+    clone: str | None = None  # the next attempt governance created
+    requeued: bool = False  # a queued job handed back to the queue
+
+
+@dataclass
+class ReconcileReport:
+    jobs_seen: int = 0
+    outcomes: list[Outcome] = field(default_factory=list)
+    orphans_deleted: list[str] = field(default_factory=list)
+
+
+class Governance:
+    def __init__(
+        self,
+        *,
+        sagemaker: SageMakerAdapter,
+        alarms: CloudWatchAlarms,
+        store: Repository,
+        publisher: Publisher,
+        notifier: Notifier,
+        rules: GovernanceRules,
+        alarm_topic_arn: str,
+        clock: Callable[[], datetime],
+    ) -> None:
+        self.sagemaker = sagemaker
+        self.alarms = alarms
+        self.store = store
+        self.publisher = publisher
+        self.notifier = notifier
+        self.rules = rules
+        self.alarm_topic_arn = alarm_topic_arn
+        self.clock = clock
+
+    # --- entry points ---------------------------------------------------------------------------------------
+
+    def on_event(self, event: Mapping[str, Any]) -> Outcome:
+        """Handle one "SageMaker Training Job State Change" event (MalformedEvent if it names no job)."""
+        change = parse_training_job_event(event)
+        name = change.training_job_name
+        if change.status == "InProgress":
+            # Events arrive late and out of order: judge an in-progress job by what it is now, so a stale
+            # Training event cannot create alarms for a job that has already ended.
+            try:
+                detail = self.sagemaker.describe(name)
+            except TrainingJobNotFound:
+                logger.warning("training job %s from an event does not exist", name)
+                return Outcome(name)
+            if "Tags" not in change.detail:
+                return self._govern(detail, self._tags(detail))
+            return self._govern(detail, change.tags)
+        # An ended job does not change any more: the event says all there is.
+        return self._govern(change.detail, change.tags)
+
+    def reconcile(self) -> ReconcileReport:
+        """Govern every job in progress as if its last event had just arrived, then delete every idle alarm
+        no training job wants (jobs that ended, lost events, exempt jobs)."""
+        report = ReconcileReport()
+        # Alarms are listed first: one created by an event while the jobs are being read is not in this
+        # list, so it cannot be taken for an orphan.
+        existing = set(self.alarms.names(IDLE_ALARM_PREFIX))
+        wanted: set[str] = set()
+        for summary in self.sagemaker.list_training_jobs(StatusEquals="InProgress"):
+            name = summary["TrainingJobName"]
+            try:
+                detail = self.sagemaker.describe(name)
+            except TrainingJobNotFound:
+                continue
+            report.jobs_seen += 1
+            outcome = self._govern(detail, self._tags(detail), existing=existing)
+            report.outcomes.append(outcome)
+            if outcome.stopped is None and detail.get("SecondaryStatus") == "Training":
+                wanted.update(a for a in existing if a.startswith(alarm_prefix(name)))
+                wanted.update(outcome.alarms_created)
+        orphans = sorted(existing - wanted)
+        if orphans:
+            self.alarms.delete(orphans)
+            report.orphans_deleted = orphans
+            logger.info("deleted %d idle alarms whose jobs no longer train", len(orphans))
+        return report
+
+    # --- one job ----------------------------------------------------------------------------------------------
+
+    def _govern(
+        self, detail: Mapping[str, Any], tags: Mapping[str, str], *, existing: set[str] | None = None
+    ) -> Outcome:
+        name = str(detail["TrainingJobName"])
+        outcome = Outcome(name)
+        queued = self.store.find_job_by_training_job(name)
+        actions = govern(detail, tags, self.rules, now=self.clock())
+        for action in actions:
+            if isinstance(action, StopForPolicy):
+                self._stop_for_policy(detail, tags, action, queued, outcome)
+            elif isinstance(action, EnsureAlarms):
+                have = existing if existing is not None else set(self.alarms.names(alarm_prefix(name)))
+                for spec in action.specs:
+                    if spec.name not in have:
+                        self.alarms.put(spec, [self.alarm_topic_arn] if self.alarm_topic_arn else [])
+                        outcome.alarms_created.append(spec.name)
+            elif isinstance(action, DeleteAlarms):
+                names = self.alarms.names(alarm_prefix(action.training_job_name))
+                if names:
+                    self.alarms.delete(names)
+                outcome.alarms_deleted.extend(names)
+            elif isinstance(action, Resume):
+                if queued is None:
+                    self._clone(detail, tags, action.reason, outcome, resumed=True)
+                # A queued job's failure is the scheduler's to handle: it requeues transient failures with
+                # a backoff, bounded by max_attempts, so a clone here would run the job twice.
+            elif isinstance(action, ReplaceSpot):
+                self._replace_spot(detail, tags, action, queued, outcome)
+        if outcome.stopped or outcome.clone or outcome.alarms_created:
+            logger.info(
+                "governed %s: stopped=%s clone=%s alarms=%s",
+                name,
+                outcome.stopped,
+                outcome.clone,
+                outcome.alarms_created,
+            )
+        return outcome
+
+    def _stop_for_policy(
+        self,
+        detail: Mapping[str, Any],
+        tags: Mapping[str, str],
+        action: StopForPolicy,
+        queued: Job | None,
+        outcome: Outcome,
+    ) -> None:
+        name = str(detail["TrainingJobName"])
+        self.sagemaker.stop(name)
+        if queued is not None:
+            self._mark_stopping(queued, StopReason.POLICY, action.reason)
+        outcome.stopped = action.reason
+        owner = owner_of(detail, tags)
+        rules = sorted({v.rule for v in action.violations})
+        record = {
+            "training_job_name": name,
+            "owner": owner,
+            "rules": rules,
+            "violations": [v.message for v in action.violations],
+            "reason": action.reason,
+            "at": self.clock().isoformat(),
+        }
+        if not self.store.claim(POLICY_STOP_CLAIM, name, record):
+            return  # a repeated event: stopped again (harmless), announced once
+        count(POLICY_STOPS)
+        self.publisher.publish(EventType.POLICY_VIOLATION, record)
+        self.notifier.notify(
+            f"sagequeue stopped {name}: policy violation",
+            f"Training job {name} (owner {owner}) was stopped because it breaks the rule(s) "
+            f"{', '.join(rules)}:\n\n"
+            + "\n".join(f"- {v.message}" for v in action.violations)
+            + "\n\nAn admin can exempt a job by tagging it "
+            f"{self.rules.policy.exempt_tag}=true.",
+            {"event": "PolicyViolation", "training_job_name": name, "owner": owner, "rule": ",".join(rules)},
+        )
+
+    def _replace_spot(
+        self,
+        detail: Mapping[str, Any],
+        tags: Mapping[str, str],
+        action: ReplaceSpot,
+        queued: Job | None,
+        outcome: Outcome,
+    ) -> None:
+        name = str(detail["TrainingJobName"])
+        if queued is not None:
+            self._requeue_without_spot(queued, action.reason, outcome)
+            return
+        self.sagemaker.stop(name)
+        outcome.stopped = action.reason
+        self._clone(detail, tags, action.reason, outcome, resumed=False, disable_spot=True)
+
+    def _clone(
+        self,
+        detail: Mapping[str, Any],
+        tags: Mapping[str, str],
+        reason: str,
+        outcome: Outcome,
+        *,
+        resumed: bool,
+        disable_spot: bool = False,
+    ) -> None:
+        name = str(detail["TrainingJobName"])
+        lineage = lineage_of(name, tags)
+        try:
+            # The event's detail may lack fields CreateTrainingJob needs (inputs, VPC); the description has
+            # them all.
+            full = self.sagemaker.describe(name)
+        except TrainingJobNotFound:
+            logger.warning("cannot clone %s: it no longer exists", name)
+            return
+        request = clone_request(full, lineage=lineage, tags=tags, resumed=resumed, disable_spot=disable_spot)
+        clone = str(request["TrainingJobName"])
+        try:
+            self.sagemaker.create_attempt(request, job_name=lineage.root)
+        except AttemptNameTaken:
+            # ResourceInUse: either our own earlier create of this very clone (a repeated event), or a
+            # stranger's job of that name, which we must not take for ours.
+            if not self._is_clone_of(clone, lineage.root):
+                raise
+        outcome.clone = clone
+        kind = SPOT_CLAIM if disable_spot else RESUME_CLAIM
+        record = {"training_job_name": name, "clone": clone, "reason": reason, "at": self.clock().isoformat()}
+        if not self.store.claim(kind, name, record):
+            return
+        count(RESUMES)
+        self.publisher.publish(EventType.JOB_RESUMED, {**record, "owner": owner_of(full, tags)})
+        self.notifier.notify(
+            f"sagequeue restarted {name} as {clone}",
+            f"Training job {name} (owner {owner_of(full, tags)}): {reason}. It continues as {clone}"
+            + (
+                " on on-demand instances." if disable_spot else ", from its last checkpoint if it writes any."
+            ),
+            {"event": "JobResumed", "training_job_name": name, "clone": clone},
+        )
+
+    def _is_clone_of(self, training_job_name: str, root: str) -> bool:
+        try:
+            existing = self.sagemaker.describe(training_job_name)
+        except TrainingJobNotFound:
+            return False
+        arn = existing.get("TrainingJobArn")
+        return bool(arn) and self.sagemaker.tags(str(arn)).get(CLONE_OF_TAG) == root
+
+    def _requeue_without_spot(self, job: Job, reason: str, outcome: Outcome) -> None:
+        """A queued spot job goes back to the queue on demand: it is preempted, so the scheduler stops it
+        and starts its next attempt from the changed request when capacity allows."""
+        for _ in range(3):
+            if job.state not in (JobState.STARTING, JobState.RUNNING):
+                return
+            was = job.state
+            job.request["EnableManagedSpotTraining"] = False
+            stopping = job.request.get("StoppingCondition")
+            if isinstance(stopping, dict):
+                stopping.pop("MaxWaitTimeInSeconds", None)
+            job.stop_reason = StopReason.PREEMPTED
+            job.transition(JobState.PREEMPTING, self.clock(), reason)
+            try:
+                self.store.save_job(job, was=was)
+            except StaleVersion:
+                fresh = self.store.find_job(job.name)
+                if fresh is None:
+                    return
+                job = fresh
+                continue
+            if job.training_job_name:
+                self.sagemaker.stop(job.training_job_name)
+            outcome.requeued = True
+            outcome.stopped = reason
+            return
+
+    def _mark_stopping(self, job: Job, stop_reason: StopReason, reason: str) -> None:
+        """Record on a queue entry why its attempt is being stopped; the scheduler moves it to the final
+        state of `stop_reason` when SageMaker reports it Stopped."""
+        for _ in range(3):
+            if job.state not in (JobState.STARTING, JobState.RUNNING, JobState.PREEMPTING):
+                return
+            was = job.state
+            job.stop_reason = stop_reason
+            job.transition(JobState.STOPPING, self.clock(), reason)
+            try:
+                self.store.save_job(job, was=was)
+                return
+            except StaleVersion:
+                fresh = self.store.find_job(job.name)
+                if fresh is None:
+                    return
+                job = fresh
+
+    def _tags(self, detail: Mapping[str, Any]) -> dict[str, str]:
+        arn = detail.get("TrainingJobArn")
+        return self.sagemaker.tags(str(arn)) if arn else {}
+
+
+def alarms_of(deps: Any) -> CloudWatchAlarms:
+    """The alarm adapter of a `runtime.Dependencies`: the one installed, else one over its CloudWatch client."""
+    if deps.alarms is None:
+        deps.alarms = CloudWatchAlarms(deps.client("cloudwatch"))
+    alarms: CloudWatchAlarms = deps.alarms
+    return alarms
+
+
+def notifier_of(deps: Any) -> Notifier:
+    """The notifier of a `runtime.Dependencies`: the one installed, else SNS on the notification topic."""
+    if deps.notifier is None:
+        deps.notifier = notifier_for(deps.client("sns"), deps.settings.notification_topic_arn)
+    notifier: Notifier = deps.notifier
+    return notifier
+
+
+def governance_from(deps: Any) -> Governance:
+    """The use case over a `runtime.Dependencies` (what the handler and the embedded stack use)."""
+    return Governance(
+        sagemaker=deps.sagemaker,
+        alarms=alarms_of(deps),
+        store=deps.store,
+        publisher=deps.publisher,
+        notifier=notifier_of(deps),
+        rules=rules_from(deps.settings),
+        alarm_topic_arn=deps.settings.alarm_topic_arn,
+        clock=deps.clock,
+    )

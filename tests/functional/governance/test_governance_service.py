@@ -1,0 +1,218 @@
+"""The governance use case on the emulator and moto: policy stops, alarms, resumes, spot, reconcile."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from governance_world import TRN1, World, training_request, unique
+
+from sagequeue_core.domain import tags_to_dict
+from sagequeue_core.events import EventType
+from sagequeue_core.governance import CLONE_ATTEMPT_TAG, CLONE_OF_TAG, RESUMES_TAG
+
+
+def start(world: World, name: str, **kwargs: Any) -> None:
+    world.sagemaker.create_training_job(**training_request(name, **kwargs))
+
+
+def tags_of(world: World, name: str) -> dict[str, str]:
+    arn = world.sagemaker.describe_training_job(TrainingJobName=name)["TrainingJobArn"]
+    return tags_to_dict(world.sagemaker.list_tags(ResourceArn=arn)["Tags"])
+
+
+def names(world: World) -> list[str]:
+    return sorted(
+        s["TrainingJobName"]
+        for s in world.sagemaker.list_training_jobs(MaxResults=100)["TrainingJobSummaries"]
+    )
+
+
+# --- policy -------------------------------------------------------------------------------------------------
+
+
+def test_a_job_without_the_required_tag_is_stopped_at_its_first_event_and_announced_once(
+    world: World,
+) -> None:
+    name = unique("untagged")
+    start(world, name, tags={"project": "x"})
+    (event,) = world.take_events(name)  # Starting
+    assert event["detail"]["SecondaryStatus"] == "Starting"
+
+    outcome = world.governance.on_event(event)
+    assert outcome.stopped == "policy violation: missing required tag 'team'"
+    assert world.status(name)[0] == "Stopping"
+    # the same event again: still stopped, not announced twice
+    world.governance.on_event(event)
+    (violation,) = world.publisher.of_type(EventType.POLICY_VIOLATION)
+    assert violation["training_job_name"] == name
+    assert violation["rules"] == ["required_tags"]
+    assert violation["owner"] == "arn:aws:iam::123456789012:role/SageMakerTraining"
+    (note,) = world.notifications()
+    assert note["Subject"] == f"sagequeue stopped {name}: policy violation"
+    assert "missing required tag 'team'" in note["Message"]
+    assert world.deps.store.get_claim("governance-policy-stop", name)["reason"] == outcome.stopped
+    world.advance(60)
+    assert world.status(name) == ("Stopped", "Stopped")
+
+
+def test_tags_as_a_list_in_the_event_are_read_like_a_dict(world: World) -> None:
+    name = unique("listtags")
+    start(world, name, tags={"team": "nlp"})
+    (event,) = world.take_events(name)
+    event["detail"]["Tags"] = [{"Key": k, "Value": v} for k, v in event["detail"]["Tags"].items()]
+    assert world.governance.on_event(event).stopped is None
+    assert world.status(name)[0] == "InProgress"
+
+
+def test_an_exempt_job_breaking_the_rules_keeps_running(world: World) -> None:
+    name = unique("exempt")
+    start(world, name, tags={"sagequeue:exempt": "true"})
+    world.advance(200)
+    outcomes = world.govern_pending(name)
+    assert all(o.stopped is None and not o.alarms_created for o in outcomes)
+    assert world.status(name) == ("InProgress", "Training")
+    assert world.alarm_names(f"sagequeue-idle-{name}/") == []
+
+
+# --- alarms -------------------------------------------------------------------------------------------------
+
+
+def test_training_creates_one_alarm_per_host_once_and_the_end_deletes_them(world: World) -> None:
+    name = unique("busy")
+    start(world, name, count=3, env={"SAGEQUEUE_SIM_DURATION": "600"})
+    world.advance(200)  # Starting, Downloading, Training
+    events = world.take_events(name)
+    assert [e["detail"]["SecondaryStatus"] for e in events][-1] == "Training"
+    for event in events + events:  # every event delivered twice
+        world.governance.on_event(event)
+    expected = [f"sagequeue-idle-{name}/algo-{n}" for n in (1, 2, 3)]
+    assert world.alarm_names(f"sagequeue-idle-{name}/") == expected
+    alarm = world.cloudwatch.describe_alarms(AlarmNames=[expected[0]])["MetricAlarms"][0]
+    assert alarm["MetricName"] == "NeuronCoreUtilization"
+    assert alarm["AlarmActions"] == [world.deps.settings.alarm_topic_arn]
+
+    world.advance(700)
+    world.govern_pending(name)
+    assert world.status(name) == ("Completed", "Completed")
+    assert world.alarm_names(f"sagequeue-idle-{name}/") == []
+
+
+def test_a_stale_training_event_after_the_job_ended_creates_no_alarm(world: World) -> None:
+    name = unique("late")
+    start(world, name, env={"SAGEQUEUE_SIM_DURATION": "60"})
+    world.advance(400)
+    events = world.take_events(name)
+    training = next(e for e in events if e["detail"]["SecondaryStatus"] == "Training")
+    assert world.status(name)[0] == "Completed"
+    world.governance.on_event(training)
+    assert world.alarm_names(f"sagequeue-idle-{name}/") == []
+
+
+# --- resume -------------------------------------------------------------------------------------------------
+
+
+def fail_after(
+    seconds: int, reason: str = "InternalServerError: We encountered an internal error."
+) -> dict[str, str]:
+    return {"SAGEQUEUE_SIM_DURATION": str(seconds), "SAGEQUEUE_SIM_OUTCOME": f"Failed:{reason}"}
+
+
+def test_a_transient_failure_is_resumed_as_a_clone_at_most_max_resumes_times(world_factory: Any) -> None:
+    world = world_factory(max_resumes=2, resume_after_failure_min_runtime_seconds=600)
+    root = unique("flaky")
+    start(world, root, env=fail_after(900), tags={"team": "nlp", "owner": "carol"})
+    lineage = [root]
+    for _ in range(4):
+        world.advance(1200)
+        for event in world.take_events():
+            world.governance.on_event(event)
+            world.governance.on_event(event)  # duplicated delivery
+        clones = [n for n in names(world) if n.startswith(root) and n not in lineage]
+        assert len(clones) <= 1
+        lineage += clones
+    assert lineage == [root, f"{root}-2", f"{root}-3"]
+    assert all(world.status(n)[0] == "Failed" for n in lineage)
+    last = tags_of(world, f"{root}-3")
+    assert (last[CLONE_OF_TAG], last[CLONE_ATTEMPT_TAG], last[RESUMES_TAG]) == (root, "3", "2")
+    assert last["owner"] == "carol"
+    clone = world.sagemaker.describe_training_job(TrainingJobName=f"{root}-2")
+    assert clone["CheckpointConfig"] == {"S3Uri": f"s3://bucket/checkpoints/{root}"}
+    assert len(world.publisher.of_type(EventType.JOB_RESUMED)) == 2
+
+
+def test_a_short_or_own_failure_is_not_resumed(world: World) -> None:
+    quick, broken = unique("quick"), unique("broken")
+    start(world, quick, env=fail_after(60))
+    start(world, broken, env=fail_after(3600, "AlgorithmError: ExecuteUserScriptError"))
+    world.advance(4000)
+    world.govern_pending()
+    assert sorted(n for n in names(world) if n.startswith((quick, broken))) == sorted([quick, broken])
+
+
+# --- spot ---------------------------------------------------------------------------------------------------
+
+
+def test_a_spot_job_interrupted_too_often_is_stopped_and_cloned_without_spot(world_factory: Any) -> None:
+    world = world_factory(max_spot_interruptions=2)
+    name = unique("spotty")
+    start(
+        world,
+        name,
+        env={"SAGEQUEUE_SIM_DURATION": "3000", "SAGEQUEUE_SIM_OUTCOME": "Interrupted:5"},
+        EnableManagedSpotTraining=True,
+        StoppingCondition={"MaxRuntimeInSeconds": 86400, "MaxWaitTimeInSeconds": 172800},
+    )
+    replaced = None
+    for _ in range(40):
+        world.advance(120)
+        for event in world.take_events(name):
+            outcome = world.governance.on_event(event)
+            world.governance.on_event(event)
+            replaced = replaced or outcome.clone
+        if replaced:
+            break
+    assert replaced == f"{name}-2"
+    described = world.sagemaker.describe_training_job(TrainingJobName=name)
+    interruptions = [t for t in described["SecondaryStatusTransitions"] if t["Status"] == "Interrupted"]
+    assert len(interruptions) == 3
+    assert described["TrainingJobStatus"] in ("Stopping", "Stopped")
+    clone = world.sagemaker.describe_training_job(TrainingJobName=replaced)
+    assert clone.get("EnableManagedSpotTraining") is False
+    assert "MaxWaitTimeInSeconds" not in clone["StoppingCondition"]
+    assert [n for n in names(world) if n.startswith(name)] == [name, replaced]
+    assert tags_of(world, replaced)[RESUMES_TAG] == "0"
+
+
+# --- reconcile ----------------------------------------------------------------------------------------------
+
+
+def test_the_timer_deletes_orphan_alarms_and_creates_missing_ones(world: World) -> None:
+    lost, ended = unique("lost"), unique("ended")
+    start(world, lost, env={"SAGEQUEUE_SIM_DURATION": "90000"})
+    start(world, ended, env={"SAGEQUEUE_SIM_DURATION": "60"})
+    world.advance(200)
+    for event in world.take_events(ended):
+        world.governance.on_event(event)
+    assert world.alarm_names(f"sagequeue-idle-{ended}/") == [f"sagequeue-idle-{ended}/algo-1"]
+    world.take_events()  # the lost job's events, and the end of the other, never reach governance
+    world.advance(200)
+    world.take_events()
+    assert world.status(ended)[0] == "Completed"
+
+    report = world.governance.reconcile()
+    assert f"sagequeue-idle-{ended}/algo-1" in report.orphans_deleted
+    assert world.alarm_names(f"sagequeue-idle-{ended}/") == []
+    assert world.alarm_names(f"sagequeue-idle-{lost}/") == [f"sagequeue-idle-{lost}/algo-1"]
+
+    # an hour into training (two idle windows) the silence alarm joins; a second run changes nothing
+    world.advance(3600)
+    world.take_events()
+    world.governance.reconcile()
+    again = world.governance.reconcile()
+    assert world.alarm_names(f"sagequeue-idle-{lost}/") == [
+        f"sagequeue-idle-{lost}/algo-1",
+        f"sagequeue-idle-{lost}/algo-1/no-data",
+    ]
+    assert all(not o.alarms_created for o in again.outcomes)
+    assert again.orphans_deleted == []
+    assert TRN1  # the pool the jobs ran in
