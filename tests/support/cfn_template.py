@@ -1,54 +1,24 @@
-"""Read template.yaml (with its CloudFormation short-form tags) and create its DynamoDB table, so tests
-use exactly the table the stack deploys."""
+"""Create template.yaml's DynamoDB table (read with the local stack's template reader), so tests use
+exactly the table the stack deploys."""
 
 from __future__ import annotations
 
-from functools import cache
 from pathlib import Path
 from typing import Any
 
-import yaml
+from sagequeue.local.template import load_template
 
 TEMPLATE = Path(__file__).resolve().parents[2] / "template.yaml"
 
 
-class _Tag:
-    """A CloudFormation intrinsic (`!Ref`, `!Sub`, ...) kept as data: tests only read literal properties."""
-
-    def __init__(self, tag: str, value: Any) -> None:
-        self.tag = tag
-        self.value = value
-
-    def __repr__(self) -> str:
-        return f"{self.tag} {self.value!r}"
+def table_properties(logical_id: str = "JobsTable") -> dict[str, Any]:
+    props: dict[str, Any] = load_template(TEMPLATE)["Resources"][logical_id]["Properties"]
+    return props
 
 
-class _Loader(yaml.SafeLoader):
-    pass
-
-
-def _construct(loader: yaml.SafeLoader, suffix: str, node: yaml.Node) -> _Tag:
-    if isinstance(node, yaml.ScalarNode):
-        value: Any = loader.construct_scalar(node)
-    elif isinstance(node, yaml.SequenceNode):
-        value = loader.construct_sequence(node, deep=True)
-    else:
-        value = loader.construct_mapping(node, deep=True)  # type: ignore[arg-type]
-    return _Tag("!" + suffix, value)
-
-
-_Loader.add_multi_constructor("!", _construct)
-
-
-@cache
-def load_template(path: Path = TEMPLATE) -> dict[str, Any]:
-    data: dict[str, Any] = yaml.load(path.read_text(), Loader=_Loader)  # noqa: S506 - SafeLoader subclass
-    return data
-
-
-def table_definition(logical_id: str = "JobsTable", path: Path = TEMPLATE) -> dict[str, Any]:
-    """The create_table arguments of a table in the template (what the deployed table's schema is)."""
-    props = load_template(path)["Resources"][logical_id]["Properties"]
+def table_definition(logical_id: str = "JobsTable") -> dict[str, Any]:
+    """The create_table arguments of a table in the template (its deployed schema)."""
+    props = table_properties(logical_id)
     args: dict[str, Any] = {
         "AttributeDefinitions": props["AttributeDefinitions"],
         "KeySchema": props["KeySchema"],
@@ -61,7 +31,7 @@ def table_definition(logical_id: str = "JobsTable", path: Path = TEMPLATE) -> di
 
 def create_table(dynamodb_client: Any, table_name: str, logical_id: str = "JobsTable") -> str:
     dynamodb_client.create_table(TableName=table_name, **table_definition(logical_id))
-    ttl = load_template()["Resources"][logical_id]["Properties"].get("TimeToLiveSpecification")
+    ttl = table_properties(logical_id).get("TimeToLiveSpecification")
     if ttl:
         dynamodb_client.update_time_to_live(TableName=table_name, TimeToLiveSpecification=ttl)
     return table_name
