@@ -301,3 +301,21 @@ def test_spare_warm_pool_of_a_wanted_key_is_released_for_a_more_important_job() 
     )
     assert {s.job_name for s in result.starts} == {"big", "one"}
     assert "low" in result.waiting
+
+
+def test_instances_returning_to_an_over_capacity_pool_first_pay_back_the_overrun() -> None:
+    # GIVEN a pool lowered to capacity 0 while two attempts still stop in it
+    snap = Snapshot(
+        now=at(5),
+        capacity={TRN1: 4, TRN2: 0},
+        queued=[
+            QueuedJob("wide", 1, at(0), demand={TRN1: 3, TRN2: 1}),
+            queued("narrow", 1, 1, count=2),
+        ],
+        running=[running("s1", 0, pool=TRN2, stopping=True), running("s2", 0, pool=TRN2, stopping=True)],
+    )
+    result = plan(snap)
+    # THEN "wide" cannot be promised the returning instances and holds nothing; "narrow" starts
+    assert result.starts == [Start("narrow")]
+    assert result.waiting["wide"].startswith("waiting for capacity")
+    assert "wide" not in result.held

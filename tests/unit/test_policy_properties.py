@@ -177,13 +177,24 @@ def test_victims_are_a_minimal_cover(case: tuple[Snapshot, PolicySettings]) -> N
     by_job: dict[str, list[RunningAttempt]] = {}
     for preempt in result.preemptions:
         by_job.setdefault(preempt.for_job, []).append(attempts[preempt.training_job_name])
+    # The deficit a job preempts for is at most its demand minus what the pass could have left free for
+    # it: capacity, less what was running, started cold or held for other jobs (a pool over capacity
+    # first pays back its overrun).
+    left = Counter(dict(snapshot.capacity))
+    left.subtract(_used(snapshot))
+    for start in result.starts:
+        if start.warm_pool is None:
+            left.subtract(jobs[start.job_name].demand)
     for job_name, victims in by_job.items():
-        demand = jobs[job_name].demand
-        # never more than the deficit: each victim is needed, so without any one of them the job's
-        # demand is not met by what the victims free
+        others_held = Counter()
+        for name, held in result.held.items():
+            if name != job_name:
+                others_held.update(held)
+        bound = {pool: need - (left[pool] - others_held[pool]) for pool, need in jobs[job_name].demand.items()}
+        # never more than the deficit: each victim is needed
         for victim in victims:
             rest = [v for v in victims if v is not victim]
-            assert not covers(rest, demand), f"{victim.training_job_name} was preempted needlessly"
+            assert not covers(rest, bound), f"{victim.training_job_name} was preempted needlessly"
 
 
 @PROPERTY_SETTINGS
@@ -218,8 +229,8 @@ def test_no_job_is_passed_over_by_a_less_important_one_unless_it_cannot_fit(
             lower = jobs[lower_name]
             if lower.priority >= higher.priority or not set(lower.demand) & set(higher.demand):
                 continue
-            # What `higher` could have had: what is still free, what `lower` took, capacity held for jobs
-            # ranked below it, and warm pools no job at least as important wants.
+            # What `higher` could have had: what is still free (capacity held for jobs ranked above it
+            # excepted), what `lower` took, and warm pools no job at least as important wants.
             wanted = Counter(
                 o.resource_key
                 for o in _eligible(snapshot)
@@ -228,8 +239,8 @@ def test_no_job_is_passed_over_by_a_less_important_one_unless_it_cannot_fit(
             available = Counter(free)
             available.update(lower.demand)
             for name, held in result.held.items():
-                if rank(jobs[name]) > rank(higher):
-                    available.update(held)
+                if rank(jobs[name]) < rank(higher):
+                    available.subtract(held)
             for w in remaining_warm:
                 if wanted[w.resource_key] > 0:
                     wanted[w.resource_key] -= 1  # one pool kept for each job that would reuse it

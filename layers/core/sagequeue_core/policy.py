@@ -176,13 +176,30 @@ class _Pass:
         self.order = sorted(snapshot.queued, key=queue_order)
         self.eligible = [j for j in self.order if j.not_before is None or j.not_before <= snapshot.now]
         self.started: set[str] = set()
+        # Resource keys of queued jobs, kept up to date as the pass walks the queue, so that asking "who
+        # else would reuse this warm pool" costs the same for the first job and the ten-thousandth.
+        self.open_keys: Counter[ResourceKey] = Counter(j.resource_key for j in self.order if j.resource_key)
+        self.unadmitted_keys: Counter[ResourceKey] = Counter(
+            j.resource_key for j in self.eligible if j.resource_key
+        )
+        self.unadmitted_by_priority: dict[int, Counter[ResourceKey]] = {}
+        for j in self.eligible:
+            if j.resource_key:
+                self.unadmitted_by_priority.setdefault(j.priority, Counter())[j.resource_key] += 1
+        self.waiting_keys: Counter[ResourceKey] = Counter()
 
     def run(self) -> Plan:
+        eligible = {j.name for j in self.eligible}
         for job in self.order:
-            if job not in self.eligible:
+            if job.name not in eligible:
                 self.result.waiting[job.name] = f"backing off until {job.not_before:%Y-%m-%dT%H:%M:%SZ}"
         for job in self.eligible:
+            if job.resource_key:
+                self.unadmitted_keys[job.resource_key] -= 1
+                self.unadmitted_by_priority[job.priority][job.resource_key] -= 1
             self._admit(job)
+            if job.resource_key and job.name not in self.started:
+                self.waiting_keys[job.resource_key] += 1
         return self.result
 
     # 3. admit
@@ -209,6 +226,8 @@ class _Pass:
 
     def _start(self, job: QueuedJob, warm_pool: str | None = None) -> None:
         self.started.add(job.name)
+        if job.resource_key:
+            self.open_keys[job.resource_key] -= 1
         self.result.actions.append(
             Start(job.name, warm_pool=warm_pool, keep_alive_seconds=self._keep_alive_for(job))
         )
@@ -268,13 +287,8 @@ class _Pass:
     def _keep_alive_for(self, job: QueuedJob) -> int | None:
         if job.resource_key is None or self.settings.default_keep_alive_seconds <= 0:
             return None
-        for other in self.order:
-            if (
-                other.name != job.name
-                and other.name not in self.started
-                and other.resource_key == job.resource_key
-            ):
-                return self.settings.default_keep_alive_seconds
+        if self.open_keys[job.resource_key] > 0:
+            return self.settings.default_keep_alive_seconds
         return None
 
     # capacity bookkeeping
@@ -298,10 +312,12 @@ class _Pass:
             self.result.held[job.name] = held
 
     def _deficit(self, demand: Mapping[str, int]) -> dict[str, int]:
+        """Instances that must come back before `demand` fits. A pool over capacity (capacity lowered, jobs
+        started by hand) first pays back its overrun, so free capacity is counted signed."""
         return {
-            pool: need - max(self.free.get(pool, 0), 0)
+            pool: need - self.free.get(pool, 0)
             for pool, need in demand.items()
-            if need > max(self.free.get(pool, 0), 0)
+            if need > self.free.get(pool, 0)
         }
 
     # warm pools
@@ -316,11 +332,11 @@ class _Pass:
         Each such job reuses one pool, so of several pools with the same key only as many are kept as
         there are jobs wanting that key; the rest may be released.
         """
-        wanted: Counter[ResourceKey | None] = Counter(
-            other.resource_key
-            for other in self.eligible
-            if other.name != job.name and other.name not in self.started and other.priority >= job.priority
-        )
+        if not any(w.pool in job.demand for w in self.warm):
+            return []
+        # jobs admitted before this one are at least as important; of those still to come, only the ones
+        # of the same priority are
+        wanted = self.waiting_keys + self.unadmitted_by_priority.get(job.priority, Counter())
         releasable: list[WarmPool] = []
         for warm in self.warm:
             if wanted[warm.resource_key] > 0:
@@ -331,7 +347,7 @@ class _Pass:
 
     def _fewest_to_release(self, job: QueuedJob, releasable: Sequence[WarmPool]) -> list[WarmPool]:
         # Pools nobody queued would reuse go first; then those only less important jobs match.
-        wanted_by_anyone = {o.resource_key for o in self.eligible if o.name not in self.started}
+        wanted_by_anyone = self.waiting_keys + self.unadmitted_keys
         ranked = sorted(
             releasable, key=lambda w: (w.resource_key in wanted_by_anyone, -w.instances, w.training_job_name)
         )
