@@ -1,0 +1,131 @@
+"""The idle-stop use case: alarm notifications as SNS delivers them, on the emulator and moto."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from governance_world import TRN1, World, training_request, unique
+
+from sagequeue_core.domain import Job, JobState, StopReason
+from sagequeue_core.events import EventType
+from sagequeue_core.service.stop_idle import MalformedAlarmMessage
+
+SAMPLE = Path(__file__).resolve().parents[2] / "unit" / "governance" / "events" / "idle-alarm-sns.json"
+
+
+def alarm_event(alarm_name: str, state: str = "ALARM", deliveries: int = 1) -> dict[str, Any]:
+    """The sample SNS event with its alarm renamed: the shape CloudWatch and SNS deliver."""
+    event = json.loads(SAMPLE.read_text())
+    record = event["Records"][0]
+    message = json.loads(record["Sns"]["Message"])
+    message["AlarmName"] = alarm_name
+    message["NewStateValue"] = state
+    host = alarm_name.removeprefix("sagequeue-idle-").removesuffix("/no-data")
+    message["AlarmDescription"] = (
+        f"sagequeue idle stop: NeuronCoreUtilization of {host} at or below 5% for 30 minutes"
+    )
+    record["Sns"]["Message"] = json.dumps(message)
+    event["Records"] = [record] * deliveries
+    return event
+
+
+def training(world: World, name: str, count: int = 2, **kwargs: Any) -> None:
+    world.sagemaker.create_training_job(
+        **training_request(name, count=count, env={"SAGEQUEUE_SIM_DURATION": "90000"}, **kwargs)
+    )
+    world.advance(200)
+    world.govern_pending(name)
+    assert world.status(name) == ("InProgress", "Training")
+
+
+def test_an_alarm_stops_the_job_once_drops_its_alarms_and_announces_it_once(world: World) -> None:
+    name = unique("stalled")
+    training(world, name)
+    assert len(world.alarm_names(f"sagequeue-idle-{name}/")) == 2
+
+    # both hosts' alarms fire, and SNS delivers the first twice
+    outcomes = world.idle_stop.on_sns(alarm_event(f"sagequeue-idle-{name}/algo-2", deliveries=2))
+    outcomes += world.idle_stop.on_sns(alarm_event(f"sagequeue-idle-{name}/algo-1"))
+    assert outcomes[0].stopped
+    assert outcomes[0].detail.startswith(
+        f"idle: NeuronCoreUtilization of {name}/algo-2 at or below 5% for 30 minutes (alarm sagequeue-idle-{name}/algo-2: Threshold Crossed"
+    )
+    assert world.status(name)[0] == "Stopping"
+    assert world.alarm_names(f"sagequeue-idle-{name}/") == []
+    (published,) = world.publisher.of_type(EventType.IDLE_STOPPED)
+    assert (published["training_job_name"], published["host"]) == (name, f"{name}/algo-2")
+    (note,) = world.notifications()
+    assert note["Subject"] == f"sagequeue stopped idle training job {name}"
+    assert "It is not requeued" in note["Message"]
+    world.advance(60)
+    assert world.status(name) == ("Stopped", "Stopped")
+
+
+def test_a_queued_job_is_recorded_as_stopping_for_idleness(world: World) -> None:
+    name = unique("queued")
+    training(world, name, count=1)
+    started = world.clock.now()
+    job = Job(
+        name=name,
+        request=training_request(name),
+        priority=5,
+        owner="arn:aws:iam::123456789012:user/dana",
+        submitted_at=started,
+    )
+    job.state, job.attempt, job.training_job_name, job.started_at = JobState.RUNNING, 1, name, started
+    world.deps.store.create_job(job)
+
+    world.idle_stop.on_sns(alarm_event(f"sagequeue-idle-{name}/algo-1/no-data"))
+    stored = world.deps.store.get_job(name)
+    assert stored.state is JobState.STOPPING
+    assert stored.stop_reason is StopReason.IDLE
+    assert stored.stop_reason.final_state is JobState.IDLE_STOPPED
+    assert (stored.reason or "").startswith("idle: ")
+    assert world.status(name)[0] == "Stopping"
+
+
+@pytest.mark.parametrize("state", ["OK", "INSUFFICIENT_DATA"])
+def test_other_transitions_change_nothing(world: World, state: str) -> None:
+    name = unique("fine")
+    training(world, name, count=1)
+    (outcome,) = world.idle_stop.on_sns(alarm_event(f"sagequeue-idle-{name}/algo-1", state=state))
+    assert not outcome.stopped
+    assert world.status(name) == ("InProgress", "Training")
+    assert world.alarm_names(f"sagequeue-idle-{name}/") == [f"sagequeue-idle-{name}/algo-1"]
+
+
+def test_a_job_tagged_exempt_after_its_alarm_was_made_is_spared(world: World) -> None:
+    name = unique("spared")
+    training(world, name, count=1)
+    arn = world.sagemaker.describe_training_job(TrainingJobName=name)["TrainingJobArn"]
+    world.sagemaker.add_tags(ResourceArn=arn, Tags=[{"Key": "sagequeue:exempt", "Value": "true"}])
+    (outcome,) = world.idle_stop.on_sns(alarm_event(f"sagequeue-idle-{name}/algo-1"))
+    assert (outcome.stopped, outcome.detail) == (False, "the training job is exempt")
+    assert world.status(name) == ("InProgress", "Training")
+    assert world.alarm_names(f"sagequeue-idle-{name}/") == []
+
+
+def test_an_alarm_that_outlived_its_job_is_cleaned_up_without_a_stop(world: World) -> None:
+    name = unique("done")
+    world.sagemaker.create_training_job(**training_request(name, env={"SAGEQUEUE_SIM_DURATION": "60"}))
+    world.advance(200)
+    world.govern_pending(name)  # alarms made at Training; the end event is not governed yet
+    world.advance(200)
+    assert world.status(name)[0] == "Completed"
+    (outcome,) = world.idle_stop.on_sns(alarm_event(f"sagequeue-idle-{name}/algo-1"))
+    assert (outcome.stopped, outcome.detail) == (False, "the training job is already Completed")
+    assert world.alarm_names(f"sagequeue-idle-{name}/") == []
+    assert world.publisher.of_type(EventType.IDLE_STOPPED) == []
+
+
+def test_foreign_alarms_and_non_alarm_messages(world: World) -> None:
+    (outcome,) = world.idle_stop.on_sns(alarm_event("someone-elses-alarm"))
+    assert (outcome.stopped, outcome.training_job_name) == (False, None)
+    with pytest.raises(MalformedAlarmMessage, match="not JSON"):
+        world.idle_stop.on_sns({"Records": [{"Sns": {"Message": "hello"}}]})
+    with pytest.raises(MalformedAlarmMessage, match="no AlarmName"):
+        world.idle_stop.on_sns({"Records": [{"Sns": {"Message": "{}"}}]})
+    assert TRN1
