@@ -73,6 +73,8 @@ class SageMakerBackend:
         self.region = region
         self.account_id = account_id
         self.lock = threading.RLock()
+        #: Whether utilization data is built at all; without a CloudWatch to publish to it is skipped.
+        self.metrics_enabled = True
         self._jobs: dict[str, TrainingJob] = {}
         self._order: dict[str, int] = {}  # creation sequence, the tie-breaker of every ordering
         self._due: list[tuple[datetime, int, str]] = []  # heap; stale entries are skipped when popped
@@ -174,13 +176,13 @@ class SageMakerBackend:
         )
 
     def _drain_metrics(self, job: TrainingJob, outputs: Outputs) -> None:
-        if job.pending_metrics:
+        if not job.pending_metrics:
+            return
+        if self.metrics_enabled:
             outputs.metric_data.extend(
-                utilization_data(
-                    job.name, job.instance_count, job.pending_metrics, job.plan.reported_utilization
-                )
+                utilization_data(job.name, job.instance_count, job.pending_metrics, job.plan.reported_utilization)
             )
-            job.pending_metrics.clear()
+        job.pending_metrics.clear()
 
     # --- operations ------------------------------------------------------------------------------------
 

@@ -81,6 +81,7 @@ class SageMakerEmulator:
             EventBridgeForwarder(events_client, event_bus_name) if events_client is not None else None
         )
         self._metrics = CloudWatchPublisher(cloudwatch_client) if cloudwatch_client is not None else None
+        self.backend.metrics_enabled = self._metrics is not None
         self._host = host
         self._port = port
         self._tick_seconds = tick_seconds
