@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import threading
 import uuid
-from collections.abc import Iterator
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -22,7 +21,12 @@ from sagequeue_core.defaults import (
     host_dimension_value,
 )
 
-TIMINGS = {"provisioning_seconds": 120, "download_seconds": 30, "upload_seconds": 20, "stop_grace_seconds": 30}
+TIMINGS = {
+    "provisioning_seconds": 120,
+    "download_seconds": 30,
+    "upload_seconds": 20,
+    "stop_grace_seconds": 30,
+}
 
 
 def millis(moment: datetime) -> int:
@@ -102,7 +106,9 @@ def test_a_subscriber_may_call_the_emulator_back_and_sees_the_clock_at_the_event
         detail = event["detail"]
         client = holder["client"]
         described = client.describe_training_job(TrainingJobName=detail["TrainingJobName"])
-        seen.append((detail["TrainingJobName"], detail["SecondaryStatus"], clock.now(), described["SecondaryStatus"]))
+        seen.append(
+            (detail["TrainingJobName"], detail["SecondaryStatus"], clock.now(), described["SecondaryStatus"])
+        )
         if detail["TrainingJobStatus"] == "Completed" and detail["TrainingJobName"] == "first":
             client.create_training_job(**make_request("second"))
 
@@ -145,7 +151,7 @@ def test_a_failing_subscriber_does_not_break_the_request_that_caused_the_event(
 
 
 @pytest.fixture
-def event_queue(moto_endpoint: str) -> Iterator[tuple[Any, str, str]]:
+def event_queue(moto_endpoint: str) -> tuple[Any, str, str]:
     """A custom bus on moto with a rule that sends SageMaker state changes to an SQS queue."""
     events_client = moto_client("events", moto_endpoint)
     sqs = moto_client("sqs", moto_endpoint)
@@ -153,11 +159,15 @@ def event_queue(moto_endpoint: str) -> Iterator[tuple[Any, str, str]]:
     bus = f"sagemaker-{suffix}"
     events_client.create_event_bus(Name=bus)
     queue_url = sqs.create_queue(QueueName=f"state-changes-{suffix}")["QueueUrl"]
-    queue_arn = sqs.get_queue_attributes(QueueUrl=queue_url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+    queue_arn = sqs.get_queue_attributes(QueueUrl=queue_url, AttributeNames=["QueueArn"])["Attributes"][
+        "QueueArn"
+    ]
     pattern = {"source": [SAGEMAKER_EVENT_SOURCE], "detail-type": [TRAINING_JOB_STATE_CHANGE]}
     events_client.put_rule(Name=f"to-queue-{suffix}", EventBusName=bus, EventPattern=json.dumps(pattern))
-    events_client.put_targets(Rule=f"to-queue-{suffix}", EventBusName=bus, Targets=[{"Id": "q", "Arn": queue_arn}])
-    yield events_client, bus, queue_url
+    events_client.put_targets(
+        Rule=f"to-queue-{suffix}", EventBusName=bus, Targets=[{"Id": "q", "Arn": queue_arn}]
+    )
+    return events_client, bus, queue_url
 
 
 def drain(sqs: Any, queue_url: str, expected: int) -> list[dict[str, Any]]:
@@ -176,7 +186,9 @@ def test_events_reach_an_eventbridge_bus_and_its_rules(
     moto_endpoint: str, event_queue: tuple[Any, str, str], clock: VirtualClock, make_request: Any
 ) -> None:
     events_client, bus, queue_url = event_queue
-    with SageMakerEmulator(clock=clock, events_client=events_client, event_bus_name=bus, **TIMINGS) as emulator:
+    with SageMakerEmulator(
+        clock=clock, events_client=events_client, event_bus_name=bus, **TIMINGS
+    ) as emulator:
         emulator.client().create_training_job(**make_request("to-bus"))
         emulator.advance(2000)
 
@@ -222,7 +234,9 @@ def test_each_host_publishes_utilization_every_simulated_minute_while_training(
             )
         )
         client.create_training_job(
-            **make_request(idle, Environment={"SAGEQUEUE_SIM_DURATION": "180", "SAGEQUEUE_SIM_OUTCOME": "Idle"})
+            **make_request(
+                idle, Environment={"SAGEQUEUE_SIM_DURATION": "180", "SAGEQUEUE_SIM_OUTCOME": "Idle"}
+            )
         )
         # Advance in uneven steps, so minute marks fall inside steps and on their edges.
         for step in (100, 70, 33, 200, 1000):
@@ -232,7 +246,9 @@ def test_each_host_publishes_utilization_every_simulated_minute_while_training(
     window = (start, start + timedelta(hours=1))
     for host in (1, 2):
         points = utilization(cloudwatch, busy, host, *window)
-        assert [p["Timestamp"] - training_start for p in points] == [timedelta(minutes=m) for m in range(1, 6)]
+        assert [p["Timestamp"] - training_start for p in points] == [
+            timedelta(minutes=m) for m in range(1, 6)
+        ]
         assert all(p["Average"] == 91.5 and p["SampleCount"] == 1 for p in points)
     assert utilization(cloudwatch, busy, 3, *window) == []
     idle_points = utilization(cloudwatch, idle, 1, *window)
@@ -247,7 +263,9 @@ def test_one_long_advance_publishes_a_datum_for_every_minute_crossed(
     name = f"long-{uuid.uuid4().hex[:6]}"
     start = clock.now()
     with SageMakerEmulator(clock=clock, cloudwatch_client=cloudwatch, **TIMINGS) as emulator:
-        emulator.client().create_training_job(**make_request(name, Environment={"SAGEQUEUE_SIM_DURATION": "1800"}))
+        emulator.client().create_training_job(
+            **make_request(name, Environment={"SAGEQUEUE_SIM_DURATION": "1800"})
+        )
         emulator.advance(2 * 3600)
     points = utilization(cloudwatch, name, 1, start, start + timedelta(hours=3))
     assert len(points) == 30
@@ -282,7 +300,9 @@ def test_concurrent_requests_and_advances_deliver_each_event_once(
         def submitter(index: int) -> None:
             client = emulator.client()
             for n in range(10):
-                client.create_training_job(**make_request(f"c{index}-{n}", Environment={"SAGEQUEUE_SIM_DURATION": "60"}))
+                client.create_training_job(
+                    **make_request(f"c{index}-{n}", Environment={"SAGEQUEUE_SIM_DURATION": "60"})
+                )
 
         threads = [threading.Thread(target=submitter, args=(i,)) for i in range(4)]
         for thread in threads:
@@ -300,5 +320,6 @@ def test_concurrent_requests_and_advances_deliver_each_event_once(
         per_job.setdefault(event["detail"]["TrainingJobName"], []).append(event["detail"]["SecondaryStatus"])
     assert len(per_job) == 40
     assert all(
-        statuses == ["Starting", "Downloading", "Training", "Uploading", "Completed"] for statuses in per_job.values()
+        statuses == ["Starting", "Downloading", "Training", "Uploading", "Completed"]
+        for statuses in per_job.values()
     )

@@ -180,7 +180,9 @@ class SageMakerBackend:
             return
         if self.metrics_enabled:
             outputs.metric_data.extend(
-                utilization_data(job.name, job.instance_count, job.pending_metrics, job.plan.reported_utilization)
+                utilization_data(
+                    job.name, job.instance_count, job.pending_metrics, job.plan.reported_utilization
+                )
             )
         job.pending_metrics.clear()
 
