@@ -172,6 +172,11 @@ class _Pass:
                 self.returning.update(attempt.demand)
         self.warm: list[WarmPool] = sorted(snapshot.warm_pools, key=lambda w: w.training_job_name)
         self.victims: set[str] = set()
+        self.preemptible_by_pool: dict[str, list[RunningAttempt]] = {}
+        for attempt in sorted(snapshot.running, key=victim_order):
+            if attempt.preemptible:
+                for pool in attempt.demand:
+                    self.preemptible_by_pool.setdefault(pool, []).append(attempt)
         # 2. order
         self.order = sorted(snapshot.queued, key=queue_order)
         self.eligible = [j for j in self.order if j.not_before is None or j.not_before <= snapshot.now]
@@ -243,15 +248,14 @@ class _Pass:
             self._claim(job)
             self.result.waiting[job.name] = "waiting for stopping jobs to release their instances"
             return
-        candidates = [
-            a
-            for a in self.snapshot.running
-            if a.preemptible
-            and a.training_job_name not in self.victims
-            and a.priority < job.priority
-            and any(a.demand.get(pool, 0) for pool in remaining)
-        ]
-        ready = [a for a in candidates if self._ran_long_enough(a)]
+        candidates: dict[str, RunningAttempt] = {}
+        for pool in remaining:
+            for attempt in self.preemptible_by_pool.get(pool, ()):
+                if attempt.priority >= job.priority:
+                    break  # sorted by priority: the rest are at least as important
+                if attempt.training_job_name not in self.victims:
+                    candidates[attempt.training_job_name] = attempt
+        ready = [a for a in candidates.values() if self._ran_long_enough(a)]
         victims = minimal_cover(ready, remaining)
         if victims is not None:
             self.returning.subtract(promised)
@@ -266,7 +270,7 @@ class _Pass:
                 v.training_job_name for v in victims
             )
             return
-        if minimal_cover(candidates, remaining) is not None:
+        if minimal_cover(list(candidates.values()), remaining) is not None:
             # It will outrank enough running work once that work has run its minimum time: hold the free
             # capacity for it rather than start lower-priority work that would be preempted right after.
             self._claim(job)
