@@ -1,0 +1,127 @@
+"""The REST API's handler: routes parse the request, call one use case, and shape the answer.
+
+Routes and JSON follow docs/contracts.md; the OpenAPI document (docs/openapi.json) is generated from these
+routes and the models in sagequeue_core.service.http.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from aws_lambda_powertools.event_handler import APIGatewayRestResolver, Response
+from aws_lambda_powertools.event_handler.openapi.exceptions import RequestValidationError
+from aws_lambda_powertools.event_handler.openapi.params import Query
+from aws_lambda_powertools.utilities.typing import LambdaContext
+
+from sagequeue_core.observability import logger, metrics, tracer
+from sagequeue_core.runtime import dependencies
+from sagequeue_core.service import jobs, submit
+from sagequeue_core.service.access import is_admin, require_caller
+from sagequeue_core.service.http import (
+    ERROR_RESPONSES,
+    CapacityRequest,
+    ChangeRequest,
+    JobDetailOut,
+    JobList,
+    JobOut,
+    PoolList,
+    PoolOut,
+    SubmitRequest,
+    WhoAmI,
+    error_answer,
+    validation_message,
+)
+
+app = APIGatewayRestResolver(enable_validation=True)
+
+
+def _caller() -> str | None:
+    identity = app.current_event.request_context.identity
+    return identity.user_arn if identity is not None else None
+
+
+def _submit() -> dict[str, Any]:
+    raw = app.current_event.body or ""
+    job = submit.submit(dependencies(), app.current_event.json_body, _caller(), len(raw.encode()))
+    return job.to_api()
+
+
+@app.post("/jobs", status_code=201, responses=ERROR_RESPONSES, summary="Queue a training job")
+def submit_job(request: SubmitRequest) -> JobOut:
+    return JobOut(**_submit())
+
+
+@app.post("/add-job", status_code=201, responses=ERROR_RESPONSES, summary="Queue a training job (alias)")
+def add_job(request: SubmitRequest) -> JobOut:
+    return JobOut(**_submit())
+
+
+@app.get("/jobs", responses=ERROR_RESPONSES, summary="List jobs (the caller's when no filter is given)")
+def list_jobs(
+    state: Annotated[str | None, Query()] = None,
+    pool: Annotated[str | None, Query()] = None,
+    owner: Annotated[str | None, Query()] = None,
+    limit: Annotated[int, Query(ge=1, le=jobs.MAX_PAGE)] = 50,
+    next_token: Annotated[str | None, Query()] = None,
+) -> JobList:
+    page = jobs.list_jobs(
+        dependencies(), _caller(), state=state, pool=pool, owner=owner, limit=limit, next_token=next_token
+    )
+    return JobList(jobs=[JobOut(**job.to_api()) for job in page.jobs], next_token=page.next_token)
+
+
+@app.get("/jobs/<name>", responses=ERROR_RESPONSES, summary="A job, its place in the queue and its history")
+def get_job(name: str) -> JobDetailOut:
+    return JobDetailOut(**jobs.get_job(dependencies(), name).to_api())
+
+
+@app.delete("/jobs/<name>", responses=ERROR_RESPONSES, summary="Cancel a job (dequeue, or stop its attempt)")
+def cancel_job(name: str) -> JobOut:
+    return JobOut(**jobs.cancel(dependencies(), name, _caller()).to_api())
+
+
+@app.patch("/jobs/<name>", responses=ERROR_RESPONSES, summary="Change a job's priority; hold or release it")
+def change_job(name: str, change: ChangeRequest) -> JobOut:
+    job = jobs.change(dependencies(), name, _caller(), priority=change.priority, held=change.held)
+    return JobOut(**job.to_api())
+
+
+@app.get("/pools", responses=ERROR_RESPONSES, summary="Pools: capacity, used, queued and warm instances")
+def list_pools() -> PoolList:
+    return PoolList(pools=[PoolOut(**view.to_api()) for view in jobs.pools(dependencies())])
+
+
+@app.put("/pools/<instanceType>", responses=ERROR_RESPONSES, summary="Set a pool's capacity (admin)")
+def set_pool(instanceType: str, request: CapacityRequest) -> PoolOut:
+    view = jobs.set_pool(dependencies(), instanceType, request.capacity, _caller())
+    return PoolOut(**view.to_api())
+
+
+@app.get("/whoami", responses=ERROR_RESPONSES, summary="The caller's identity and whether it is an admin")
+def whoami() -> WhoAmI:
+    caller = require_caller(_caller())
+    return WhoAmI(arn=caller, admin=is_admin(caller, dependencies().settings.admin_role_arns))
+
+
+@app.exception_handler(RequestValidationError)
+def _invalid(exc: RequestValidationError) -> Response[Any]:
+    return _error(400, {"message": validation_message(exc.errors()), "code": "ValidationError"})
+
+
+@app.exception_handler(Exception)
+def _failed(exc: Exception) -> Response[Any]:
+    status, body = error_answer(exc)
+    if status >= 500:
+        logger.exception("request failed")
+    return _error(status, body)
+
+
+def _error(status: int, body: dict[str, str]) -> Response[Any]:
+    return Response(status_code=status, content_type="application/json", body=body)
+
+
+@logger.inject_lambda_context(clear_state=True)
+@tracer.capture_lambda_handler
+@metrics.log_metrics
+def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
+    return app.resolve(event, context)

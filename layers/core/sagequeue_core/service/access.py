@@ -1,0 +1,49 @@
+"""Who may do what: the caller's identity from the API's request context, owners and admins."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+from sagequeue_core.domain import Job
+from sagequeue_core.errors import Forbidden
+
+_ASSUMED_ROLE = re.compile(r"arn:(aws[a-z-]*):sts::(\d{12}):assumed-role/([^/]+)/.+")
+_ROLE = re.compile(r"arn:(aws[a-z-]*):iam::(\d{12}):role/(?:.*/)?([^/]+)")
+
+
+def principal(arn: str) -> str:
+    """The identity behind an ARN: a role's sessions are the role (`account:role/name`), anything else
+    itself. A user who submits with one session and cancels with another is the same owner."""
+    assumed = _ASSUMED_ROLE.fullmatch(arn)
+    if assumed:
+        return f"{assumed.group(1)}:{assumed.group(2)}:role/{assumed.group(3)}"
+    role = _ROLE.fullmatch(arn)
+    if role:
+        return f"{role.group(1)}:{role.group(2)}:role/{role.group(3)}"
+    return arn
+
+
+def same_principal(a: str, b: str) -> bool:
+    return principal(a) == principal(b)
+
+
+def is_admin(caller: str, admin_arns: Iterable[str]) -> bool:
+    return any(same_principal(caller, admin) for admin in admin_arns)
+
+
+def require_caller(caller: str | None) -> str:
+    if not caller:
+        raise Forbidden("the request carries no caller identity (IAM authentication is required)")
+    return caller
+
+
+def require_owner_or_admin(job: Job, caller: str, admin_arns: Iterable[str]) -> None:
+    if same_principal(job.owner, caller) or is_admin(caller, admin_arns):
+        return
+    raise Forbidden(f"only the owner of job {job.name!r} or an admin may change it")
+
+
+def require_admin(caller: str, admin_arns: Iterable[str], what: str) -> None:
+    if not is_admin(caller, admin_arns):
+        raise Forbidden(f"only an admin may {what}")

@@ -1,0 +1,158 @@
+"""The HTTP API's shapes (pydantic models, so the OpenAPI document comes from them) and the one place where
+named errors become HTTP answers (docs/contracts.md: `{"message", "code"}`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from sagequeue_core.domain import PRIORITY_MAX, PRIORITY_MIN, DomainError, InvalidTransition
+from sagequeue_core.errors import (
+    Forbidden,
+    JobAlreadyExists,
+    JobNotFound,
+    PoolNotFound,
+    StaleVersion,
+    Throttled,
+)
+
+# --- requests --------------------------------------------------------------------------------------------------
+
+
+class SubmitRequest(BaseModel):
+    """A CreateTrainingJob request as the SageMaker SDK builds it, plus an optional `priority`.
+
+    Only the members sagequeue reads are described; every other CreateTrainingJob member is accepted and
+    passed to SageMaker unchanged.
+    """
+
+    model_config = ConfigDict(extra="allow")
+
+    TrainingJobName: str = Field(description="1-63 letters, digits and hyphens; the first attempt's name")
+    RoleArn: str = Field(description="execution role; must be one of the stack's AllowedRoleArns")
+    AlgorithmSpecification: dict[str, Any]
+    OutputDataConfig: dict[str, Any]
+    ResourceConfig: dict[str, Any] = Field(
+        description="InstanceType must be a pool's; InstanceCount counts against its capacity"
+    )
+    StoppingCondition: dict[str, Any]
+    Tags: list[dict[str, Any]] | None = Field(
+        default=None, description="a `priority` tag sets the priority when the body has none"
+    )
+    priority: int | None = Field(
+        default=None, ge=PRIORITY_MIN, le=PRIORITY_MAX, description="higher runs first (default 0)"
+    )
+
+
+class ChangeRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    priority: int | None = Field(default=None, ge=PRIORITY_MIN, le=PRIORITY_MAX)
+    held: bool | None = Field(default=None, description="true holds a queued job, false releases it")
+
+
+class CapacityRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    capacity: int = Field(ge=0, description="instances of this type the queue may use")
+
+
+# --- answers ---------------------------------------------------------------------------------------------------
+
+
+class JobOut(BaseModel):
+    name: str
+    state: str = Field(
+        description="queued held starting running preempting stopping completed failed cancelled idle_stopped"
+    )
+    priority: int
+    pool: str
+    attempt: int = Field(description="number of the current attempt, 0 before the first start")
+    training_job_name: str | None
+    owner: str
+    submitted_at: str
+    started_at: str | None
+    ended_at: str | None
+    reason: str | None
+    preemptions: int
+    retries: int
+    instances: int
+
+
+class HistoryEntry(BaseModel):
+    at: str
+    state: str
+    attempt: int
+    reason: str | None
+
+
+class JobDetailOut(JobOut):
+    position: int | None = Field(description="1-based place among the pool's queued jobs, when queued")
+    attempts: list[str] = Field(description="training job names of every attempt so far")
+    history: list[HistoryEntry]
+
+
+class JobList(BaseModel):
+    jobs: list[JobOut]
+    next_token: str | None
+
+
+class PoolOut(BaseModel):
+    instance_type: str
+    capacity: int
+    used: int
+    queued: int
+    warm: int
+
+
+class PoolList(BaseModel):
+    pools: list[PoolOut]
+
+
+class WhoAmI(BaseModel):
+    arn: str
+    admin: bool
+
+
+class ErrorOut(BaseModel):
+    message: str
+    code: str
+
+
+# --- errors ----------------------------------------------------------------------------------------------------
+
+#: Named error -> (HTTP status, code). The most specific class listed first wins.
+ERROR_STATUS: tuple[tuple[type[BaseException], int, str], ...] = (
+    (InvalidTransition, 409, "Conflict"),
+    (JobAlreadyExists, 409, "Conflict"),
+    (StaleVersion, 409, "Conflict"),
+    (DomainError, 400, "ValidationError"),
+    (Forbidden, 403, "Forbidden"),
+    (JobNotFound, 404, "NotFound"),
+    (PoolNotFound, 404, "NotFound"),
+    (Throttled, 429, "Throttled"),
+)
+
+ERROR_RESPONSES: dict[int, Any] = {
+    status: {"description": code, "content": {"application/json": {"model": ErrorOut}}}
+    for status, code in ((400, "ValidationError"), (403, "Forbidden"), (404, "NotFound"), (409, "Conflict"))
+}
+
+
+def error_answer(exc: BaseException) -> tuple[int, dict[str, str]]:
+    """The HTTP status and body for an error; anything unnamed is a 500 that reveals nothing."""
+    for kind, status, code in ERROR_STATUS:
+        if isinstance(exc, kind):
+            return status, {"message": str(exc), "code": code}
+    return 500, {"message": "internal error", "code": "InternalError"}
+
+
+def validation_message(errors: Any) -> str:
+    """A request-validation failure as one sentence naming each field."""
+    parts = []
+    for error in errors or ():
+        loc = [str(p) for p in error.get("loc", ()) if p not in ("body", "query", "path")]
+        where = ".".join(loc) or "request"
+        parts.append(f"{where}: {error.get('msg', 'invalid')}")
+    return "; ".join(parts) or "invalid request"

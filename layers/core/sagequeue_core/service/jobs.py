@@ -1,0 +1,200 @@
+"""Reading and changing jobs (owner or admin), and the pools' capacity (admin)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+from sagequeue_core.domain import (
+    DomainError,
+    InvalidTransition,
+    Job,
+    JobState,
+    Pool,
+    StopReason,
+    attempt_name,
+    parse_priority,
+)
+from sagequeue_core.errors import RequestInvalid, SageMakerError
+from sagequeue_core.events import EventType
+from sagequeue_core.observability import logger
+from sagequeue_core.runtime import Dependencies
+from sagequeue_core.service.access import require_admin, require_caller, require_owner_or_admin
+from sagequeue_core.store import Page
+
+MAX_PAGE = 100
+
+
+@dataclass(frozen=True)
+class JobDetail:
+    job: Job
+    position: int | None
+
+    def to_api(self) -> dict[str, Any]:
+        out = self.job.to_api()
+        out["position"] = self.position
+        out["attempts"] = [attempt_name(self.job.name, n) for n in range(1, self.job.attempt + 1)]
+        out["history"] = list(self.job.history)
+        return out
+
+
+@dataclass(frozen=True)
+class PoolView:
+    instance_type: str
+    capacity: int
+    used: int
+    queued: int
+    warm: int
+
+    def to_api(self) -> dict[str, Any]:
+        return {
+            "instance_type": self.instance_type,
+            "capacity": self.capacity,
+            "used": self.used,
+            "queued": self.queued,
+            "warm": self.warm,
+        }
+
+
+def get_job(deps: Dependencies, name: str) -> JobDetail:
+    job = deps.store.get_job(name)
+    return JobDetail(job, deps.store.queue_position(job))
+
+
+def list_jobs(
+    deps: Dependencies,
+    caller: str | None,
+    *,
+    state: str | None = None,
+    pool: str | None = None,
+    owner: str | None = None,
+    limit: int = 50,
+    next_token: str | None = None,
+) -> Page:
+    """Jobs filtered by state, pool and owner; with no filter, the caller's own jobs."""
+    me = require_caller(caller)
+    try:
+        wanted_state = JobState(state) if state else None
+    except ValueError:
+        states = ", ".join(s.value for s in JobState)
+        raise RequestInvalid(f"state must be one of {states}, got {state!r}") from None
+    if not 1 <= limit <= MAX_PAGE:
+        raise RequestInvalid(f"limit must be between 1 and {MAX_PAGE}, got {limit}")
+    if owner is None and wanted_state is None and pool is None:
+        owner = me
+    try:
+        return deps.store.list_jobs(
+            owner=owner, state=wanted_state, pool=pool, limit=limit, next_token=next_token
+        )
+    except ValueError as exc:
+        raise RequestInvalid(str(exc)) from None
+
+
+def cancel(deps: Dependencies, name: str, caller: str | None) -> Job:
+    """Dequeue a waiting job, or stop its running attempt (the job is `stopping` until SageMaker stops it)."""
+    me = require_caller(caller)
+    job = deps.store.get_job(name)
+    require_owner_or_admin(job, me, deps.settings.admin_role_arns)
+    if job.state is JobState.STOPPING and job.stop_reason is StopReason.CANCELLED:
+        return job
+    if job.state.is_terminal:
+        raise InvalidTransition(f"job {name!r} is already {job.state.value}")
+    was = job.state
+    now = deps.now()
+    if was in (JobState.QUEUED, JobState.HELD):
+        job.transition(JobState.CANCELLED, now, reason=f"cancelled by {me}")
+    else:
+        job.stop_reason = StopReason.CANCELLED
+        job.transition(JobState.STOPPING, now, reason=f"cancelled by {me}")
+    deps.store.save_job(job, was=was)
+    if job.state is JobState.STOPPING and job.training_job_name:
+        try:
+            deps.sagemaker.stop(job.training_job_name)
+        except SageMakerError:
+            # The job is recorded as stopping; the scheduler's reconcile repeats the stop.
+            logger.exception("stop failed; the reconcile timer will retry", extra={"job": name})
+    deps.publisher.publish(EventType.JOB_CHANGED, {"name": name, "change": "cancelled"})
+    if job.state.is_terminal:
+        deps.publisher.publish(EventType.JOB_FINISHED, {"name": name, "state": job.state.value})
+    return job
+
+
+def change(
+    deps: Dependencies,
+    name: str,
+    caller: str | None,
+    *,
+    priority: Any = None,
+    held: bool | None = None,
+) -> Job:
+    """Change a job's priority and/or hold or release it."""
+    me = require_caller(caller)
+    if priority is None and held is None:
+        raise RequestInvalid("nothing to change: give priority and/or held")
+    job = deps.store.get_job(name)
+    require_owner_or_admin(job, me, deps.settings.admin_role_arns)
+    was = job.state
+    now = deps.now()
+    if job.state.is_terminal:
+        raise InvalidTransition(f"job {name!r} is already {job.state.value}")
+    if priority is not None:
+        try:
+            job.priority = parse_priority(priority)
+        except DomainError as exc:
+            raise RequestInvalid(str(exc)) from None
+    if held is True and job.state is not JobState.HELD:
+        if job.state is not JobState.QUEUED:
+            raise InvalidTransition(f"only a queued job can be held; {name!r} is {job.state.value}")
+        job.transition(JobState.HELD, now, reason=f"held by {me}")
+    elif held is False and job.state is JobState.HELD:
+        job.transition(JobState.QUEUED, now, reason=f"released by {me}")
+    deps.store.save_job(job, was=was)
+    deps.publisher.publish(
+        EventType.JOB_CHANGED,
+        {"name": name, "change": "changed", "priority": job.priority, "state": job.state},
+    )
+    return job
+
+
+def pools(deps: Dependencies) -> list[PoolView]:
+    """Every pool with its capacity, the instances in use (ours and external), queued jobs, warm instances."""
+    deps.ensure_pools()
+    used: Counter[str] = Counter()
+    for job in deps.store.live_jobs():
+        used.update(job.demand)
+    for external in deps.store.external_attempts():
+        used.update(external.demand)
+    warm: Counter[str] = Counter()
+    now = deps.now()
+    for tracked in deps.store.warm_pools():
+        if tracked.expires_at > now:
+            warm[tracked.resource_key.instance_type] += tracked.resource_key.instance_count
+    return [
+        PoolView(
+            instance_type=status.pool.instance_type,
+            capacity=status.pool.capacity,
+            used=used[status.pool.instance_type],
+            queued=status.queued,
+            warm=warm[status.pool.instance_type],
+        )
+        for status in deps.store.pools()
+    ]
+
+
+def set_pool(deps: Dependencies, instance_type: str, capacity: Any, caller: str | None) -> PoolView:
+    me = require_caller(caller)
+    require_admin(me, deps.settings.admin_role_arns, "set a pool's capacity")
+    if isinstance(capacity, bool) or not isinstance(capacity, int):
+        raise RequestInvalid(f"capacity must be a non-negative integer, got {capacity!r}")
+    try:
+        pool = Pool(instance_type, capacity)
+    except DomainError as exc:
+        raise RequestInvalid(str(exc)) from None
+    deps.ensure_pools()
+    deps.store.set_capacity(pool)
+    deps.publisher.publish(
+        EventType.JOB_CHANGED, {"pool": instance_type, "change": "capacity", "capacity": capacity}
+    )
+    logger.info("pool capacity set", extra={"pool": instance_type, "capacity": capacity, "by": me})
+    return next(view for view in pools(deps) if view.instance_type == instance_type)

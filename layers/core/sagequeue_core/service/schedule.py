@@ -1,0 +1,603 @@
+"""The scheduler's use cases: apply SageMaker's state changes, reconcile on the timer, run one pass.
+
+A pass reads a bounded snapshot by Query (pools, the first K queued jobs of each pool, live attempts,
+tracked warm pools), asks the pure policy for a plan, and carries it out. Every job write is conditional on
+the version read, so a duplicated, stale or reordered event changes nothing: it either names an attempt
+that is not the job's current one, or asks for a move the job's state does not allow.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from sagequeue_core.defaults import ATTEMPT_TAG, JOB_TAG, SAGEQUEUE_EVENT_SOURCE, SUBMITTED_BY_TAG
+from sagequeue_core.domain import (
+    PRIORITY_MAX,
+    TRANSITIONS,
+    InvalidTransition,
+    Job,
+    JobState,
+    ResourceKey,
+    StopReason,
+    attempt_name,
+    tags_to_dict,
+)
+from sagequeue_core.errors import (
+    AttemptNameTaken,
+    ResourceLimitExceeded,
+    SageMakerError,
+    SageMakerUnavailable,
+    SageMakerValidationError,
+    StaleVersion,
+    Throttled,
+    TrainingJobNotFound,
+)
+from sagequeue_core.events import (
+    EventType,
+    MalformedEvent,
+    TrainingJobChange,
+    is_training_job_event,
+    parse_description,
+    parse_training_job_event,
+)
+from sagequeue_core.observability import (
+    FINISHED,
+    OLDEST_WAIT,
+    PREEMPTIONS,
+    QUEUE_DEPTH,
+    REQUEUES,
+    RESUMES,
+    STARTS,
+    WARM_POOL_RELEASES,
+    WARM_POOL_REUSES,
+    MetricUnit,
+    count,
+    logger,
+    pool_gauge,
+)
+from sagequeue_core.policy import (
+    PolicySettings,
+    Preempt,
+    QueuedJob,
+    ReleaseWarmPool,
+    RunningAttempt,
+    Snapshot,
+    Start,
+    WarmPool,
+    plan,
+)
+from sagequeue_core.runtime import Dependencies
+from sagequeue_core.sagemaker import FailureKind, classify_failure
+from sagequeue_core.store import ExternalAttempt, TrackedWarmPool
+
+#: SecondaryStatus values under InProgress before the instances are the job's.
+_NOT_YET_RUNNING = frozenset({"", "Starting", "Pending", "LaunchingMLInstances"})
+#: SecondaryStatus values under Stopped that SageMaker chose, not anyone's StopTrainingJob.
+_SAGEMAKER_STOPS = frozenset({"MaxRuntimeExceeded", "MaxWaitTimeExceeded"})
+#: How often a write is retried after another writer changed the job in between.
+_WRITE_ATTEMPTS = 3
+
+
+@dataclass
+class PassReport:
+    """What one invocation did: for logs, metrics and tests."""
+
+    started: list[str] = field(default_factory=list)  # training job names created
+    adopted: list[str] = field(default_factory=list)  # attempts found already created (crash recovery)
+    preempted: list[str] = field(default_factory=list)
+    released: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)  # jobs SageMaker refused
+    waiting: dict[str, str] = field(default_factory=dict)
+    applied: list[str] = field(default_factory=list)  # "<training job>: <outcome>" per change
+
+    def merge(self, other: PassReport) -> None:
+        self.started += other.started
+        self.adopted += other.adopted
+        self.preempted += other.preempted
+        self.released += other.released
+        self.failed += other.failed
+        self.waiting.update(other.waiting)
+        self.applied += other.applied
+
+
+# --- entry point ------------------------------------------------------------------------------------------------
+
+
+def handle_event(deps: Dependencies, event: Mapping[str, Any]) -> PassReport:
+    """One scheduler invocation: apply what the event says, reconcile on the timer, then run a pass."""
+    report = PassReport()
+    if is_training_job_event(event):
+        try:
+            change = parse_training_job_event(event)
+        except MalformedEvent as exc:
+            logger.warning("ignoring a malformed SageMaker event", extra={"problem": str(exc)})
+        else:
+            report.applied.append(f"{change.training_job_name}: {apply_change(deps, change)}")
+    elif event.get("source") == "aws.events" or event.get("detail-type") == "Scheduled Event":
+        report.merge(reconcile(deps))
+    elif event.get("source") != SAGEQUEUE_EVENT_SOURCE:
+        logger.warning("unexpected event; running a pass anyway", extra={"source": event.get("source")})
+    report.merge(run_pass(deps))
+    return report
+
+
+# --- applying SageMaker's view ------------------------------------------------------------------------------------
+
+
+def apply_change(deps: Dependencies, change: TrainingJobChange) -> str:
+    """Bring the job that owns `change`'s training job up to date; returns what happened, in words."""
+    job = _owner_of(deps, change)
+    if job is None:
+        return _apply_external(deps, change)
+    return _with_retries(deps, job.name, lambda fresh: _apply_to_job(deps, fresh, change))
+
+
+def _owner_of(deps: Dependencies, change: TrainingJobChange) -> Job | None:
+    tagged = change.tags.get(JOB_TAG)
+    if tagged:
+        job = deps.store.find_job(tagged)
+        if job is not None:
+            return job
+    return deps.store.find_job_by_training_job(change.training_job_name)
+
+
+def _with_retries(deps: Dependencies, name: str, step: Callable[[Job], str]) -> str:
+    """Run `step` on a freshly read job, again if someone else wrote it in between."""
+    for _ in range(_WRITE_ATTEMPTS):
+        job = deps.store.get_job(name)
+        try:
+            return step(job)
+        except StaleVersion:
+            continue
+    return "gave up: the job kept changing"
+
+
+def _apply_to_job(deps: Dependencies, job: Job, change: TrainingJobChange) -> str:
+    now = deps.now()
+    name = change.training_job_name
+    if job.training_job_name != name:
+        # Our next attempt, created by a pass that failed before recording it: adopt it.
+        if (
+            job.state is JobState.QUEUED
+            and name == job.next_attempt_name()
+            and not change.ended
+            and change.tags.get(JOB_TAG) == job.name
+        ):
+            _record_start(deps, job, name, now, reason="attempt found already created")
+            return "adopted"
+        if change.ended:
+            _track_warm_pool(deps, change, job.name)
+        return "ignored: not the job's current attempt"
+    was = job.state
+    if change.status == "InProgress":
+        if was is JobState.STARTING and change.secondary_status not in _NOT_YET_RUNNING:
+            job.transition(JobState.RUNNING, now, reason=change.secondary_status)
+            deps.store.save_job(job, was=was)
+            return "running"
+        return "no change"
+    if not change.ended:
+        return "no change"
+    if not was.is_live:
+        # A duplicate of the end already applied: the job has moved on (requeued, or finished).
+        return f"ignored: the attempt already ended ({was.value})"
+    target, reason = _end_state(deps, job, change)
+    if target not in TRANSITIONS[was]:
+        return f"ignored: a {was.value} job cannot become {target.value}"
+    if target is JobState.QUEUED:
+        if job.stop_reason is StopReason.PREEMPTED and was is JobState.PREEMPTING:
+            job.preemptions += 1
+        else:
+            job.retries += 1
+            job.not_before = now + timedelta(seconds=_backoff(deps, job.retries))
+        job.stop_reason = None
+    job.transition(target, now, reason=reason)
+    deps.store.save_job(job, was=was)
+    _track_warm_pool(deps, change, job.name)
+    _announce_end(deps, job, target)
+    logger.info(
+        "attempt ended",
+        extra={"job": job.name, "attempt": job.attempt, "status": change.status, "state": target.value},
+    )
+    return target.value
+
+
+def _end_state(deps: Dependencies, job: Job, change: TrainingJobChange) -> tuple[JobState, str]:
+    if change.status == "Completed":
+        return JobState.COMPLETED, "Completed"
+    if change.status == "Failed":
+        reason = change.failure_reason or "Failed"
+        if job.stop_reason is not None and job.stop_reason is not StopReason.PREEMPTED:
+            # stopped on purpose (cancel, idle, policy) and failed on the way down: the purpose decides
+            return job.stop_reason.final_state, reason
+        kind = classify_failure(change.failure_reason)
+        if kind is not FailureKind.JOB:
+            if job.retries + 1 < deps.settings.max_attempts:
+                return JobState.QUEUED, f"retrying after {kind.value} failure: {reason}"
+            return JobState.FAILED, f"gave up after {job.retries + 1} attempts: {reason}"
+        return JobState.FAILED, reason
+    # Stopped
+    if change.secondary_status in _SAGEMAKER_STOPS and job.stop_reason is None:
+        return JobState.FAILED, f"stopped by SageMaker: {change.secondary_status}"
+    if job.stop_reason is not None:
+        return job.stop_reason.final_state, f"stopped: {job.stop_reason.value}"
+    return JobState.CANCELLED, "stopped outside sagequeue"
+
+
+def _backoff(deps: Dependencies, retries: int) -> int:
+    base = deps.settings.retry_backoff_seconds
+    return int(min(base * 2 ** max(retries - 1, 0), deps.settings.max_backoff_seconds))
+
+
+def _announce_end(deps: Dependencies, job: Job, target: JobState) -> None:
+    if target is JobState.QUEUED:
+        count(REQUEUES)
+        return
+    if target.is_terminal:
+        count(FINISHED)
+        deps.publisher.publish(
+            EventType.JOB_FINISHED,
+            {
+                "name": job.name,
+                "state": target.value,
+                "attempt": job.attempt,
+                "training_job_name": job.training_job_name,
+                "reason": job.reason,
+            },
+        )
+
+
+def _track_warm_pool(deps: Dependencies, change: TrainingJobChange, job_name: str | None) -> None:
+    """An ended job with a keep-alive leaves its instances Available for a matching job; count them."""
+    if change.keep_alive_seconds <= 0:
+        return
+    if change.warm_pool_status is not None and change.warm_pool_status != "Available":
+        deps.store.forget_warm_pool(change.training_job_name)
+        return
+    if change.warm_pool_status is None and change.training_start_time is None:
+        return  # never launched: nothing was retained
+    key = ResourceKey.from_request(change.detail)
+    if key is None:
+        return
+    ended = change.training_end_time or deps.now()
+    expires = ended + timedelta(seconds=change.keep_alive_seconds)
+    if expires <= deps.now():
+        return
+    deps.store.track_warm_pool(TrackedWarmPool(change.training_job_name, key, expires, job_name))
+
+
+def _apply_external(deps: Dependencies, change: TrainingJobChange) -> str:
+    """A training job sagequeue did not start: it counts against a managed pool while it holds instances."""
+    managed = {status.pool.instance_type for status in deps.store.pools()}
+    if not managed & set(change.demand):
+        return "ignored: not on a managed pool"
+    if change.ended:
+        deps.store.forget_external_attempt(change.training_job_name)
+        _track_warm_pool(deps, change, None)
+        return "external attempt ended"
+    deps.store.record_external_attempt(
+        ExternalAttempt(
+            change.training_job_name,
+            dict(change.demand),
+            change.creation_time or deps.now(),
+        )
+    )
+    return "external attempt recorded"
+
+
+# --- reconcile (the timer) ---------------------------------------------------------------------------------------
+
+
+def reconcile(deps: Dependencies) -> PassReport:
+    """Compare every live attempt and tracked warm pool with DescribeTrainingJob, so a lost event only
+    delays: a missed end is applied, a stop that did not land is repeated, a gone warm pool is dropped."""
+    report = PassReport()
+    for job in deps.store.live_jobs():
+        if not job.training_job_name:
+            continue
+        try:
+            described = deps.sagemaker.describe(job.training_job_name)
+        except TrainingJobNotFound:
+            outcome = _with_retries(deps, job.name, lambda fresh: _vanished(deps, fresh))
+            report.applied.append(f"{job.training_job_name}: {outcome}")
+            continue
+        except SageMakerError as exc:
+            logger.warning("describe failed", extra={"job": job.name, "error": str(exc)})
+            continue
+        change = parse_description(described)
+        if job.state in (JobState.PREEMPTING, JobState.STOPPING) and change.status == "InProgress":
+            deps.sagemaker.stop(job.training_job_name)
+            report.applied.append(f"{job.training_job_name}: stop repeated")
+            continue
+        report.applied.append(f"{job.training_job_name}: {_apply_described(deps, job.name, change)}")
+    for external in deps.store.external_attempts():
+        try:
+            change = parse_description(deps.sagemaker.describe(external.training_job_name))
+        except TrainingJobNotFound:
+            deps.store.forget_external_attempt(external.training_job_name)
+            continue
+        if change.ended:
+            report.applied.append(f"{external.training_job_name}: {_apply_external(deps, change)}")
+    now = deps.now()
+    for warm in deps.store.warm_pools():
+        if warm.expires_at <= now:
+            deps.store.forget_warm_pool(warm.training_job_name)
+            continue
+        try:
+            described = deps.sagemaker.describe(warm.training_job_name)
+        except TrainingJobNotFound:
+            deps.store.forget_warm_pool(warm.training_job_name)
+            continue
+        status = (described.get("WarmPoolStatus") or {}).get("Status")
+        if status != "Available":
+            deps.store.forget_warm_pool(warm.training_job_name)
+    return report
+
+
+def _apply_described(deps: Dependencies, job_name: str, change: TrainingJobChange) -> str:
+    return _with_retries(deps, job_name, lambda fresh: _apply_to_job(deps, fresh, change))
+
+
+def _vanished(deps: Dependencies, job: Job) -> str:
+    """SageMaker has no such training job (deleted by hand): the attempt is over, the job goes on."""
+    if not job.state.is_live:
+        return "no change"
+    was = job.state
+    stop = job.stop_reason
+    target = stop.final_state if stop is not None else JobState.QUEUED
+    if target is JobState.QUEUED:
+        job.stop_reason = None
+    job.transition(target, deps.now(), reason=f"training job {job.training_job_name} no longer exists")
+    deps.store.save_job(job, was=was)
+    _announce_end(deps, job, target)
+    return target.value
+
+
+# --- one pass ------------------------------------------------------------------------------------------------------
+
+
+def run_pass(deps: Dependencies) -> PassReport:
+    deps.ensure_pools()
+    now = deps.now()
+    settings = deps.settings
+    report = PassReport()
+    pool_statuses = deps.store.pools()
+    capacity = {status.pool.instance_type: status.pool.capacity for status in pool_statuses}
+    queued: dict[str, Job] = {}
+    for instance_type in capacity:
+        window = deps.store.queued_jobs(instance_type, settings.queue_lookahead)
+        queued.update((job.name, job) for job in window)
+        _queue_metrics(instance_type, window, now)
+    for status in pool_statuses:
+        pool_gauge(QUEUE_DEPTH, status.pool.instance_type, status.queued)
+    live = {job.name: job for job in deps.store.live_jobs()}
+    externals = deps.store.external_attempts()
+    warm_pools = []
+    for warm in deps.store.warm_pools():
+        if warm.expires_at > now:
+            warm_pools.append(warm)
+        else:
+            deps.store.forget_warm_pool(warm.training_job_name)
+    snapshot = Snapshot(
+        now=now,
+        capacity=capacity,
+        queued=[
+            QueuedJob(
+                name=job.name,
+                priority=job.priority,
+                submitted_at=job.submitted_at,
+                demand=job.demand,
+                resource_key=job.resource_key,
+                not_before=job.not_before,
+            )
+            for job in queued.values()
+        ],
+        running=[
+            RunningAttempt(
+                training_job_name=job.training_job_name or job.name,
+                demand=job.demand,
+                priority=job.priority,
+                started_at=job.started_at or now,
+                job_name=job.name,
+                stopping=job.state in (JobState.PREEMPTING, JobState.STOPPING),
+            )
+            for job in live.values()
+        ]
+        + [
+            RunningAttempt(
+                training_job_name=external.training_job_name,
+                demand=external.demand,
+                priority=PRIORITY_MAX,
+                started_at=external.started_at,
+            )
+            for external in externals
+        ],
+        warm_pools=[WarmPool(w.training_job_name, w.resource_key) for w in warm_pools],
+    )
+    decided = plan(
+        snapshot,
+        PolicySettings(
+            min_runtime_before_preemption_seconds=settings.min_runtime_before_preemption_seconds,
+            default_keep_alive_seconds=settings.default_keep_alive_seconds,
+        ),
+    )
+    report.waiting.update(decided.waiting)
+    for action in decided.actions:
+        if isinstance(action, Preempt):
+            _preempt(deps, action, report)
+        elif isinstance(action, ReleaseWarmPool):
+            _release(deps, action, report)
+        elif isinstance(action, Start):
+            _start(deps, queued[action.job_name], action, report)
+    logger.info(
+        "pass done",
+        extra={
+            "started": report.started,
+            "preempted": report.preempted,
+            "released": report.released,
+            "waiting": len(report.waiting),
+        },
+    )
+    return report
+
+
+def _queue_metrics(pool: str, window: list[Job], now: datetime) -> None:
+    if window:
+        oldest = min(job.submitted_at for job in window)
+        pool_gauge(OLDEST_WAIT, pool, (now - oldest).total_seconds(), MetricUnit.Seconds)
+
+
+def attempt_request(job: Job, attempt: int, keep_alive_seconds: int | None) -> dict[str, Any]:
+    """The CreateTrainingJob request of attempt `attempt`: the submitted request (same CheckpointConfig,
+    so training resumes from its checkpoints) under the attempt's name, with sagequeue's tags."""
+    request = copy.deepcopy(job.request)
+    request["TrainingJobName"] = attempt_name(job.name, attempt)
+    tags = tags_to_dict(request.get("Tags"))
+    tags.update({JOB_TAG: job.name, ATTEMPT_TAG: str(attempt), SUBMITTED_BY_TAG: job.owner})
+    request["Tags"] = [{"Key": key, "Value": value} for key, value in tags.items()]
+    if keep_alive_seconds:
+        config = dict(request.get("ResourceConfig") or {})
+        config["KeepAlivePeriodInSeconds"] = max(
+            int(config.get("KeepAlivePeriodInSeconds") or 0), keep_alive_seconds
+        )
+        request["ResourceConfig"] = config
+    return request
+
+
+def _start(deps: Dependencies, job: Job, action: Start, report: PassReport) -> None:
+    attempt = job.attempt + 1
+    request = attempt_request(job, attempt, action.keep_alive_seconds)
+    name = request["TrainingJobName"]
+    try:
+        result = deps.sagemaker.create_attempt(request, job_name=job.name)
+    except (ResourceLimitExceeded, Throttled, SageMakerUnavailable) as exc:
+        # Nothing was created: the job keeps its place and the next pass tries again.
+        report.waiting[job.name] = f"SageMaker {exc.code or type(exc).__name__}: {exc}"
+        logger.warning("create deferred", extra={"job": job.name, "attempt": attempt, "code": exc.code})
+        return
+    except (SageMakerValidationError, AttemptNameTaken) as exc:
+        message = str(exc)
+        outcome = _with_retries(deps, job.name, lambda fresh: _refused(deps, fresh, message))
+        report.failed.append(job.name)
+        logger.warning("create refused", extra={"job": job.name, "attempt": attempt, "outcome": outcome})
+        return
+    outcome = _with_retries(
+        deps,
+        job.name,
+        lambda fresh: _record_start(
+            deps,
+            fresh,
+            name,
+            deps.now(),
+            warm_pool=action.warm_pool,
+            keep_alive_seconds=action.keep_alive_seconds or 0,
+        ),
+    )
+    (report.adopted if result.already_started else report.started).append(name)
+    if outcome != "started":
+        logger.warning("start not recorded", extra={"job": job.name, "outcome": outcome})
+
+
+def _record_start(
+    deps: Dependencies,
+    job: Job,
+    training_job_name: str,
+    now: datetime,
+    *,
+    reason: str | None = None,
+    warm_pool: str | None = None,
+    keep_alive_seconds: int = 0,
+) -> str:
+    if job.training_job_name == training_job_name and job.state is not JobState.QUEUED:
+        return "started"  # recorded already (an event adopted it first)
+    if job.state is not JobState.QUEUED or training_job_name != job.next_attempt_name():
+        return f"not started: the job is {job.state.value}"
+    was = job.state
+    job.attempt += 1
+    job.training_job_name = training_job_name
+    job.started_at = now
+    job.stop_reason = None
+    job.not_before = None
+    job.reused_warm_pool_of = warm_pool
+    job.keep_alive_seconds = keep_alive_seconds
+    job.transition(
+        JobState.STARTING, now, reason=reason or (f"on warm pool of {warm_pool}" if warm_pool else None)
+    )
+    deps.store.save_job(job, was=was)
+    logger.append_keys(job=job.name, attempt=job.attempt)
+    logger.info("attempt started", extra={"training_job_name": training_job_name, "warm_pool": warm_pool})
+    logger.remove_keys(["job", "attempt"])
+    detail = {"name": job.name, "attempt": job.attempt, "training_job_name": training_job_name}
+    if job.attempt == 1:
+        count(STARTS)
+        deps.publisher.publish(EventType.JOB_STARTED, detail)
+    else:
+        count(RESUMES)
+        deps.publisher.publish(EventType.JOB_RESUMED, {**detail, "preemptions": job.preemptions})
+    if warm_pool:
+        deps.store.forget_warm_pool(warm_pool)
+        count(WARM_POOL_REUSES)
+        deps.publisher.publish(EventType.WARM_POOL_REUSED, {**detail, "warm_pool_of": warm_pool})
+    return "started"
+
+
+def _refused(deps: Dependencies, job: Job, message: str) -> str:
+    if job.state is not JobState.QUEUED:
+        return f"not failed: the job is {job.state.value}"
+    was = job.state
+    job.transition(JobState.FAILED, deps.now(), reason=f"SageMaker refused the job: {message}")
+    deps.store.save_job(job, was=was)
+    _announce_end(deps, job, JobState.FAILED)
+    return "failed"
+
+
+def _preempt(deps: Dependencies, action: Preempt, report: PassReport) -> None:
+    def step(job: Job) -> str:
+        if job.training_job_name != action.training_job_name or job.state not in (
+            JobState.STARTING,
+            JobState.RUNNING,
+        ):
+            return f"not preempted: the job is {job.state.value}"
+        was = job.state
+        job.stop_reason = StopReason.PREEMPTED
+        job.transition(JobState.PREEMPTING, deps.now(), reason=f"preempted for {action.for_job}")
+        deps.store.save_job(job, was=was)
+        return "preempting"
+
+    if _with_retries(deps, action.job_name, step) != "preempting":
+        return
+    try:
+        deps.sagemaker.stop(action.training_job_name)
+    except SageMakerError as exc:
+        # Recorded as preempting: the reconcile timer repeats the stop.
+        logger.warning("stop failed", extra={"job": action.job_name, "error": str(exc)})
+    report.preempted.append(action.training_job_name)
+    count(PREEMPTIONS)
+    deps.publisher.publish(
+        EventType.JOB_PREEMPTED,
+        {"name": action.job_name, "training_job_name": action.training_job_name, "for_job": action.for_job},
+    )
+
+
+def _release(deps: Dependencies, action: ReleaseWarmPool, report: PassReport) -> None:
+    # A pool no longer Available is refused; it is gone either way.
+    with contextlib.suppress(SageMakerValidationError, TrainingJobNotFound):
+        deps.sagemaker.set_keep_alive(action.training_job_name, 0)
+    deps.store.forget_warm_pool(action.training_job_name)
+    report.released.append(action.training_job_name)
+    count(WARM_POOL_RELEASES)
+
+
+__all__ = [
+    "InvalidTransition",
+    "PassReport",
+    "apply_change",
+    "attempt_request",
+    "handle_event",
+    "reconcile",
+    "run_pass",
+]

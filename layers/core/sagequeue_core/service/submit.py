@@ -1,0 +1,117 @@
+"""Submit: validate a CreateTrainingJob request, queue it, announce it. Nothing is stored on error."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from typing import Any
+
+from sagequeue_core.defaults import ATTEMPT_TAG, JOB_TAG, SUBMITTED_BY_TAG
+from sagequeue_core.domain import (
+    DomainError,
+    Job,
+    JobState,
+    demand_of,
+    priority_of,
+    tags_to_dict,
+    validate_job_name,
+)
+from sagequeue_core.errors import Forbidden, RequestInvalid
+from sagequeue_core.events import EventType
+from sagequeue_core.governance import check_policy
+from sagequeue_core.observability import SUBMISSIONS, count, logger
+from sagequeue_core.runtime import Dependencies
+from sagequeue_core.service.access import is_admin, require_caller
+
+#: CreateTrainingJob's required members (ResourceConfig included: sagequeue needs it to schedule).
+REQUIRED_FIELDS = (
+    "TrainingJobName",
+    "RoleArn",
+    "AlgorithmSpecification",
+    "OutputDataConfig",
+    "ResourceConfig",
+    "StoppingCondition",
+)
+#: Tags only sagequeue sets: a submitter must not forge who submitted or which job an attempt belongs to.
+RESERVED_TAGS = (JOB_TAG, ATTEMPT_TAG, SUBMITTED_BY_TAG)
+#: SageMaker accepts at most 50 tags; sagequeue adds three of its own to every attempt.
+MAX_USER_TAGS = 50 - len(RESERVED_TAGS)
+#: Top-level members sagequeue reads from the body and does not pass on to SageMaker.
+QUEUE_FIELDS = ("priority",)
+
+
+def validate(deps: Dependencies, body: Any, caller: str, body_bytes: int | None = None) -> Job:
+    """The job a submission describes, or RequestInvalid / Forbidden naming the problem."""
+    settings = deps.settings
+    if body_bytes is not None and body_bytes > settings.max_request_bytes:
+        raise RequestInvalid(f"request body is {body_bytes} bytes; at most {settings.max_request_bytes}")
+    if not isinstance(body, Mapping):
+        raise RequestInvalid("request body must be a JSON object (a CreateTrainingJob request)")
+    request = copy.deepcopy(dict(body))
+    explicit_priority = request.pop("priority", None)
+    missing = [name for name in REQUIRED_FIELDS if request.get(name) in (None, "", {}, [])]
+    if missing:
+        raise RequestInvalid(f"missing required field{'s' if len(missing) > 1 else ''}: {', '.join(missing)}")
+    try:
+        name = validate_job_name(request["TrainingJobName"])
+        priority = priority_of(request, explicit_priority)
+        demand = demand_of(request)
+        tags = tags_to_dict(request.get("Tags"))
+    except DomainError as exc:
+        raise RequestInvalid(str(exc)) from None
+    for field in ("AlgorithmSpecification", "OutputDataConfig", "StoppingCondition"):
+        if not isinstance(request[field], Mapping):
+            raise RequestInvalid(f"{field} must be an object")
+    role = request["RoleArn"]
+    if role not in settings.allowed_role_arns:
+        allowed = ", ".join(settings.allowed_role_arns) or "none configured"
+        raise RequestInvalid(f"RoleArn {role!r} is not one of the allowed roles ({allowed})")
+    reserved = sorted(set(tags) & set(RESERVED_TAGS))
+    if reserved:
+        raise RequestInvalid(f"Tags: {', '.join(reserved)} are set by sagequeue and may not be submitted")
+    if len(tags) > MAX_USER_TAGS:
+        raise RequestInvalid(f"Tags: {len(tags)} tags; at most {MAX_USER_TAGS} (sagequeue adds its own)")
+    rules = settings.policy_rules
+    if tags.get(rules.exempt_tag, "").strip().lower() == "true" and not is_admin(
+        caller, settings.admin_role_arns
+    ):
+        raise Forbidden(f"only an admin may submit a job tagged {rules.exempt_tag}=true")
+    pools = {status.pool.instance_type: status.pool.capacity for status in deps.store.pools()}
+    for instance_type, need in demand.items():
+        if instance_type not in pools:
+            known = ", ".join(sorted(pools)) or "none"
+            raise RequestInvalid(
+                f"ResourceConfig.InstanceType {instance_type} is not a pool sagequeue manages (pools: {known})"
+            )
+        if need > pools[instance_type]:
+            raise RequestInvalid(
+                f"ResourceConfig.InstanceCount: the job needs {need} {instance_type}; "
+                f"the pool has {pools[instance_type]}"
+            )
+    violations = check_policy(request, rules, tags)
+    if violations:
+        raise RequestInvalid("; ".join(f"policy {v.rule}: {v.message}" for v in violations))
+    return Job(name=name, request=request, priority=priority, owner=caller, submitted_at=deps.now())
+
+
+def submit(deps: Dependencies, body: Any, caller: str | None, body_bytes: int | None = None) -> Job:
+    """Queue a job; JobAlreadyExists (409) for a name in use."""
+    owner = require_caller(caller)
+    deps.ensure_pools()
+    job = validate(deps, body, owner, body_bytes)
+    job.history.append(
+        {
+            "at": job.submitted_at.isoformat(),
+            "state": JobState.QUEUED.value,
+            "attempt": 0,
+            "reason": "submitted",
+        }
+    )
+    deps.store.create_job(job)
+    logger.info("job queued", extra={"job": job.name, "pool": job.pool, "priority": job.priority})
+    count(SUBMISSIONS)
+    deps.publisher.publish(
+        EventType.JOB_QUEUED,
+        {"name": job.name, "pool": job.pool, "priority": job.priority, "owner": job.owner},
+    )
+    return job

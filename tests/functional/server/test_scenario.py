@@ -1,0 +1,77 @@
+"""The source article's scenario end to end, on the real handlers, moto and the SageMaker emulator."""
+
+from __future__ import annotations
+
+from conftest import ALICE, TRN1, QueueWorld
+
+
+def test_article_scenario_preempts_resumes_and_completes_every_job(world: QueueWorld) -> None:
+    # GIVEN two instances and three jobs: two start, the third waits
+    world.submit("job1", priority=1, duration=900)
+    world.submit("job2", priority=2, duration=900)
+    world.submit("job3", priority=1, duration=300)
+    world.run(300)
+    assert [world.state(n) for n in ("job1", "job2", "job3")] == ["running", "running", "queued"]
+
+    # WHEN a more important job arrives
+    world.submit("job4", priority=3, duration=1800)
+
+    # THEN the least important running job (job1, not job2) is preempted for it
+    assert world.state("job1") == "preempting"
+    assert world.state("job2") == "running"
+    world.run(60)
+    job1 = world.job("job1")
+    assert job1["state"] == "queued"
+    assert job1["preemptions"] == 1
+    assert job1["position"] == 1, "a preempted job keeps its place: ahead of job3, submitted later"
+    assert world.state("job4") in ("starting", "running")
+
+    # WHEN job2 finishes, job1 resumes (a new attempt), not job3
+    world.run_until(lambda: world.state("job2") == "completed")
+    world.run(30)
+    job1 = world.job("job1")
+    assert job1["state"] in ("starting", "running")
+    assert job1["attempt"] == 2
+    assert job1["training_job_name"] == "job1-2"
+    assert world.state("job3") == "queued"
+
+    # THEN everything completes, job3 last, and nothing is lost
+    world.run_until(lambda: all(world.state(n) == "completed" for n in ("job1", "job2", "job3", "job4")))
+    sagemaker = world.sagemaker()
+    summaries = {s["TrainingJobName"]: s for s in sagemaker.list_training_jobs()["TrainingJobSummaries"]}
+    assert {name: s["TrainingJobStatus"] for name, s in summaries.items()} == {
+        "job1": "Stopped",
+        "job1-2": "Completed",
+        "job2": "Completed",
+        "job3": "Completed",
+        "job4": "Completed",
+    }
+    created = sorted(summaries, key=lambda n: summaries[n]["CreationTime"])
+    assert created[-1] == "job3"
+    assert created.index("job1-2") > created.index("job4")
+
+    # the resumed attempt trains from the same checkpoints and carries the queue's tags
+    first = sagemaker.describe_training_job(TrainingJobName="job1")
+    second = sagemaker.describe_training_job(TrainingJobName="job1-2")
+    assert second["CheckpointConfig"] == first["CheckpointConfig"]
+    tags = {t["Key"]: t["Value"] for t in sagemaker.list_tags(ResourceArn=second["TrainingJobArn"])["Tags"]}
+    assert tags["sagequeue:job"] == "job1"
+    assert tags["sagequeue:attempt"] == "2"
+    assert tags["sagequeue:submitted-by"] == ALICE
+    assert tags["team"] == "research"
+
+    detail = world.job("job1")
+    assert detail["attempts"] == ["job1", "job1-2"]
+    assert [h["state"] for h in detail["history"]] == [
+        "queued",
+        "starting",
+        "running",
+        "preempting",
+        "queued",
+        "starting",
+        "running",
+        "completed",
+    ]
+    status, pools = world.api("GET", "/pools")
+    assert status == 200
+    assert pools["pools"] == [{"instance_type": TRN1, "capacity": 2, "used": 0, "queued": 0, "warm": 0}]
