@@ -18,7 +18,7 @@ ROLE = "arn:aws:iam::123456789012:role/SageMakerTraining"
 TRN1 = "ml.trn1.32xlarge"
 
 #: Phase lengths the tests count on (simulated seconds).
-TIMINGS: dict[str, float] = {
+TIMINGS: dict[str, Any] = {
     "provisioning_seconds": 120,
     "warm_start_seconds": 10,
     "download_seconds": 30,

@@ -144,7 +144,7 @@ def test_an_operation_the_emulator_does_not_offer_answers_a_sagemaker_style_erro
 
 def _post(endpoint_url: str, body: bytes, headers: dict[str, str], method: str = "POST") -> tuple[int, Any]:
     url = urlparse(endpoint_url)
-    connection = http.client.HTTPConnection(url.hostname, url.port, timeout=5)
+    connection = http.client.HTTPConnection(str(url.hostname), url.port, timeout=5)
     try:
         connection.request(method, "/", body=body, headers=headers)
         response = connection.getresponse()
@@ -197,7 +197,7 @@ def test_a_client_that_hangs_up_mid_request_does_not_disturb_the_server(
     emulator: SageMakerEmulator, sagemaker: Any, make_request: Any
 ) -> None:
     url = urlparse(emulator.endpoint_url)
-    connection = http.client.HTTPConnection(url.hostname, url.port, timeout=5)
+    connection = http.client.HTTPConnection(str(url.hostname), url.port, timeout=5)
     connection.putrequest("POST", "/")
     connection.putheader("Content-Length", "1000")
     connection.putheader("X-Amz-Target", "SageMaker.ListTrainingJobs")

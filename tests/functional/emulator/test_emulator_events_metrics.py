@@ -21,7 +21,7 @@ from sagequeue_core.defaults import (
     host_dimension_value,
 )
 
-TIMINGS = {
+TIMINGS: dict[str, Any] = {
     "provisioning_seconds": 120,
     "download_seconds": 30,
     "upload_seconds": 20,

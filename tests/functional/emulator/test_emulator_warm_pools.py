@@ -99,7 +99,7 @@ def test_a_matching_job_reuses_the_pool_and_starts_fast(
     assert warm_pool(sagemaker, pool_owner)["ResourceRetainedBillableTimeInSeconds"] == 200
 
 
-MISMATCHES = {
+MISMATCHES: dict[str, dict[str, Any]] = {
     "RoleArn": {"RoleArn": "arn:aws:iam::123456789012:role/OtherRole"},
     "InstanceType": {"ResourceConfig": {"InstanceType": "ml.trn1n.32xlarge"}},
     "InstanceCount": {"ResourceConfig": {"InstanceCount": 2}},
