@@ -784,12 +784,12 @@ def _tables(template: Template, spec: StackSpec) -> None:
     for logical_id in template.of_type("AWS::Serverless::SimpleTable"):
         props = template.properties(logical_id)
         name = template.physical_name(logical_id)
-        key = props.get("PrimaryKey") or {"Name": "id", "Type": "String"}
-        kind = {"String": "S", "Number": "N", "Binary": "B"}[str(key.get("Type", "String"))]
+        primary: dict[str, Any] = props.get("PrimaryKey") or {"Name": "id", "Type": "String"}
+        kind = {"String": "S", "Number": "N", "Binary": "B"}[str(primary.get("Type", "String"))]
         create = {
             "TableName": name,
-            "KeySchema": [{"AttributeName": key["Name"], "KeyType": "HASH"}],
-            "AttributeDefinitions": [{"AttributeName": key["Name"], "AttributeType": kind}],
+            "KeySchema": [{"AttributeName": primary["Name"], "KeyType": "HASH"}],
+            "AttributeDefinitions": [{"AttributeName": primary["Name"], "AttributeType": kind}],
         }
         if props.get("ProvisionedThroughput"):
             create["BillingMode"] = "PROVISIONED"
