@@ -97,11 +97,18 @@ class HubState:
         self.requests: list[tuple[str, str, int]] = []
         self.fail_next_commits: list[int] = []
         self.commit_barrier: threading.Barrier | None = None
+        self.barrier_commits = 0
         self.commit_gate: threading.Event | None = None
         self.lfs_gate: threading.Event | None = None
         self.lfs_arrivals = 0
         self.lfs_puts = 0
         self.commit_statuses: list[int] = []
+
+    def race_next_commits(self, count: int) -> None:
+        """Hold the next `count` commits until all have arrived, then let them through together."""
+        with self.lock:
+            self.commit_barrier = threading.Barrier(count)
+            self.barrier_commits = count
 
     def lfs_path(self, oid: str) -> Path:
         return self.storage / "lfs" / oid
@@ -176,6 +183,11 @@ class HubHandler(BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: Any) -> None:
         pass
+
+    def handle(self) -> None:
+        # clients that tests kill on purpose hang up mid-request
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            super().handle()
 
     # --- plumbing --------------------------------------------------------------------------------------
 
@@ -527,9 +539,12 @@ class HubHandler(BaseHTTPRequestHandler):
         self._send(200, b"")
 
     def _commit(self, repo_id: str, revision: str, body: bytes) -> None:
-        if self.state.commit_barrier is not None:
+        with self.state.lock:
+            barrier = self.state.commit_barrier if self.state.barrier_commits > 0 else None
+            self.state.barrier_commits -= 1
+        if barrier is not None:
             with contextlib.suppress(threading.BrokenBarrierError):
-                self.state.commit_barrier.wait(timeout=30)
+                barrier.wait(timeout=30)
         if self.state.commit_gate is not None:
             self.state.commit_gate.wait(timeout=60)
         lines = [json.loads(line) for line in body.splitlines() if line.strip()]

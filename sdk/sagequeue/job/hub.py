@@ -97,6 +97,7 @@ class HubCache:
         return info.sha
 
     def revision(self) -> str:
+        """The commit reads are pinned to: the head seen by the last listing."""
         return self._revision or self.head()
 
     def _tree(self, path: str, recursive: bool, expand: bool = False) -> list[RepoFile | RepoFolder]:
@@ -129,6 +130,7 @@ class HubCache:
             raise self._error("create repository", exc) from exc
 
     def versions(self) -> list[str]:
+        self.head()
         return sorted(
             neuron.version_of_dir(item.path)
             for item in self._tree("", recursive=False)
@@ -136,6 +138,10 @@ class HubCache:
         )
 
     def entries(self, version: str) -> dict[str, RemoteEntry]:
+        self.head()
+        return self._entries_at_revision(version)
+
+    def _entries_at_revision(self, version: str) -> dict[str, RemoteEntry]:
         vdir = neuron.version_dir(version)
         files: dict[str, list[RemoteFile]] = {}
         for item in self._tree(vdir, recursive=True):
@@ -198,6 +204,10 @@ class HubCache:
         return response.content
 
     def records(self, model: str | None = None) -> list[RegistryRecord]:
+        self.head()
+        return self._records_at_revision(model)
+
+    def _records_at_revision(self, model: str | None = None) -> list[RegistryRecord]:
         out = []
         for item in self._tree(REGISTRY_DIR, recursive=True):
             if not isinstance(item, RepoFile) or not item.path.endswith(".json"):
@@ -223,7 +233,7 @@ class HubCache:
             remote: dict[str, set[str]] = {}
             todo = []
             for entry in entries:
-                present = remote.setdefault(entry.version, set(self.entries(entry.version)))
+                present = remote.setdefault(entry.version, set(self._entries_at_revision(entry.version)))
                 if entry.module in present:
                     if entry.key not in result.already_present:
                         result.already_present.append(entry.key)
@@ -250,7 +260,7 @@ class HubCache:
             if not staged:
                 result.revision = parent
                 return result
-            existing = {r.path: r for r in self.records()} if records else {}
+            existing = {r.path: r for r in self._records_at_revision()} if records else {}
             record_ops = [
                 CommitOperationAdd(path_in_repo=r.path, path_or_fileobj=r.to_json())
                 for r in merge_records(records, existing)

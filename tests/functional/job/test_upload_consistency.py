@@ -1,0 +1,144 @@
+"""Uploads that die half-way or race each other leave the remote cache consistent."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import boto3
+from conftest import BIN, VERSION, make_cache, run_cli
+from support.hub_server import HubServer
+
+from sagequeue.job import neuron, sync
+
+
+def _entry(root: Path, module: str, neff_bytes: int = 4096) -> Path:
+    path = root / neuron.version_dir(VERSION) / module
+    path.mkdir(parents=True)
+    (path / "compile_flags.json").write_text('["--target=trn1"]')
+    (path / "model.hlo_module.pb").write_bytes(os.urandom(1024))
+    (path / "model.neff").write_bytes(os.urandom(neff_bytes))
+    (path / "model.done").touch()
+    return path
+
+
+def _sync(env: dict[str, str], url: str, root: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [str(BIN / "sagequeue"), "cache", "sync", "--cache", url, "--cache-dir", str(root)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _wait(condition, timeout: float = 30.0) -> None:
+    end = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < end, "condition not met in time"
+        time.sleep(0.05)
+
+
+def test_s3_upload_killed_midway_leaves_no_visible_entry(
+    base_env: dict[str, str], hub_server: HubServer, tmp_path: Path
+) -> None:
+    cache = make_cache("s3", base_env, hub_server)
+    root = tmp_path / "local"
+    # GIVEN an entry whose NEFF takes many multipart requests to store
+    _entry(root, "MODULE_111+aaaaaaaa", neff_bytes=120 * 1024 * 1024)
+    bucket, _, prefix = cache.url[len("s3://") :].partition("/")
+    s3 = boto3.client("s3")
+    # WHEN the uploader is killed once the first of its objects exists
+    uploader = _sync(base_env, cache.url, root)
+    _wait(
+        lambda: (
+            s3.list_objects_v2(Bucket=bucket, Prefix=prefix).get("KeyCount", 0) > 0
+            or uploader.poll() is not None
+        )
+    )
+    uploader.kill()
+    uploader.wait()
+    # THEN readers see no entry, and a restore brings nothing half-written into a cache
+    assert cache.remote.entries(VERSION) == {}
+    fresh = tmp_path / "fresh"
+    report = sync.restore(cache.remote, fresh, VERSION, progress=False)
+    assert report.restored == []
+    assert neuron.scan(fresh, VERSION) == []
+    # AND the next uploader makes the entry whole and visible
+    finished = run_cli(
+        ["cache", "sync", "--cache", cache.url, "--cache-dir", str(root)], base_env, timeout=120
+    )
+    assert finished.returncode == 0, finished.stderr
+    assert list(cache.remote.entries(VERSION)) == ["MODULE_111+aaaaaaaa"]
+
+
+def test_hub_upload_killed_before_its_commit_changes_nothing(
+    base_env: dict[str, str], hub_server: HubServer, tmp_path: Path
+) -> None:
+    cache = make_cache("hub", base_env, hub_server)
+    repo = cache.url[len("hf://") :]
+    root = tmp_path / "local"
+    _entry(root, "MODULE_222+bbbbbbbb", neff_bytes=256 * 1024)
+    head_before = hub_server.head(repo).oid
+    arrivals = hub_server.state.lfs_arrivals
+    hub_server.state.lfs_gate = threading.Event()
+    try:
+        # WHEN the uploader dies while its LFS objects are in flight
+        uploader = _sync(base_env, cache.url, root)
+        _wait(lambda: hub_server.state.lfs_arrivals > arrivals)
+        uploader.send_signal(signal.SIGKILL)
+        uploader.wait()
+    finally:
+        hub_server.state.lfs_gate.set()
+        hub_server.state.lfs_gate = None
+    # THEN the repository has not moved: no commit, no entry
+    assert hub_server.head(repo).oid == head_before
+    assert cache.remote.entries(VERSION) == {}
+    # AND a later sync publishes the entry in one commit
+    finished = run_cli(["cache", "sync", "--cache", cache.url, "--cache-dir", str(root)], base_env)
+    assert finished.returncode == 0, finished.stderr
+    assert list(cache.remote.entries(VERSION)) == ["MODULE_222+bbbbbbbb"]
+    assert hub_server.head(repo).parent == head_before
+
+
+def test_two_concurrent_hub_uploaders_both_land(
+    base_env: dict[str, str], hub_server: HubServer, tmp_path: Path
+) -> None:
+    cache = make_cache("hub", base_env, hub_server)
+    repo = cache.url[len("hf://") :]
+    first, second = tmp_path / "host-1", tmp_path / "host-2"
+    _entry(first, "MODULE_301+cccccccc")
+    _entry(first, "MODULE_302+cccccccc")
+    _entry(second, "MODULE_401+dddddddd")
+    _entry(second, "MODULE_302+cccccccc")  # both compiled the same graph
+    statuses = len(hub_server.state.commit_statuses)
+    # GIVEN both commits reach the Hub together, pinned to the same parent
+    hub_server.state.race_next_commits(2)
+    uploaders = [_sync(base_env, cache.url, first), _sync(base_env, cache.url, second)]
+    outputs = [u.communicate(timeout=90) for u in uploaders]
+    # THEN one lost the race with 412, retried on the new head, and both sets of entries landed
+    assert all(u.returncode == 0 for u in uploaders), outputs
+    assert 412 in hub_server.state.commit_statuses[statuses:]
+    assert set(cache.remote.entries(VERSION)) == {
+        "MODULE_301+cccccccc",
+        "MODULE_302+cccccccc",
+        "MODULE_401+dddddddd",
+    }
+    commits = [c for c in hub_server.state.repos[repo].commits if c.parent is not None]
+    assert len(commits) == 2
+
+
+def test_hub_commit_retried_on_409_and_412(
+    base_env: dict[str, str], hub_server: HubServer, tmp_path: Path
+) -> None:
+    cache = make_cache("hub", base_env, hub_server)
+    root = tmp_path / "local"
+    _entry(root, "MODULE_501+eeeeeeee")
+    hub_server.state.fail_next_commits = [409, 412]
+    report = sync.upload(cache.remote, root, VERSION)
+    assert report.result.published == [neuron.entry_key(VERSION, "MODULE_501+eeeeeeee")]
+    assert report.result.conflicts_retried == 2
