@@ -51,7 +51,7 @@ def make_snapshot(queued: int, running_per_pool: int, rng: random.Random) -> Sna
                 resource_key=key(pool, count),
             )
         )
-    capacity = {pool: running_per_pool + 1 for pool in POOLS}
+    capacity = dict.fromkeys(POOLS, running_per_pool + 1)
     return Snapshot(now=NOW, capacity=capacity, queued=jobs, running=running, warm_pools=warm)
 
 
