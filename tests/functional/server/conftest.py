@@ -77,6 +77,7 @@ def training_request(
     outcome: str | None = None,
     tags: dict[str, str] | None = None,
     volume: int = 100,
+    keep_alive: int | None = None,
 ) -> dict[str, Any]:
     """A CreateTrainingJob request shaped like the SageMaker SDK's, with the emulator's behaviour knobs."""
     environment = {"SAGEQUEUE_SIM_DURATION": str(duration)}
@@ -96,6 +97,8 @@ def training_request(
         "Environment": environment,
         "Tags": [{"Key": k, "Value": v} for k, v in (tags or {"team": "research"}).items()],
     }
+    if keep_alive is not None:
+        body["ResourceConfig"]["KeepAlivePeriodInSeconds"] = keep_alive
     if priority is not None:
         body["priority"] = priority
     return body

@@ -1,0 +1,92 @@
+"""Warm pools: kept for the next matching job, reused before any cold start, released when in the way."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from conftest import TRN1, QueueWorld, make_world
+
+
+@pytest.fixture
+def one_instance(moto_endpoint: str) -> Iterator[QueueWorld]:
+    yield from make_world(moto_endpoint, capacity={TRN1: 1}, settings={"default_keep_alive_seconds": 600})
+
+
+def test_a_finished_jobs_warm_pool_is_reused_rather_than_a_cold_start(world: QueueWorld) -> None:
+    # GIVEN a job that asked for a warm pool has finished, with a free instance in the pool as well
+    world.submit("prep", duration=120, keep_alive=900)
+    world.run_until(lambda: world.state("prep") == "completed")
+    world.run(30)
+    status, pools = world.api("GET", "/pools")
+    assert pools["pools"][0] == {"instance_type": TRN1, "capacity": 2, "used": 0, "queued": 0, "warm": 1}
+
+    # WHEN a job with the same resource key is submitted
+    world.submit("train", duration=120)
+
+    # THEN it starts on the warm pool, not on the free instance
+    sagemaker = world.sagemaker()
+    prep = sagemaker.describe_training_job(TrainingJobName="prep")
+    assert prep["WarmPoolStatus"]["Status"] in ("InUse", "Reused")
+    assert prep["WarmPoolStatus"].get("ReusedByJob") == "train"
+    job = world.job("train")
+    assert job["history"][-1]["reason"] == "on warm pool of prep"
+    status, pools = world.api("GET", "/pools")
+    assert pools["pools"][0]["used"] == 1
+    assert pools["pools"][0]["warm"] == 0
+    world.run_until(lambda: world.state("train") == "completed")
+
+
+def test_a_job_with_a_different_key_does_not_take_the_warm_pool(world: QueueWorld) -> None:
+    world.submit("prep", duration=120, keep_alive=900)
+    world.run_until(lambda: world.state("prep") == "completed")
+    world.run(30)
+
+    world.submit("other", duration=120, volume=500)  # another volume size: SageMaker would not reuse it
+
+    sagemaker = world.sagemaker()
+    assert sagemaker.describe_training_job(TrainingJobName="prep")["WarmPoolStatus"]["Status"] == "Available"
+    assert world.job("other")["history"][-1]["reason"] is None
+    status, pools = world.api("GET", "/pools")
+    assert (pools["pools"][0]["used"], pools["pools"][0]["warm"]) == (1, 1)
+
+
+def test_the_scheduler_keeps_instances_warm_for_the_next_matching_job(one_instance: QueueWorld) -> None:
+    world = one_instance
+    # GIVEN one busy instance and two queued jobs with the same resource key
+    world.submit("blocker", duration=120, volume=500)
+    world.submit("first", duration=120)
+    world.submit("second", duration=120)
+
+    # WHEN the instance frees up, the first starts with the configured keep-alive: the second would match it
+    world.run_until(lambda: world.state("first") in ("starting", "running"))
+    sagemaker = world.sagemaker()
+    blocker = sagemaker.describe_training_job(TrainingJobName="blocker")
+    assert "KeepAlivePeriodInSeconds" not in blocker["ResourceConfig"], "no queued job matched it"
+    first = sagemaker.describe_training_job(TrainingJobName="first")
+    assert first["ResourceConfig"]["KeepAlivePeriodInSeconds"] == 600
+
+    # WHEN it finishes, the second starts on its warm pool
+    world.run_until(lambda: world.state("second") in ("starting", "running"))
+    first = sagemaker.describe_training_job(TrainingJobName="first")
+    assert first["WarmPoolStatus"].get("ReusedByJob") == "second"
+    second = sagemaker.describe_training_job(TrainingJobName="second")
+    assert "KeepAlivePeriodInSeconds" not in second["ResourceConfig"], "nothing queued would reuse it"
+    world.run_until(lambda: world.state("second") == "completed")
+
+
+def test_an_idle_warm_pool_is_released_for_a_job_that_needs_its_instance(one_instance: QueueWorld) -> None:
+    world = one_instance
+    # GIVEN the only instance is held by a warm pool no queued job matches
+    world.submit("prep", duration=120, keep_alive=1800)
+    world.run_until(lambda: world.state("prep") == "completed")
+    world.run(30)
+
+    # WHEN a job with another key needs the instance
+    world.submit("other", duration=120, volume=500)
+
+    # THEN the pool is released (keep-alive 0) and the job starts
+    sagemaker = world.sagemaker()
+    assert sagemaker.describe_training_job(TrainingJobName="prep")["WarmPoolStatus"]["Status"] == "Terminated"
+    assert world.state("other") in ("starting", "running")
+    world.run_until(lambda: world.state("other") == "completed")
