@@ -19,6 +19,7 @@ def test_a_finished_jobs_warm_pool_is_reused_rather_than_a_cold_start(world: Que
     world.run_until(lambda: world.state("prep") == "completed")
     world.run(30)
     status, pools = world.api("GET", "/pools")
+    assert status == 200
     assert pools["pools"][0] == {"instance_type": TRN1, "capacity": 2, "used": 0, "queued": 0, "warm": 1}
 
     # WHEN a job with the same resource key is submitted
@@ -32,6 +33,7 @@ def test_a_finished_jobs_warm_pool_is_reused_rather_than_a_cold_start(world: Que
     job = world.job("train")
     assert job["history"][-1]["reason"] == "on warm pool of prep"
     status, pools = world.api("GET", "/pools")
+    assert status == 200
     assert pools["pools"][0]["used"] == 1
     assert pools["pools"][0]["warm"] == 0
     world.run_until(lambda: world.state("train") == "completed")
@@ -48,6 +50,7 @@ def test_a_job_with_a_different_key_does_not_take_the_warm_pool(world: QueueWorl
     assert sagemaker.describe_training_job(TrainingJobName="prep")["WarmPoolStatus"]["Status"] == "Available"
     assert world.job("other")["history"][-1]["reason"] is None
     status, pools = world.api("GET", "/pools")
+    assert status == 200
     assert (pools["pools"][0]["used"], pools["pools"][0]["warm"]) == (1, 1)
 
 
