@@ -226,6 +226,8 @@ class HubCache:
         self, entries: Sequence[neuron.LocalEntry], records: Sequence[RegistryRecord], deadline: Deadline
     ) -> PublishResult:
         result = PublishResult()
+        # a short deadline (a stop's grace) keeps a proportionate share for the commit call
+        reserve = min(self.commit_reserve, 0.2 * deadline.total)
         # Operations survive a lost race: their LFS content is uploaded once and reused by the retry.
         operations: dict[str, list[CommitOperationAdd]] = {}
         for attempt in range(1, self.max_attempts + 1):
@@ -242,7 +244,7 @@ class HubCache:
             staged: list[str] = []
             for entry in todo:
                 if entry.key not in operations:
-                    if deadline.expired(self.commit_reserve):
+                    if deadline.expired(reserve):
                         if entry.key not in result.skipped:
                             result.skipped.append(entry.key)
                         continue
@@ -280,7 +282,7 @@ class HubCache:
                 result.conflicts_retried += 1
                 pause = min(self.backoff_max, self.backoff_base * 2 ** (attempt - 1))
                 pause *= 0.5 + random.random()
-                if attempt == self.max_attempts or deadline.remaining() < pause + self.commit_reserve:
+                if attempt == self.max_attempts or deadline.remaining() < pause + reserve:
                     raise ConflictError(
                         f"{self.url}: the repository kept moving; gave up after {attempt} commit attempts"
                     ) from exc

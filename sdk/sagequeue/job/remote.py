@@ -155,6 +155,7 @@ class Deadline:
     """A point in monotonic time after which no new transfer starts."""
 
     def __init__(self, seconds: float | None) -> None:
+        self.total = float("inf") if seconds is None else seconds
         self._at = None if seconds is None else time.monotonic() + seconds
 
     def remaining(self) -> float:

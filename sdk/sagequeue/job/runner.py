@@ -60,7 +60,7 @@ class JobOptions:
     metrics: str = "auto"
     metrics_period: float = METRIC_PERIOD_SECONDS
     grace_seconds: float = SAGEMAKER_STOP_GRACE_SECONDS
-    #: Seconds kept free at the end of the grace for the wrapper to exit.
+    #: Seconds kept free at the end of the grace for the wrapper to exit (less for a short grace).
     exit_margin: float = 10.0
     upload_timeout: float = 1800.0
     restore_timeout: float = 1800.0
@@ -286,7 +286,8 @@ class JobRunner:
     ) -> None:
         options = self.options
         if self.watch.stopped:
-            budget = options.grace_seconds - self.watch.seconds_since() - options.exit_margin
+            margin = min(options.exit_margin, max(2.0, 0.15 * options.grace_seconds))
+            budget = options.grace_seconds - self.watch.seconds_since() - margin
         else:
             budget = options.upload_timeout
         if budget <= 1:
