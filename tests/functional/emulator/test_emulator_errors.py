@@ -10,7 +10,10 @@ from typing import Any
 from urllib.parse import urlparse
 
 import pytest
-from botocore.exceptions import ClientError
+from botocore.config import Config
+from botocore.exceptions import ClientError, EndpointConnectionError
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from sagequeue.local import SageMakerEmulator
 
@@ -248,3 +251,76 @@ def test_concurrent_clients_never_exceed_the_limit_and_see_consistent_state(
     assert outcomes == Counter({"created": 4, "ResourceLimitExceeded": 156})
     listed = emulator.client().get_paginator("list_training_jobs").paginate().build_full_result()
     assert len(listed["TrainingJobSummaries"]) == 4
+
+
+def test_a_stopped_emulator_answers_no_one_not_even_over_kept_alive_connections(
+    make_request: Any,
+) -> None:
+    emulator = SageMakerEmulator().start()
+    client = emulator.client(config=Config(retries={"total_max_attempts": 1}))
+    client.create_training_job(**make_request("before-stop"))
+    emulator.stop()
+    with pytest.raises(EndpointConnectionError):
+        client.describe_training_job(TrainingJobName="before-stop")
+
+
+json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**40), 2**40)
+    | st.floats(allow_nan=False)
+    | st.text(max_size=20),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=12), children, max_size=4)
+    ),
+    max_leaves=12,
+)
+CREATE_KEYS = [
+    "TrainingJobName",
+    "RoleArn",
+    "AlgorithmSpecification",
+    "OutputDataConfig",
+    "ResourceConfig",
+    "StoppingCondition",
+    "VpcConfig",
+    "Environment",
+    "Tags",
+    "EnableManagedSpotTraining",
+]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    operation=st.sampled_from(
+        [
+            "CreateTrainingJob",
+            "DescribeTrainingJob",
+            "ListTrainingJobs",
+            "StopTrainingJob",
+            "UpdateTrainingJob",
+            "AddTags",
+        ]
+    ),
+    base=st.booleans(),
+    replacements=st.dictionaries(
+        st.sampled_from([*CREATE_KEYS, "ResourceArn", "MaxResults", "NextToken"]), json_values
+    ),
+)
+def test_no_request_body_makes_the_server_fail(
+    emulator: SageMakerEmulator, make_request: Any, operation: str, base: bool, replacements: dict[str, Any]
+) -> None:
+    body = {**(make_request("fuzzed") if base else {}), **replacements}
+    status, payload = _post(
+        emulator.endpoint_url,
+        json.dumps(body).encode(),
+        {"Content-Type": "application/x-amz-json-1.1", "X-Amz-Target": f"SageMaker.{operation}"},
+    )
+    assert status in (200, 400), payload
+    if status == 400:
+        assert payload["__type"] in {
+            "ValidationException",
+            "ResourceNotFound",
+            "ResourceInUse",
+            "ResourceLimitExceeded",
+        }
+        assert payload["message"]

@@ -7,8 +7,10 @@ ClientError carrying that code. Whatever a client sends, the server answers; not
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import socket
 import threading
 import uuid
 from collections.abc import Callable
@@ -72,7 +74,8 @@ class _Handler(BaseHTTPRequestHandler):
         operation = target[len(TARGET_PREFIX) :]
         try:
             request = json.loads(body.decode("utf-8")) if body.strip() else {}
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+            # ValueError covers JSONDecodeError and over-long integers; RecursionError, absurd nesting.
             refusal = SerializationError(f"The request body is not valid JSON: {exc}")
             return refusal.status, refusal.to_wire()
         try:
@@ -133,6 +136,26 @@ class EmulatorHTTPServer(ThreadingHTTPServer):
     def __init__(self, host: str, port: int, dispatch: Dispatch) -> None:
         super().__init__((host, port), _Handler)
         self.dispatch = dispatch
+        self._connections: set[socket.socket] = set()
+        self._connections_lock = threading.Lock()
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self._connections_lock:
+            self._connections.add(request)
+        super().process_request(request, client_address)
+
+    def shutdown_request(self, request: Any) -> None:
+        with self._connections_lock:
+            self._connections.discard(request)
+        super().shutdown_request(request)
+
+    def close_connections(self) -> None:
+        """Ends kept-alive connections too, so a stopped emulator answers no one."""
+        with self._connections_lock:
+            connections = list(self._connections)
+        for connection in connections:
+            with contextlib.suppress(OSError):
+                connection.shutdown(socket.SHUT_RDWR)
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         logger.debug("connection from %s ended abruptly", client_address, exc_info=True)
@@ -159,4 +182,5 @@ class ServerThread:
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+        self.server.close_connections()
         self._thread.join(timeout=5)
