@@ -224,7 +224,9 @@ def _end_state(deps: Dependencies, job: Job, change: TrainingJobChange) -> tuple
     if change.secondary_status in _SAGEMAKER_STOPS and job.stop_reason is None:
         return JobState.FAILED, f"stopped by SageMaker: {change.secondary_status}"
     if job.stop_reason is not None:
-        return job.stop_reason.final_state, f"stopped: {job.stop_reason.value}"
+        # Governance records why it stopped an idle or rule-breaking attempt; keep that as the final reason.
+        recorded = job.reason if job.stop_reason in (StopReason.IDLE, StopReason.POLICY) else None
+        return job.stop_reason.final_state, recorded or f"stopped: {job.stop_reason.value}"
     return JobState.CANCELLED, "stopped outside sagequeue"
 
 
