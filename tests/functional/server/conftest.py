@@ -18,6 +18,7 @@ from typing import Any
 
 import boto3
 import pytest
+from botocore.config import Config
 
 from sagequeue.local import SageMakerEmulator, VirtualClock
 from sagequeue.local.template import load_template
@@ -295,6 +296,8 @@ def make_world(
         clock=clock,
         endpoints={"dynamodb": moto_endpoint, "events": moto_endpoint, "sagemaker": emulator.endpoint_url},
         region=region,
+        # botocore's own retries sleep in real time; the scheduler's handling of a refusal is under test
+        clients={"sagemaker": emulator.client(config=Config(retries={"total_max_attempts": 1}))},
     )
     runtime.install(deps)
     world = QueueWorld(

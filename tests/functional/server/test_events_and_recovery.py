@@ -1,0 +1,208 @@
+"""Events arrive duplicated, out of order, late or never; the scheduler may crash between SageMaker and
+DynamoDB. None of it may lose or double-start a job."""
+
+from __future__ import annotations
+
+import contextlib
+import random
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from conftest import QueueWorld, training_request
+
+from sagequeue.local.emulator.events import state_change_event
+
+
+class Crash(RuntimeError):
+    """The scheduler's process dying between two calls."""
+
+
+@contextlib.contextmanager
+def crash_between_create_and_write(world: QueueWorld) -> Iterator[None]:
+    """The next table write after a successful CreateTrainingJob dies with the process."""
+    store, sagemaker = world.deps.store.client, world.deps.sagemaker.client
+    armed: dict[str, bool] = {}
+
+    def arm(**_: Any) -> None:
+        armed["crash"] = True
+
+    def crash(**_: Any) -> None:
+        if armed.pop("crash", False):
+            raise Crash("the process died before writing the job")
+
+    sagemaker.meta.events.register("after-call.sagemaker.CreateTrainingJob", arm)
+    store.meta.events.register("before-call.dynamodb.TransactWriteItems", crash)
+    try:
+        yield
+    finally:
+        sagemaker.meta.events.unregister("after-call.sagemaker.CreateTrainingJob", arm)
+        store.meta.events.unregister("before-call.dynamodb.TransactWriteItems", crash)
+
+
+def _status(event: dict[str, Any]) -> tuple[str, str]:
+    return event["detail"]["TrainingJobStatus"], event["detail"]["SecondaryStatus"]
+
+
+def test_duplicated_and_reordered_events_change_nothing_twice(world: QueueWorld) -> None:
+    # GIVEN a job whose every SageMaker event was collected but not yet delivered
+    world.submit("solo", duration=120)
+    world.take_sagemaker_events()
+    world.emulator.advance(600)
+    events = world.take_sagemaker_events()
+    assert _status(events[-1]) == ("Completed", "Completed")
+
+    # WHEN they arrive shuffled, each twice
+    shuffled = events + events
+    random.Random(7).shuffle(shuffled)
+    world.deliver(shuffled)
+
+    # THEN the job completed exactly once and never went back
+    job = world.job("solo")
+    assert job["state"] == "completed"
+    states = [h["state"] for h in job["history"]]
+    assert states.count("completed") == 1
+    assert states[-1] == "completed"
+    assert len(world.sagemaker().list_training_jobs()["TrainingJobSummaries"]) == 1
+
+
+def test_the_end_arriving_before_the_start_is_still_applied(world: QueueWorld) -> None:
+    world.submit("quick", duration=60)
+    world.take_sagemaker_events()
+    world.emulator.advance(600)
+    events = world.take_sagemaker_events()
+
+    world.deliver(list(reversed(events)))
+
+    job = world.job("quick")
+    assert job["state"] == "completed"
+    assert [h["state"] for h in job["history"]] == ["queued", "starting", "completed"]
+
+
+def test_a_late_event_of_an_earlier_attempt_does_not_touch_the_current_one(world: QueueWorld) -> None:
+    # GIVEN job1 was preempted (its first attempt Stopped) and resumed as job1-2
+    world.submit("job1", priority=1, duration=1200)
+    world.submit("job2", priority=1, duration=300)
+    world.run(300)
+    world.submit("job3", priority=5, duration=300)
+    world.run(60)
+    world.run_until(lambda: world.job("job1")["attempt"] == 2 and world.state("job1") == "running")
+    attempt1 = world.sagemaker().describe_training_job(TrainingJobName="job1")
+    assert attempt1["TrainingJobStatus"] == "Stopped"
+
+    # WHEN the first attempt's Stopped event is delivered again, late and twice
+    late = state_change_event(
+        world.emulator.backend.describe("job1"),
+        {"sagequeue:job": "job1", "sagequeue:attempt": "1"},
+        world.clock.now(),
+        region="us-east-1",
+        account_id="123456789012",
+    )
+    world.deliver([late, late])
+
+    # THEN the running second attempt is untouched
+    job1 = world.job("job1")
+    assert (job1["state"], job1["attempt"], job1["preemptions"]) == ("running", 2, 1)
+
+
+def test_a_duplicated_stop_after_preemption_does_not_cancel_the_requeued_job(world: QueueWorld) -> None:
+    # GIVEN job1 is preempted and its Stopped event is applied: the job is queued again
+    world.submit("job1", priority=1, duration=1200)
+    world.submit("job2", priority=1, duration=1200)
+    world.run(300)
+    world.submit("job3", priority=5, duration=300)
+    world.emulator.advance(60)
+    events = world.take_sagemaker_events()
+    stopped = [e for e in events if _status(e)[0] == "Stopped"]
+    assert [e["detail"]["TrainingJobName"] for e in stopped] == ["job1"]
+    world.deliver(events)
+    assert world.state("job1") == "queued"
+
+    # WHEN the same Stopped event comes again
+    world.deliver(stopped)
+
+    # THEN job1 stays queued with one preemption (a stop nobody asked for would have cancelled it)
+    job1 = world.job("job1")
+    assert (job1["state"], job1["preemptions"]) == ("queued", 1)
+
+
+def test_a_lost_event_only_delays_the_job(world: QueueWorld) -> None:
+    # GIVEN every SageMaker event of a job is lost
+    world.submit("lost", duration=120)
+    world.emulator.advance(600)
+    world.take_sagemaker_events()
+    assert world.state("lost") == "starting"
+
+    # WHEN the one-minute timer reconciles
+    report = world.timer()
+
+    # THEN DescribeTrainingJob's view is applied
+    assert "lost: completed" in report["applied"]
+    assert world.state("lost") == "completed"
+
+
+def test_a_crash_after_create_is_recognised_by_the_next_pass(world: QueueWorld) -> None:
+    # GIVEN the scheduler dies after CreateTrainingJob succeeded and before the job's write
+    with crash_between_create_and_write(world), pytest.raises(Crash):
+        world.api("POST", "/jobs", training_request("fragile", duration=120))
+    assert (
+        world.sagemaker().describe_training_job(TrainingJobName="fragile")["TrainingJobStatus"]
+        == "InProgress"
+    )
+    assert world.state("fragile") == "queued", "the start was lost with the process"
+    world.take_sagemaker_events()  # and so were the events that would have told
+
+    # WHEN the timer runs the next pass
+    report = world.timer()
+
+    # THEN it finds its own attempt (ResourceInUse, tagged as this job's) instead of failing or duplicating
+    assert report["adopted"] == ["fragile"]
+    assert report["started"] == []
+    job = world.job("fragile")
+    assert (job["state"], job["attempt"], job["training_job_name"]) == ("starting", 1, "fragile")
+    world.run_until(lambda: world.state("fragile") == "completed")
+    assert len(world.sagemaker().list_training_jobs()["TrainingJobSummaries"]) == 1
+
+
+def test_an_event_of_the_attempt_created_before_a_crash_adopts_it(world: QueueWorld) -> None:
+    with crash_between_create_and_write(world), pytest.raises(Crash):
+        world.api("POST", "/jobs", training_request("fragile", duration=120))
+    assert world.state("fragile") == "queued"
+
+    # WHEN SageMaker's InProgress event for the attempt arrives
+    world.deliver()
+
+    # THEN the job records the attempt that exists, and no second one is created
+    assert world.job("fragile")["training_job_name"] == "fragile"
+    assert world.state("fragile") in ("starting", "running")
+    assert len(world.sagemaker().list_training_jobs()["TrainingJobSummaries"]) == 1
+
+
+def test_a_training_job_of_the_same_name_not_started_by_the_queue_fails_the_job(world: QueueWorld) -> None:
+    # GIVEN someone created a training job by hand under the name the queue's first attempt will use
+    request = training_request("taken", duration=60)
+    request.pop("priority", None)
+    world.sagemaker().create_training_job(**request)
+    world.emulator.advance(600)
+    world.take_sagemaker_events()
+
+    # WHEN the job is submitted
+    world.api("POST", "/jobs", training_request("taken", duration=60))
+
+    # THEN it fails, naming the reason, instead of adopting a stranger's job
+    job = world.job("taken")
+    assert job["state"] == "failed"
+    assert "not started by sagequeue" in job["reason"]
+
+
+@pytest.mark.parametrize("code", ["ThrottlingException", "ResourceLimitExceeded"])
+def test_a_refused_create_leaves_the_job_queued_and_it_starts_later(world: QueueWorld, code: str) -> None:
+    world.emulator.fail_next("CreateTrainingJob", code)
+    world.submit("patient", duration=60)
+    assert world.state("patient") == "queued"
+    assert code in world.reports[-1]["waiting"]["patient"]
+
+    world.timer()
+
+    assert world.state("patient") == "starting"
+    assert world.job("patient")["attempt"] == 1
