@@ -56,9 +56,14 @@ def provision(spec: StackSpec, stack_name: str, clients: Any) -> Provisioned:
     # A redrive policy names its dead-letter queue by ARN, which must exist first.
     for url, policy in redrives:
         sqs.set_queue_attributes(QueueUrl=url, Attributes={"RedrivePolicy": policy})
+    # Only functions something delivers to get an inbox: the router polls each inbox every round.
+    fed = {t.function for rule in spec.rules for t in rule.targets if t.function} | {
+        s.function for s in spec.subscriptions
+    }
     for logical_id in spec.functions:
-        url = sqs.create_queue(QueueName=inbox_name(stack_name, logical_id))["QueueUrl"]
-        out.inbox_urls[logical_id] = url
+        if logical_id in fed:
+            url = sqs.create_queue(QueueName=inbox_name(stack_name, logical_id))["QueueUrl"]
+            out.inbox_urls[logical_id] = url
     sns = clients("sns")
     for topic in spec.topics:
         sns.create_topic(Name=topic.name, Attributes=topic.attributes)

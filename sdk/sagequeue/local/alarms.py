@@ -1,0 +1,298 @@
+"""Evaluate CloudWatch metric alarms on moto, which stores alarms and metric data but never evaluates them.
+
+For each alarm: read its last `EvaluationPeriods` periods of data with GetMetricData (periods aligned to the
+period length, ending at the last whole period before now), classify each period as breaching, not
+breaching or missing, apply `DatapointsToAlarm` (M out of N) and `TreatMissingData`, and, when the state
+changes, set it with SetAlarmState and notify the alarm's actions for the new state: an SNS-shaped
+CloudWatch alarm message is published to each SNS topic among the actions, so moto delivers it to the
+topic's subscribers and the functions subscribed to it run.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+logger = logging.getLogger("sagequeue.local.alarms")
+
+OK = "OK"
+ALARM = "ALARM"
+INSUFFICIENT_DATA = "INSUFFICIENT_DATA"
+
+_COMPARISONS = {
+    "GreaterThanOrEqualToThreshold": lambda value, threshold: value >= threshold,
+    "GreaterThanThreshold": lambda value, threshold: value > threshold,
+    "LessThanThreshold": lambda value, threshold: value < threshold,
+    "LessThanOrEqualToThreshold": lambda value, threshold: value <= threshold,
+}
+
+_REGION_NAMES = {
+    "us-east-1": "US East (N. Virginia)",
+    "us-east-2": "US East (Ohio)",
+    "us-west-2": "US West (Oregon)",
+    "eu-west-1": "EU (Ireland)",
+    "eu-central-1": "EU (Frankfurt)",
+    "ap-northeast-1": "Asia Pacific (Tokyo)",
+}
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """The outcome of evaluating one alarm: its new state and why."""
+
+    state: str
+    reason: str
+    #: Values of the evaluated periods, oldest first; None where data is missing.
+    values: tuple[float | None, ...]
+
+
+def evaluate(alarm: Mapping[str, Any], values: list[float | None]) -> Evaluation:
+    """The state `alarm` should be in, given the values of its evaluation range (oldest first; None for
+    a period without data). Pure: this is where CloudWatch's rules live.
+
+    - notBreaching: a missing period counts as good; breaching: as bad.
+    - missing (default): if every period is missing, INSUFFICIENT_DATA; otherwise only periods with data
+      count, and when fewer than M have data, all of them must breach.
+    - ignore: as missing, but with no data at all the alarm keeps its state.
+    """
+    threshold = float(alarm.get("Threshold", 0.0))
+    operator = str(alarm.get("ComparisonOperator", "GreaterThanThreshold"))
+    compare = _COMPARISONS.get(operator)
+    if compare is None:
+        raise ValueError(f"alarm {alarm.get('AlarmName')}: comparison {operator} is not evaluated locally")
+    periods = int(alarm.get("EvaluationPeriods", 1))
+    needed = int(alarm.get("DatapointsToAlarm") or periods)
+    treat = str(alarm.get("TreatMissingData") or "missing")
+    window = list(values)[-periods:]
+    present = [value for value in window if value is not None]
+    breaching = sum(1 for value in present if compare(value, threshold))
+    missing = len(window) - len(present)
+    shown = tuple(window)
+    describe = ", ".join("missing" if v is None else f"{v:g}" for v in window)
+    if treat == "notBreaching":
+        alarmed = breaching >= needed
+    elif treat == "breaching":
+        alarmed = breaching + missing >= needed
+    elif not present:
+        if treat == "ignore":
+            current = str(alarm.get("StateValue") or INSUFFICIENT_DATA)
+            return Evaluation(current, "no data in the evaluation range; state kept (ignore)", shown)
+        return Evaluation(
+            INSUFFICIENT_DATA, f"Insufficient Data: no datapoints in the last {periods} periods", shown
+        )
+    elif len(present) >= needed:
+        alarmed = breaching >= needed
+    else:
+        alarmed = breaching == len(present)
+    if alarmed:
+        reason = (
+            f"Threshold Crossed: {breaching} out of the last {len(window)} datapoints [{describe}] "
+            f"were {_operator_text(operator)} the threshold ({threshold:g}) (minimum {needed} datapoints "
+            f"for OK -> ALARM transition)."
+        )
+        return Evaluation(ALARM, reason, shown)
+    reason = (
+        f"Threshold Crossed: {len(window) - breaching} out of the last {len(window)} datapoints [{describe}] "
+        f"were not {_operator_text(operator)} the threshold ({threshold:g}) (minimum 1 datapoint for "
+        "ALARM -> OK transition)."
+    )
+    return Evaluation(OK, reason, shown)
+
+
+def _operator_text(operator: str) -> str:
+    return {
+        "GreaterThanOrEqualToThreshold": "greater than or equal to",
+        "GreaterThanThreshold": "greater than",
+        "LessThanThreshold": "less than",
+        "LessThanOrEqualToThreshold": "less than or equal to",
+    }[operator]
+
+
+def evaluation_range(alarm: Mapping[str, Any], now: datetime) -> list[tuple[datetime, datetime]]:
+    """The alarm's evaluation periods, oldest first: whole periods aligned to the period length, the last
+    one ending at or before `now` (the period in progress is not evaluated)."""
+    period = _period(alarm)
+    periods = int(alarm.get("EvaluationPeriods", 1))
+    epoch = int(now.timestamp())
+    end = datetime.fromtimestamp(epoch - epoch % period, tz=UTC)
+    return [
+        (end - timedelta(seconds=period * (index + 1)), end - timedelta(seconds=period * index))
+        for index in reversed(range(periods))
+    ]
+
+
+def _period(alarm: Mapping[str, Any]) -> int:
+    if alarm.get("Period"):
+        return int(alarm["Period"])
+    for query in alarm.get("Metrics") or []:
+        stat = query.get("MetricStat")
+        if stat and stat.get("Period"):
+            return int(stat["Period"])
+        if query.get("Period"):
+            return int(query["Period"])
+    return 60
+
+
+def _queries(alarm: Mapping[str, Any]) -> tuple[list[dict[str, Any]], str]:
+    """GetMetricData queries for the alarm, and the id of the query whose values are evaluated."""
+    if alarm.get("Metrics"):
+        queries = [dict(query) for query in alarm["Metrics"]]
+        chosen = next((q["Id"] for q in queries if q.get("ReturnData", True)), queries[-1]["Id"])
+        for query in queries:
+            query["ReturnData"] = query["Id"] == chosen
+        return queries, str(chosen)
+    statistic = alarm.get("Statistic") or alarm.get("ExtendedStatistic") or "Average"
+    stat: dict[str, Any] = {
+        "Metric": {
+            "Namespace": alarm["Namespace"],
+            "MetricName": alarm["MetricName"],
+            "Dimensions": [{"Name": d["Name"], "Value": d["Value"]} for d in alarm.get("Dimensions") or []],
+        },
+        "Period": int(alarm.get("Period", 60)),
+        "Stat": statistic,
+    }
+    if alarm.get("Unit"):
+        stat["Unit"] = alarm["Unit"]
+    return [{"Id": "m0", "MetricStat": stat, "ReturnData": True}], "m0"
+
+
+@dataclass(frozen=True)
+class Transition:
+    alarm_name: str
+    old_state: str
+    new_state: str
+    reason: str
+
+
+class AlarmEvaluator:
+    """Evaluates every metric alarm in moto's CloudWatch and acts on state changes."""
+
+    def __init__(self, cloudwatch: Any, sns: Any, *, region: str, account_id: str) -> None:
+        self.cloudwatch = cloudwatch
+        self.sns = sns
+        self.region = region
+        self.account_id = account_id
+
+    def alarms(self) -> Iterable[dict[str, Any]]:
+        for page in self.cloudwatch.get_paginator("describe_alarms").paginate(AlarmTypes=["MetricAlarm"]):
+            yield from page.get("MetricAlarms", [])
+
+    def values(self, alarm: Mapping[str, Any], now: datetime) -> list[float | None]:
+        """Per evaluation period, oldest first, the alarm's statistic, or None where there is no data."""
+        periods = evaluation_range(alarm, now)
+        queries, chosen = _queries(alarm)
+        answer = self.cloudwatch.get_metric_data(
+            MetricDataQueries=queries, StartTime=periods[0][0], EndTime=periods[-1][1]
+        )
+        by_start: dict[datetime, float] = {}
+        for result in answer.get("MetricDataResults", []):
+            if result.get("Id") != chosen:
+                continue
+            for stamp, value in zip(result.get("Timestamps", []), result.get("Values", []), strict=False):
+                by_start[stamp.astimezone(UTC)] = float(value)
+        return [by_start.get(start) for start, _ in periods]
+
+    def run(self, now: datetime) -> list[Transition]:
+        """Evaluate every alarm once at `now`; returns the state changes made."""
+        changes = []
+        for alarm in self.alarms():
+            try:
+                outcome = evaluate(alarm, self.values(alarm, now))
+            except (ValueError, KeyError) as exc:
+                logger.warning("alarm %s is not evaluated locally: %s", alarm.get("AlarmName"), exc)
+                continue
+            old = str(alarm.get("StateValue") or INSUFFICIENT_DATA)
+            if outcome.state == old:
+                continue
+            reason_data = {
+                "version": "1.0",
+                "queryDate": now.isoformat(),
+                "recentDatapoints": [v for v in outcome.values if v is not None],
+                "threshold": alarm.get("Threshold"),
+            }
+            self.cloudwatch.set_alarm_state(
+                AlarmName=alarm["AlarmName"],
+                StateValue=outcome.state,
+                StateReason=outcome.reason[:1023],
+                StateReasonData=json.dumps(reason_data),
+            )
+            changes.append(Transition(alarm["AlarmName"], old, outcome.state, outcome.reason))
+            self._notify(alarm, old, outcome, now)
+        return changes
+
+    def _notify(self, alarm: Mapping[str, Any], old: str, outcome: Evaluation, now: datetime) -> None:
+        if alarm.get("ActionsEnabled") is False:
+            return
+        actions = {
+            ALARM: alarm.get("AlarmActions"),
+            OK: alarm.get("OKActions"),
+            INSUFFICIENT_DATA: alarm.get("InsufficientDataActions"),
+        }[outcome.state] or []
+        topics = [arn for arn in actions if str(arn).startswith("arn:") and ":sns:" in str(arn)]
+        if not topics:
+            return
+        message = alarm_message(alarm, old, outcome, now, region=self.region, account_id=self.account_id)
+        region_name = _REGION_NAMES.get(self.region, self.region)
+        subject = f'{outcome.state}: "{alarm["AlarmName"]}" in {region_name}'[:100]
+        for topic in topics:
+            self.sns.publish(TopicArn=topic, Subject=subject, Message=json.dumps(message))
+
+
+def alarm_message(
+    alarm: Mapping[str, Any],
+    old_state: str,
+    outcome: Evaluation,
+    now: datetime,
+    *,
+    region: str,
+    account_id: str,
+) -> dict[str, Any]:
+    """The JSON CloudWatch publishes to an alarm's SNS actions."""
+    stamp = now.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.") + f"{now.microsecond // 1000:03d}+0000"
+    trigger: dict[str, Any] = {
+        "Period": _period(alarm),
+        "EvaluationPeriods": int(alarm.get("EvaluationPeriods", 1)),
+        "DatapointsToAlarm": int(alarm.get("DatapointsToAlarm") or alarm.get("EvaluationPeriods", 1)),
+        "ComparisonOperator": alarm.get("ComparisonOperator"),
+        "Threshold": float(alarm.get("Threshold", 0.0)),
+        "TreatMissingData": alarm.get("TreatMissingData") or "missing",
+        "EvaluateLowSampleCountPercentile": alarm.get("EvaluateLowSampleCountPercentile", ""),
+    }
+    if alarm.get("Metrics"):
+        trigger["Metrics"] = alarm["Metrics"]
+    else:
+        trigger.update(
+            {
+                "MetricName": alarm.get("MetricName"),
+                "Namespace": alarm.get("Namespace"),
+                "StatisticType": "ExtendedStatistic" if alarm.get("ExtendedStatistic") else "Statistic",
+                "Statistic": str(alarm.get("Statistic") or alarm.get("ExtendedStatistic") or "").upper(),
+                "Unit": alarm.get("Unit"),
+                "Dimensions": [
+                    {"value": d["Value"], "name": d["Name"]} for d in alarm.get("Dimensions") or []
+                ],
+            }
+        )
+    configured = alarm.get("AlarmConfigurationUpdatedTimestamp")
+    return {
+        "AlarmName": alarm["AlarmName"],
+        "AlarmDescription": alarm.get("AlarmDescription"),
+        "AWSAccountId": account_id,
+        "AlarmConfigurationUpdatedTimestamp": configured.isoformat()
+        if isinstance(configured, datetime)
+        else None,
+        "NewStateValue": outcome.state,
+        "NewStateReason": outcome.reason,
+        "StateChangeTime": stamp,
+        "Region": _REGION_NAMES.get(region, region),
+        "AlarmArn": alarm.get("AlarmArn"),
+        "OldStateValue": old_state,
+        "OKActions": list(alarm.get("OKActions") or []),
+        "AlarmActions": list(alarm.get("AlarmActions") or []),
+        "InsufficientDataActions": list(alarm.get("InsufficientDataActions") or []),
+        "Trigger": trigger,
+    }

@@ -1,0 +1,624 @@
+"""`LocalStack`: sagequeue's whole stack in one process, with no AWS account.
+
+    with LocalStack(settings={"capacity": {"ml.trn1.32xlarge": 2}}) as stack:
+        queue = stack.client()
+        queue.submit(request, priority=1)
+        stack.run_until_idle()      # deliver every pending event to the functions
+        stack.advance(600)          # ten virtual minutes: SageMaker moves, schedules and alarms fire
+
+It starts moto's server on 127.0.0.1 (DynamoDB, EventBridge, SNS, SQS, CloudWatch, S3) and the SageMaker
+emulator, creates what `template.yaml` declares, serves the API on localhost (SigV4-authorized, each request
+turned into the API Gateway proxy event), and runs the template's functions in process: the same handlers
+Lambda runs, with their dependencies installed through `sagequeue_core.runtime`. Events reach the functions
+whose rules match them (moto matches; see `sagequeue.local.router`); schedules fire and alarms are evaluated
+on the stack's clock. See docs/local-stack.md.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from botocore.config import Config
+
+from sagequeue.local.clock import Clock, RealClock, VirtualClock
+from sagequeue.local.identities import DEFAULT_IDENTITY, Identity, IdentityTable, default_identities
+from sagequeue.local.template import StackContext, StackSpec, Template, TemplateError, build_spec
+
+logger = logging.getLogger("sagequeue.local")
+
+#: The training role local jobs may pass, unless `allowed_role_arns` says otherwise.
+LOCAL_TRAINING_ROLE = "sagequeue-local-training"
+DEFAULT_STACK_NAME = "sagequeue-local"
+DEFAULT_REGION = "us-east-1"
+#: CloudWatch evaluates alarms once a minute.
+ALARM_EVALUATION_SECONDS = 60
+#: Credentials the in-process clients use when the environment has none (moto accepts any).
+_LOCAL_CREDENTIALS = {
+    "AWS_ACCESS_KEY_ID": "sagequeue-local",
+    "AWS_SECRET_ACCESS_KEY": "sagequeue-local",
+}
+
+_accounts = itertools.count(1)
+#: As sagequeue_core.runtime configures the handlers' clients (standard retries, bounded timeouts).
+_HANDLER_CLIENT_CONFIG = Config(
+    retries={"mode": "standard", "max_attempts": 4}, connect_timeout=5, read_timeout=30
+)
+_active_lock = threading.Lock()
+_active: LocalStack | None = None
+
+
+class LocalStackError(RuntimeError):
+    """The local stack cannot start or was used wrongly; the message says what to do."""
+
+
+class FunctionFailed(LocalStackError):
+    """A function of the stack raised while handling an event (after its retries)."""
+
+
+def default_template_path() -> Path:
+    """template.yaml of the source tree this package runs from, or SAGEQUEUE_TEMPLATE."""
+    override = os.environ.get("SAGEQUEUE_TEMPLATE")
+    if override:
+        return Path(override)
+    here = Path(__file__).resolve()
+    for parent in here.parents:
+        candidate = parent / "template.yaml"
+        if candidate.is_file() and (parent / "functions").is_dir():
+            return candidate
+    raise LocalStackError(
+        "cannot find template.yaml next to the sagequeue sources; pass template= or set SAGEQUEUE_TEMPLATE"
+    )
+
+
+def parameter_name(setting: str) -> str:
+    """`min_runtime_before_preemption_seconds` -> `MinRuntimeBeforePreemptionSeconds`."""
+    return "".join(part[:1].upper() + part[1:] for part in setting.split("_"))
+
+
+@dataclass(frozen=True)
+class _Moto:
+    server: Any
+    thread: threading.Thread
+    endpoint: str
+
+
+def _start_moto(account_id: str) -> _Moto:
+    """moto's server on a free port of 127.0.0.1, every request in `account_id`.
+
+    moto keeps its state per account in the process, so a stack in its own account never sees the
+    resources of another stack (or of a test's own moto server) in the same process.
+    """
+    from moto.moto_server.werkzeug_app import (
+        DomainDispatcherApplication,
+        MotoRequestHandler,
+        create_backend_app,
+    )
+    from werkzeug.serving import make_server
+
+    application = DomainDispatcherApplication(create_backend_app)
+
+    class QuietHandler(MotoRequestHandler):
+        # Keep-alive: a new connection per AWS call costs more than the call.
+        protocol_version = "HTTP/1.1"
+        disable_nagle_algorithm = True
+
+        # One log line per AWS call drowns the stack's own output and costs time.
+        def log_request(self, *args: Any, **kwargs: Any) -> None:
+            return None
+
+    def in_account(environ: dict[str, Any], start_response: Any) -> Any:
+        environ["HTTP_X_MOTO_ACCOUNT_ID"] = account_id
+        return application(environ, start_response)
+
+    server = make_server("127.0.0.1", 0, in_account, threaded=True, request_handler=QuietHandler)
+    thread = threading.Thread(target=server.serve_forever, name="sagequeue-local-moto", daemon=True)
+    thread.start()
+    host, port = server.server_address[:2]
+    return _Moto(server, thread, f"http://{host!s}:{port}")
+
+
+def _forget_account(account_id: str) -> None:
+    """Drop moto's state for the account (memory), once the stack is stopped."""
+    try:
+        from moto.backends import get_backend
+    except ImportError:
+        return
+    for service in ("dynamodb", "sqs", "sns", "events", "cloudwatch", "s3", "iam"):
+        try:
+            get_backend(service).pop(account_id, None)
+        except Exception:  # noqa: BLE001 - best effort: a moto without the service keeps its state
+            logger.debug("could not forget moto %s state of account %s", service, account_id)
+
+
+class LocalStack:
+    """sagequeue on moto and the SageMaker emulator, its functions run in process. A context manager.
+
+    `settings` use the names of the stack parameters in snake_case (`capacity`, `allowed_role_arns`,
+    `min_runtime_before_preemption_seconds`, ...), or of any other `Settings` field; values may be typed
+    (`{"ml.trn1.32xlarge": 2}`, a list of ARNs) or strings as CloudFormation takes them.
+    `clock` is "virtual" (time moves only with `advance()`), "real" (wall time times `speed`) or a clock.
+    `emulator` passes options to `SageMakerEmulator` (e.g. `provisioning_seconds`, `instance_limits`).
+    """
+
+    def __init__(
+        self,
+        settings: Mapping[str, Any] | None = None,
+        *,
+        clock: str | Clock = "virtual",
+        speed: float = 1.0,
+        port: int = 0,
+        template: str | Path | None = None,
+        region: str = DEFAULT_REGION,
+        account_id: str | None = None,
+        stack_name: str = DEFAULT_STACK_NAME,
+        start: datetime | None = None,
+        emulator: Mapping[str, Any] | None = None,
+        raise_function_errors: bool | None = None,
+        poll_interval: float = 0.1,
+    ) -> None:
+        if isinstance(clock, str):
+            if clock == "virtual":
+                self.clock: Clock = VirtualClock(start or datetime(2026, 1, 5, 9, 0, tzinfo=UTC))
+            elif clock == "real":
+                self.clock = RealClock(speed)
+            else:
+                raise ValueError(f"clock must be 'virtual', 'real' or a clock object, got {clock!r}")
+        else:
+            self.clock = clock
+        self.virtual = isinstance(self.clock, VirtualClock)
+        self.region = region
+        self.account_id = account_id or f"{100000000000 + next(_accounts):012d}"
+        self.stack_name = stack_name
+        self.template_path = Path(template) if template else default_template_path()
+        self.requested_settings = dict(settings or {})
+        self.emulator_options = dict(emulator or {})
+        self.port = port
+        #: raise FunctionFailed from run_until_idle/advance when a function fails; default: on a virtual
+        #: clock (tests, the demo), not on a real one (a server keeps serving).
+        self.raise_function_errors = self.virtual if raise_function_errors is None else raise_function_errors
+        self.poll_interval = poll_interval
+        self.identities = IdentityTable(default_identities(self.account_id).values())
+        self.training_role_arn = f"arn:aws:iam::{self.account_id}:role/{LOCAL_TRAINING_ROLE}"
+        self.startup_seconds: float | None = None
+        self.spec: StackSpec | None = None
+        self.settings: Any = None
+        self._moto: _Moto | None = None
+        self._emulator: Any = None
+        self._api: Any = None
+        self._router: Any = None
+        self._alarms: Any = None
+        self._host: Any = None
+        self._clients: dict[str, Any] = {}
+        self._session: Any = None
+        self._next_alarm_evaluation: datetime | None = None
+        self._pump: threading.Thread | None = None
+        self._stopping = threading.Event()
+        self._saved_env: dict[str, str | None] = {}
+        self._failures_seen = 0
+        self._started = False
+
+    # --- lifecycle ----------------------------------------------------------------------------------------
+
+    def __enter__(self) -> LocalStack:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    def start(self) -> LocalStack:
+        global _active
+        if self._started:
+            return self
+        with _active_lock:
+            if _active is not None:
+                raise LocalStackError(
+                    "another LocalStack is running in this process; the functions share one set of "
+                    "dependencies (sagequeue_core.runtime), so stop it first"
+                )
+            _active = self
+        began = time.perf_counter()
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+        self.startup_seconds = time.perf_counter() - began
+        logger.info("local stack up in %.2f s at %s", self.startup_seconds, self.endpoint)
+        return self
+
+    def _start(self) -> None:
+        self._started = True
+        if not os.environ.get("AWS_ACCESS_KEY_ID"):
+            # pynamodb and boto3 need some credentials to sign; moto accepts any.
+            for name, value in _LOCAL_CREDENTIALS.items():
+                self._saved_env[name] = os.environ.get(name)
+                os.environ[name] = value
+        self._moto = _start_moto(self.account_id)
+        template = self._template(self._moto.endpoint)
+        self.spec = spec = build_spec(template)
+        from sagequeue.local.provision import provision
+
+        provisioned = provision(spec, self.stack_name, self.aws_client)
+        self.settings = self._settings(spec)
+
+        from sagequeue.local.emulator import SageMakerEmulator
+
+        emulator_options = {"region": self.region, "account_id": self.account_id, **self.emulator_options}
+        self._emulator = SageMakerEmulator(
+            clock=self.clock,
+            events_client=self.aws_client("events"),
+            cloudwatch_client=self.aws_client("cloudwatch"),
+            **emulator_options,
+        ).start()
+
+        from sagequeue_core import runtime
+
+        endpoints = dict.fromkeys(runtime.SERVICES, self._moto.endpoint)
+        endpoints["sagemaker"] = self._emulator.endpoint_url
+        # The handlers' own clients, made from the stack's session so service models load once.
+        handler_clients = {
+            service: self._boto_session().client(
+                service,
+                endpoint_url=endpoints[service],
+                region_name=self.region,
+                config=_HANDLER_CLIENT_CONFIG,
+            )
+            for service in ("sagemaker", "events")
+        }
+        deps = runtime.build(
+            self.settings, clock=self.clock, endpoints=endpoints, region=self.region, clients=handler_clients
+        )
+        runtime.install(deps)
+
+        from sagequeue.local.router import EventRouter, FunctionHost
+
+        self._host = FunctionHost(spec.functions)
+        self._host.load_all()
+        self._router = EventRouter(
+            self._host,
+            self.aws_client("sqs"),
+            inboxes=provisioned.inbox_urls,
+            sources=provisioned.source_urls,
+            queue_arns={url: arn for arn, url in provisioned.queue_urls.items()},
+            region=self.region,
+            account_id=self.account_id,
+        )
+        now = self.clock.now()
+        for rule_name, function, input_ in provisioned.schedules:
+            rule = next(r for r in spec.rules if r.name == rule_name)
+            assert rule.schedule is not None
+            arn = f"arn:aws:events:{self.region}:{self.account_id}:rule/{rule_name}"
+            self._router.add_schedule(rule_name, arn, function, rule.schedule, input_, now)
+
+        from sagequeue.local.alarms import AlarmEvaluator
+
+        self._alarms = AlarmEvaluator(
+            self.aws_client("cloudwatch"),
+            self.aws_client("sns"),
+            region=self.region,
+            account_id=self.account_id,
+        )
+        self._next_alarm_evaluation = _next_minute(now)
+
+        api_functions = {route.function for route in spec.routes}
+        if not spec.routes:
+            raise LocalStackError(f"{self.template_path} declares no Api events: there is no API to serve")
+        from sagequeue.local.apigw import LocalApiGateway
+
+        self._api = LocalApiGateway(
+            routes=spec.routes,
+            identities=self.identities,
+            invoke=self._host.invoke,
+            region=self.region,
+            account_id=self.account_id,
+            now=self.clock.now,
+            api_id=template.ref(spec.routes[0].api) if spec.routes[0].api in template.resources else "local",
+            stage=_stage(template, spec.routes[0].api),
+            port=self.port,
+        )
+        self._api.start()
+        logger.debug("API functions: %s", ", ".join(sorted(api_functions)))
+        if not self.virtual:
+            self._stopping.clear()
+            self._pump = threading.Thread(
+                target=self._pump_forever, name="sagequeue-local-events", daemon=True
+            )
+            self._pump.start()
+
+    def stop(self) -> None:
+        """Stop serving and forget the stack's state; safe to call twice."""
+        global _active
+        self._stopping.set()
+        if self._pump is not None:
+            self._pump.join(timeout=10)
+            self._pump = None
+        if self._api is not None:
+            self._api.stop()
+            self._api = None
+        if self._emulator is not None:
+            self._emulator.stop()
+            self._emulator = None
+        if self._started:
+            from sagequeue_core import runtime
+
+            runtime.reset()
+        if self._moto is not None:
+            self._moto.server.shutdown()
+            self._moto.server.server_close()
+            self._moto.thread.join(timeout=5)
+            self._moto = None
+            _forget_account(self.account_id)
+        for name, value in self._saved_env.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        self._saved_env.clear()
+        self._clients.clear()
+        self._session = None
+        self._started = False
+        with _active_lock:
+            if _active is self:
+                _active = None
+
+    # --- configuration ------------------------------------------------------------------------------------
+
+    def _template(self, moto_endpoint: str) -> Template:
+        from sagequeue.local.template import load_template
+
+        document = load_template(self.template_path)
+        declared: Mapping[str, Any] = document.get("Parameters") or {}
+        parameters: dict[str, Any] = {}
+        self._direct_settings: dict[str, Any] = {}
+        for key, value in self.requested_settings.items():
+            name = parameter_name(key)
+            if name in declared:
+                parameters[name] = value
+            else:
+                self._direct_settings[key] = value
+        if "AllowedRoleArns" in declared and "AllowedRoleArns" not in parameters:
+            parameters["AllowedRoleArns"] = [self.training_role_arn]
+        if "AdminRoleArns" in declared:
+            admins = _as_list(parameters.get("AdminRoleArns"))
+            parameters["AdminRoleArns"] = [
+                *admins,
+                *(a for a in self.identities.admin_arns() if a not in admins),
+            ]
+        context = StackContext(
+            stack_name=self.stack_name,
+            region=self.region,
+            account_id=self.account_id,
+            queue_url_base=moto_endpoint,
+        )
+        try:
+            return Template(document, context, parameters, base_dir=self.template_path.parent)
+        except TemplateError as exc:
+            raise LocalStackError(f"{self.template_path}: {exc}") from exc
+
+    def _settings(self, spec: StackSpec) -> Any:
+        """Settings as the functions would read them from the environment the template gives them, plus the
+        settings that are not stack parameters."""
+        from sagequeue_core.config import Settings, env_name
+
+        environment: dict[str, str] = {}
+        for function in spec.functions.values():
+            for name, value in function.environment.items():
+                if name in environment and environment[name] != value and name.startswith("SAGEQUEUE_"):
+                    raise LocalStackError(
+                        f"functions disagree on {name} ({environment[name]!r} vs {value!r}); the local stack "
+                        "runs every function with one set of settings"
+                    )
+                environment[name] = value
+        values: dict[str, Any] = {
+            field: environment[env_name(field)]
+            for field in Settings.model_fields
+            if env_name(field) in environment
+        }
+        unknown = sorted(set(self._direct_settings) - set(Settings.model_fields))
+        if unknown:
+            raise LocalStackError(
+                f"unknown setting(s) {', '.join(unknown)}; settings are the stack parameters in snake_case: "
+                + ", ".join(sorted(Settings.model_fields))
+            )
+        values.update(self._direct_settings)
+        return Settings.build(**values)
+
+    # --- access -------------------------------------------------------------------------------------------
+
+    def _require(self, value: Any, what: str) -> Any:
+        if value is None:
+            raise LocalStackError(f"the local stack is not running: start it (or use `with`) before {what}")
+        return value
+
+    @property
+    def endpoint(self) -> str:
+        """The API's base URL (http://127.0.0.1:<port>)."""
+        return str(self._require(self._api, "asking its endpoint").endpoint)
+
+    @property
+    def moto_endpoint(self) -> str:
+        return str(self._require(self._moto, "asking moto's endpoint").endpoint)
+
+    @property
+    def emulator(self) -> Any:
+        """The SageMaker emulator (`sagequeue.local.SageMakerEmulator`)."""
+        return self._require(self._emulator, "using the emulator")
+
+    @property
+    def sagemaker(self) -> Any:
+        """A boto3 SageMaker client on the emulator."""
+        if "sagemaker" not in self._clients:
+            self._clients["sagemaker"] = self._boto_session().client(
+                "sagemaker",
+                endpoint_url=self.emulator.endpoint_url,
+                region_name=self.region,
+                aws_access_key_id=_LOCAL_CREDENTIALS["AWS_ACCESS_KEY_ID"],
+                aws_secret_access_key=_LOCAL_CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
+            )
+        return self._clients["sagemaker"]
+
+    def aws_client(self, service: str) -> Any:
+        """A boto3 client of `service` on the stack's moto (dynamodb, events, sqs, sns, cloudwatch, s3)."""
+        if service not in self._clients:
+            moto = self._require(self._moto, f"creating a {service} client")
+            self._clients[service] = self._boto_session().client(
+                service,
+                endpoint_url=moto.endpoint,
+                region_name=self.region,
+                aws_access_key_id=_LOCAL_CREDENTIALS["AWS_ACCESS_KEY_ID"],
+                aws_secret_access_key=_LOCAL_CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
+            )
+        return self._clients[service]
+
+    def _boto_session(self) -> Any:
+        # One session for every client the stack makes: its loader reads each service model once.
+        if self._session is None:
+            import boto3
+
+            self._session = boto3.session.Session()
+        return self._session
+
+    def identity(self, name: str = DEFAULT_IDENTITY) -> Identity:
+        return self.identities[name]
+
+    def client(self, identity: str = DEFAULT_IDENTITY, **options: Any) -> Any:
+        """A `sagequeue.client.QueueClient` on this stack's API, signing as the named local identity
+        (`user`, `other` or `admin`)."""
+        from sagequeue.client import QueueClient
+
+        who = self.identities[identity]
+        return QueueClient(
+            endpoint=self.endpoint,
+            region=self.region,
+            credentials=(who.access_key_id, who.secret_access_key),
+            **options,
+        )
+
+    def connection(self, identity: str = DEFAULT_IDENTITY) -> Any:
+        """What `sagequeue local` saves so other processes find this stack."""
+        from sagequeue.config import LocalConnection
+
+        who = self.identities[identity]
+        return LocalConnection(
+            endpoint=self.endpoint,
+            region=self.region,
+            access_key_id=who.access_key_id,
+            secret_access_key=who.secret_access_key,
+        )
+
+    def now(self) -> datetime:
+        return self.clock.now()
+
+    @property
+    def invocations(self) -> dict[str, int]:
+        """Handler invocations per function (logical id) since start."""
+        return dict(self._require(self._host, "counting invocations").invocations)
+
+    @property
+    def failures(self) -> list[Any]:
+        """Events a function failed on after its retries."""
+        return list(self._require(self._router, "listing failures").failures)
+
+    # --- time and events ----------------------------------------------------------------------------------
+
+    def run_until_idle(self) -> int:
+        """Deliver every pending event to the functions, and the events those cause, until nothing is left.
+        Returns how many were delivered. On a virtual clock, time does not move."""
+        router = self._require(self._router, "delivering events")
+        delivered = int(router.drain())
+        self._check_failures()
+        return delivered
+
+    def advance(self, seconds: float) -> datetime:
+        """Move the virtual clock forward by `seconds`, stopping at every moment something falls due (a
+        SageMaker step, a schedule, an alarm evaluation) to deliver what it caused. Returns the new time."""
+        if not self.virtual:
+            raise LocalStackError("advance() needs the virtual clock; this stack runs on a real clock")
+        if seconds < 0:
+            raise ValueError(f"cannot advance by a negative time ({seconds} s)")
+        emulator = self.emulator
+        router = self._router
+        self.run_until_idle()
+        target = self.clock.now() + timedelta(seconds=seconds)
+        while True:
+            now = self.clock.now()
+            candidates = [target]
+            for due in (emulator.backend.next_due(), router.next_schedule_due(), self._next_alarm_evaluation):
+                if due is not None:
+                    candidates.append(max(due, now))
+            step_to = min(candidates)
+            emulator.advance((step_to - now).total_seconds())
+            self._on_time(step_to)
+            if step_to >= target:
+                return self.clock.now()
+
+    def _on_time(self, now: datetime) -> None:
+        """Everything due at `now`: schedules, alarm evaluations, and the events they cause."""
+        self._router.fire_due_schedules(now)
+        if self._next_alarm_evaluation is not None and now >= self._next_alarm_evaluation:
+            # Alarm actions publish to SNS; their events wait in the queues for the drain below.
+            self.run_until_idle()
+            self._alarms.run(now)
+            self._next_alarm_evaluation = _next_minute(now)
+        self.run_until_idle()
+
+    def evaluate_alarms(self) -> list[Any]:
+        """Evaluate every alarm now (as CloudWatch does each minute) and deliver what their actions cause."""
+        evaluator = self._require(self._alarms, "evaluating alarms")
+        changes = list(evaluator.run(self.clock.now()))
+        self.run_until_idle()
+        return changes
+
+    def _check_failures(self) -> None:
+        failures = self._router.failures
+        if len(failures) > self._failures_seen:
+            new = failures[self._failures_seen :]
+            self._failures_seen = len(failures)
+            if self.raise_function_errors:
+                described = "; ".join(f"{f.function}: {f.error}" for f in new)
+                raise FunctionFailed(f"{len(new)} event(s) failed after retries: {described}")
+
+    def _pump_forever(self) -> None:
+        """On a real clock: fire schedules and evaluate alarms as they fall due, and deliver events."""
+        while not self._stopping.wait(self.poll_interval):
+            try:
+                now = self.clock.now()
+                self._on_time(now)
+            except Exception:  # the pump must outlive one failing event
+                logger.exception("local stack: delivering events failed")
+
+    def __repr__(self) -> str:
+        where = self._api.endpoint if self._api is not None else "stopped"
+        return f"LocalStack({where}, account {self.account_id}, clock {self.clock!r})"
+
+
+def _next_minute(moment: datetime) -> datetime:
+    return moment.replace(second=0, microsecond=0) + timedelta(minutes=1)
+
+
+def _as_list(value: Any) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [part.strip() for part in value.split(",") if part.strip()]
+    return [str(item) for item in value]
+
+
+def _stage(template: Template, api_logical_id: str) -> str:
+    if api_logical_id in template.resources:
+        stage = template.raw_properties(api_logical_id).get("StageName")
+        if isinstance(stage, str) and stage:
+            return stage
+    return "Prod"
