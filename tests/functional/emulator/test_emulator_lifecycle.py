@@ -304,3 +304,23 @@ def test_a_real_clock_with_a_speed_up_runs_jobs_in_the_background() -> None:
         assert job["TrainingTimeInSeconds"] == 650
         with pytest.raises(TypeError, match="VirtualClock"):
             emulator.advance(10)
+
+
+def test_next_due_and_instances_in_use_tell_a_driver_what_comes_next(
+    emulator: SageMakerEmulator, sagemaker: Any, clock: VirtualClock, make_request: Any
+) -> None:
+    assert emulator.next_due() is None
+    assert emulator.instances_in_use() == {}
+    created = clock.now()
+    sagemaker.create_training_job(
+        **make_request("watched", ResourceConfig={"InstanceCount": 3, "KeepAlivePeriodInSeconds": 60})
+    )
+    assert emulator.next_due() == created + timedelta(seconds=120)
+    assert emulator.instances_in_use() == {"ml.trn1.32xlarge": 3}
+    emulator.advance(770)
+    # Completed with a warm pool: the next step is its expiry, and its instances are still held.
+    assert emulator.next_due() == created + timedelta(seconds=770 + 60)
+    assert emulator.instances_in_use() == {"ml.trn1.32xlarge": 3}
+    emulator.advance(60)
+    assert emulator.next_due() is None
+    assert emulator.instances_in_use() == {}

@@ -91,7 +91,7 @@ class SageMakerEmulator:
         self._outbox: collections.deque[Outputs] = collections.deque()
         self._deliver_lock = threading.Lock()
         self._delivering = threading.local()
-        self._advance_lock = threading.Lock()
+        self._advance_lock = threading.RLock()  # a subscriber may advance from inside an advance
         self._faults_lock = threading.Lock()
         self._faults: dict[str, collections.deque[SageMakerError]] = {}
 
@@ -171,6 +171,14 @@ class SageMakerEmulator:
             self._enqueue(self.backend.process_due(target))
             self._deliver(raise_errors=True)
             return clock.now()
+
+    def next_due(self) -> datetime | None:
+        """When the next timed step (phase change, stopping condition, warm-pool expiry) falls due, or None."""
+        return self.backend.next_due()
+
+    def instances_in_use(self) -> dict[str, int]:
+        """Instances held per type right now: live jobs plus Available warm pools (what the limits count)."""
+        return self.backend.instances_in_use()
 
     def process_due(self) -> None:
         """Runs every step due by the clock's time now (for a clock moved by someone else)."""
