@@ -203,6 +203,16 @@ class HubCache:
             raise self._error(f"read {path}", exc) from exc
         return response.content
 
+    def _record_at(self, path: str) -> RegistryRecord | None:
+        try:
+            return RegistryRecord.from_json(self.read_text(path))
+        except RemoteCacheError as exc:
+            if isinstance(exc.__cause__, HfHubHTTPError) and _status(exc.__cause__) == 404:
+                return None
+            raise
+        except ValueError:
+            return None  # unreadable: the new record replaces it
+
     def records(self, model: str | None = None) -> list[RegistryRecord]:
         self.head()
         return self._records_at_revision(model)
@@ -259,20 +269,20 @@ class HubCache:
                     operations[entry.key] = ops
                 staged.append(entry.key)
             result.skipped = [k for k in result.skipped if k not in staged]
-            if not staged:
-                result.revision = parent
-                return result
-            existing = {r.path: r for r in self._records_at_revision()} if records else {}
+            existing = {r.path: old for r in records if (old := self._record_at(r.path)) is not None}
             record_ops = [
                 CommitOperationAdd(path_in_repo=r.path, path_or_fileobj=r.to_json())
                 for r in merge_records(records, existing)
             ]
+            if not staged and not record_ops:
+                result.revision = parent
+                return result
             versions = sorted({key.split("/", 1)[0] for key in staged})
             try:
                 info = self.api.create_commit(
                     self.repo_id,
                     operations=[op for key in staged for op in operations[key]] + record_ops,
-                    commit_message=f"Add {len(staged)} compiled graphs ({', '.join(versions)})",
+                    commit_message=f"Add {len(staged)} compiled graphs ({', '.join(versions) or 'registry only'})",
                     commit_description="Published by sagequeue-job: complete NEFF cache entries only.",
                     parent_commit=parent,
                 )

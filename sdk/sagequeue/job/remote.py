@@ -220,9 +220,12 @@ def open_remote(url: str, **options: Any) -> RemoteCache:
 def merge_records(
     new: Sequence[RegistryRecord], existing: Mapping[str, RegistryRecord]
 ) -> list[RegistryRecord]:
-    """New records merged with what the remote already holds at the same path."""
+    """New records merged with what the remote already holds at the same path; unchanged ones left out."""
     out = []
     for record in new:
         other = existing.get(record.path)
-        out.append(record.merged(other) if other is not None else record)
+        if other is None:
+            out.append(record)
+        elif not set(record.entries) <= set(other.entries):
+            out.append(record.merged(other))
     return out

@@ -218,7 +218,7 @@ class S3Cache:
                 )
                 result.published.append(entry.key)
         if records and not deadline.expired():
-            existing = {r.path: r for r in self.records()}
+            existing = {r.path: old for r in records if (old := self._record_at(r.path)) is not None}
             for record in merge_records(records, existing):
                 self._put_bytes(self._key(record.path), record.to_json())
                 result.records.append(record.path)
@@ -237,6 +237,18 @@ class S3Cache:
             self._client.put_object(Bucket=self.bucket, Key=key, Body=body, ContentType="application/json")
         except ClientError as exc:
             raise self._error(f"write {key}", exc) from exc
+
+    def _record_at(self, path: str) -> RegistryRecord | None:
+        try:
+            body = self._client.get_object(Bucket=self.bucket, Key=self._key(path))["Body"].read()
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+                return None
+            raise self._error(f"read {path}", exc) from exc
+        try:
+            return RegistryRecord.from_json(body)
+        except ValueError:
+            return None  # unreadable: the new record replaces it
 
     def records(self, model: str | None = None) -> list[RegistryRecord]:
         keys = [
