@@ -1,0 +1,100 @@
+"""The utilization publisher's arithmetic and CloudWatch payload; signal forwarding to a real child."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from sagequeue.job.host import HostIdentity
+from sagequeue.job.metrics import UtilizationPublisher, metric_datum, summarize
+from sagequeue.job.process import SignalForwarder, StopWatch
+from sagequeue_core.defaults import HOST_DIMENSION, NEURON_METRIC_NAMESPACE, NEURONCORE_UTILIZATION_METRIC
+
+
+class RecordingCloudWatch:
+    def __init__(self) -> None:
+        self.calls: list[dict[str, Any]] = []
+
+    def put_metric_data(self, **kwargs: Any) -> None:
+        self.calls.append(kwargs)
+
+
+def test_a_period_summarizes_its_reports() -> None:
+    stats = summarize([0.0, 50.0, 100.0])
+    assert stats is not None
+    assert (stats.count, stats.total, stats.minimum, stats.maximum, stats.average) == (
+        3,
+        150.0,
+        0.0,
+        100.0,
+        50.0,
+    )
+    assert summarize([]) is None
+
+
+def test_the_datum_carries_the_shared_name_and_host_dimension() -> None:
+    identity = HostIdentity("job-1", 2)
+    stats = summarize([10.0, 30.0])
+    assert stats is not None
+    datum = metric_datum(identity, stats, datetime(2026, 1, 1, tzinfo=UTC))
+    assert datum["MetricName"] == NEURONCORE_UTILIZATION_METRIC
+    assert datum["Dimensions"] == [{"Name": HOST_DIMENSION, "Value": "job-1/algo-2"}]
+    assert datum["StatisticValues"] == {"SampleCount": 2.0, "Sum": 40.0, "Minimum": 10.0, "Maximum": 30.0}
+    assert datum["Unit"] == "Percent"
+
+
+def test_a_period_without_reports_publishes_nothing() -> None:
+    cloudwatch = RecordingCloudWatch()
+    publisher = UtilizationPublisher(HostIdentity("job-1", 1), cloudwatch=cloudwatch)
+    publisher.flush()
+    assert cloudwatch.calls == []
+    publisher._samples.extend([20.0, 40.0])
+    publisher.flush()
+    assert cloudwatch.calls[0]["Namespace"] == NEURON_METRIC_NAMESPACE
+    assert cloudwatch.calls[0]["MetricData"][0]["StatisticValues"]["Sum"] == 60.0
+
+
+CHILD = """
+import signal, sys, time, pathlib
+def on(sig, frame):
+    pathlib.Path(sys.argv[1]).write_text(str(sig))
+    sys.exit(7)
+signal.signal(signal.SIGTERM, on)
+pathlib.Path(sys.argv[2]).touch()
+time.sleep(30)
+"""
+
+
+def test_sigterm_to_the_wrapper_reaches_the_child_and_its_status_is_kept(tmp_path: Path) -> None:
+    watch = StopWatch()
+    forwarder = SignalForwarder(watch)
+    got, ready = tmp_path / "got", tmp_path / "ready"
+    forwarder.install()
+    try:
+
+        def stop_when_ready() -> None:
+            while not ready.exists():
+                time.sleep(0.02)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+        threading.Thread(target=stop_when_ready, daemon=True).start()
+        status = forwarder.run([sys.executable, "-c", CHILD, str(got), str(ready)], {})
+    finally:
+        forwarder.restore()
+    assert status == 7
+    assert got.read_text() == str(int(signal.SIGTERM))
+    assert watch.signal == signal.SIGTERM
+
+
+def test_a_child_killed_by_a_signal_reports_128_plus_the_signal() -> None:
+    forwarder = SignalForwarder(StopWatch())
+    assert (
+        forwarder.run([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"], {})
+        == 137
+    )
