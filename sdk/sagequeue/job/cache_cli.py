@@ -185,6 +185,49 @@ def sync_cmd(
 cache.add_command(sync_cmd, name="sync")
 
 
+@cache.command()
+@_cache_option
+@_dir_option
+@click.option(
+    "--compiler-version", "version", help="Compiler version to restore (default: asked from neuronx-cc)."
+)
+@click.option("--model", help="Restore only the entries the registry records for this model.")
+@click.option(
+    "--workers", type=click.IntRange(1, 128), default=16, show_default=True, help="Parallel downloads."
+)
+@click.option("--progress/--no-progress", default=True, show_default=True)
+def restore(
+    cache_url: str | None,
+    cache_dir: Path | None,
+    version: str | None,
+    model: str | None,
+    workers: int,
+    progress: bool,
+) -> None:
+    """Download the remote's complete entries for a compiler version into the local cache."""
+    remote = _remote(cache_url)
+    root = _local_root(cache_dir)
+    try:
+        resolved = neuron.discover_compiler_version(explicit=version)
+    except neuron.CompilerNotFoundError as exc:
+        raise click.ClickException(str(exc)) from exc
+    started = time.monotonic()
+    try:
+        modules = None
+        if model:
+            modules = {m for r in remote.records(model) if r.compiler_version == resolved for m in r.entries}
+        report = sync.restore(remote, root, resolved, modules, workers=workers, progress=progress)
+    except RemoteCacheError as exc:
+        raise click.ClickException(str(exc)) from exc
+    click.echo(
+        f"{neuron.version_dir(resolved)}: restored {len(report.restored)} entries ({human(report.bytes_downloaded)}) "
+        f"in {time.monotonic() - started:.1f}s; {len(report.already_local)} already local, "
+        f"{len(report.busy)} busy, {len(report.failed)} failed"
+    )
+    if report.failed:
+        raise SystemExit(1)
+
+
 def _published_times(remote: RemoteCache, version: str, entries: dict[str, RemoteEntry]) -> dict[str, float]:
     times = {m: e.published_at for m, e in entries.items() if e.published_at is not None}
     if len(times) < len(entries):

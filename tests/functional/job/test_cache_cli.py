@@ -68,6 +68,14 @@ def test_create_sync_list_lookup_prune_and_status(cache: Cache, cli: CliRunner, 
     again = cli.invoke(main, ["cache", "sync", "--cache-dir", str(root)])
     assert f"neuronxcc-{VERSION}: 0 uploaded, 2 already there" in again.output
 
+    fresh = tmp_path / "fresh"
+    restored = cli.invoke(
+        main, ["cache", "restore", "--cache-dir", str(fresh), "--compiler-version", VERSION, "--no-progress"]
+    )
+    assert restored.exit_code == 0, restored.output
+    assert f"neuronxcc-{VERSION}: restored 2 entries" in restored.output
+    assert [e.state for e in neuron.scan(fresh, VERSION)] == [neuron.EntryState.COMPLETE] * 2
+
     record = RegistryRecord(
         "org/llama-tiny",
         VERSION,
