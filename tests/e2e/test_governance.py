@@ -161,7 +161,7 @@ def test_a_job_at_zero_neuroncore_utilization_is_stopped_after_the_window_and_sh
 def test_a_busy_job_is_never_stopped_and_its_alarms_are_gone_when_it_ends(stack: Any) -> None:
     name = unique("busy")
     stack.sagemaker.create_training_job(
-        **request(stack, name, env={"SAGEQUEUE_SIM_DURATION": str(3 * SILENCE_WINDOW)})
+        **request(stack, name, env={"SAGEQUEUE_SIM_DURATION": str(SILENCE_WINDOW + 10 * 60)})
     )
     advance_until(stack, lambda: status(stack, name) == ("InProgress", "Training"), step=10)
     # long enough for the reconcile timer to add the silence alarm, which must stay quiet too
@@ -181,8 +181,9 @@ def test_a_busy_job_is_never_stopped_and_its_alarms_are_gone_when_it_ends(stack:
 
 def test_a_transient_failure_is_resumed_once_per_failure_and_never_beyond_max_resumes(stack: Any) -> None:
     root = unique("flaky")
+    # trains 11 minutes, a little more than the 10 a resume needs, then fails on SageMaker's side
     env = {
-        "SAGEQUEUE_SIM_DURATION": "900",
+        "SAGEQUEUE_SIM_DURATION": "660",
         "SAGEQUEUE_SIM_OUTCOME": "Failed:InternalServerError: We encountered an internal error.",
     }
     stack.sagemaker.create_training_job(**request(stack, root, env=env))
@@ -201,7 +202,7 @@ def test_a_transient_failure_is_resumed_once_per_failure_and_never_beyond_max_re
         ),
         limit=7200,
     )
-    stack.advance(3600)
+    stack.advance(300)
     assert lineage(stack, root) == [root, f"{root}-2", f"{root}-3"]
     assert all(status(stack, n)[0] == "Failed" for n in lineage(stack, root))
 
@@ -212,7 +213,7 @@ def test_a_spot_job_interrupted_too_often_is_cloned_without_spot(stack: Any) -> 
         **request(
             stack,
             name,
-            env={"SAGEQUEUE_SIM_DURATION": "2400", "SAGEQUEUE_SIM_OUTCOME": "Interrupted:6"},
+            env={"SAGEQUEUE_SIM_DURATION": "1200", "SAGEQUEUE_SIM_OUTCOME": "Interrupted:6"},
             EnableManagedSpotTraining=True,
             StoppingCondition={"MaxRuntimeInSeconds": 86400, "MaxWaitTimeInSeconds": 172800},
         )
@@ -227,6 +228,7 @@ def test_a_spot_job_interrupted_too_often_is_cloned_without_spot(stack: Any) -> 
     assert "MaxWaitTimeInSeconds" not in described["StoppingCondition"]
     replay(stack, name)
     assert lineage(stack, name) == [name, clone]
+    stack.sagemaker.stop_training_job(TrainingJobName=clone)
 
 
 def test_duplicated_events_create_no_duplicate_alarms(stack: Any) -> None:
@@ -238,3 +240,6 @@ def test_duplicated_events_create_no_duplicate_alarms(stack: Any) -> None:
     replay(stack, name)
     assert alarms(stack, name) == before
     assert len(before) == 3
+    stack.sagemaker.stop_training_job(TrainingJobName=name)
+    stack.advance(60)
+    assert alarms(stack, name) == []
