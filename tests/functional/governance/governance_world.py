@@ -28,7 +28,7 @@ from support.cfn_template import create_table
 START = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
 ROLE = "arn:aws:iam::123456789012:role/SageMakerTraining"
 TRN1 = "ml.trn1.32xlarge"
-TIMINGS: dict[str, float] = {
+TIMINGS: dict[str, Any] = {
     "provisioning_seconds": 120,
     "warm_start_seconds": 10,
     "download_seconds": 30,
@@ -112,7 +112,7 @@ class World:
         return sorted(a["AlarmName"] for page in pages for a in page["MetricAlarms"])
 
     def notifications(self) -> list[dict[str, Any]]:
-        out = []
+        out: list[dict[str, Any]] = []
         while True:
             messages = self.sqs.receive_message(QueueUrl=self.inbox, MaxNumberOfMessages=10).get(
                 "Messages", []
