@@ -1,0 +1,295 @@
+"""Restore a NEFF cache of realistic shape and compare with `aws s3 sync` and `snapshot_download`.
+
+The cache: ENTRIES compile cache entries of one compiler version, NEFFs sized like a real training cache
+(log-normal around 1.5 MB, from 50 KB to 40 MB) plus BIG entries of BIG_MB each (the large graphs of a
+model's forward/backward pass). Every tool restores the same tree from the same servers, each in its own
+process, into an empty directory (cold) and again into the filled one (warm, nothing to do):
+
+    sagequeue cache restore   S3 on moto's server        and   the Hub-API test server
+    aws s3 sync               S3 on moto's server (awscli in its own venv, default 10 concurrent requests)
+    snapshot_download         the Hub-API test server   (huggingface_hub, max_workers as given)
+
+The servers run in their own processes on this machine, so figures measure client overhead and
+parallelism over loopback, not a network; on a real network the ratio between tools is what carries over.
+Time grows linearly with total bytes once past the per-entry cost (S3: one manifest GET and one GET per
+file; Hub: one GET per file, one tree listing per 1000 files).
+
+Usage (from the repository root, after `python -m venv .venv-bench && .venv-bench/bin/pip install awscli`):
+
+    .venv/bin/python bench/bench_neff_restore.py                  # 300 entries + 3 x 200 MB, a few minutes
+    .venv/bin/python bench/bench_neff_restore.py --entries 60 --big 1 --big-mb 50   # a quick look
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PYTHON = REPO / ".venv" / "bin" / "python"
+SAGEQUEUE = REPO / ".venv" / "bin" / "sagequeue"
+AWS = REPO / ".venv-bench" / "bin" / "aws"
+VERSION = "2.14.213.0+013d129b"
+REPO_ID = "bench-org/neff-cache"
+BUCKET = "sagequeue-bench"
+PREFIX = "neff-cache"
+MB = 1024 * 1024
+
+
+@dataclass
+class Run:
+    tool: str
+    backend: str
+    phase: str
+    seconds: float
+    files: int
+    size: int
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_for(port: int, timeout: float = 30.0) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.1)
+    raise RuntimeError(f"nothing listens on port {port} after {timeout}s")
+
+
+def write_random(path: Path, size: int, rng: random.Random) -> None:
+    # random bytes so no layer can compress or deduplicate them; written in blocks to bound memory
+    block = rng.randbytes(min(size, 4 * MB)) if size else b""
+    with path.open("wb") as out:
+        left = size
+        while left > 0:
+            piece = block[: min(left, len(block))]
+            out.write(piece)
+            left -= len(piece)
+            block = block[len(block) // 2 :] + block[: len(block) // 2]  # shuffle so blocks differ
+
+
+def build_cache(root: Path, entries: int, big: int, big_mb: int, seed: int) -> tuple[int, int]:
+    rng = random.Random(seed)
+    version_dir = root / f"neuronxcc-{VERSION}"
+    files = total = 0
+    for index in range(entries + big):
+        module = f"MODULE_{rng.getrandbits(60)}+{rng.getrandbits(32):08x}"
+        entry = version_dir / module
+        entry.mkdir(parents=True)
+        if index < entries:
+            neff = int(min(40 * MB, max(50 * 1024, rng.lognormvariate(14.2, 1.1))))
+            hlo = int(min(1 * MB, max(20 * 1024, rng.lognormvariate(11.5, 0.8))))
+        else:
+            neff, hlo = big_mb * MB, 4 * MB
+        (entry / "compile_flags.json").write_text(
+            json.dumps(["--target=trn1", "--model-type=transformer", "-O1"])
+        )
+        write_random(entry / "model.hlo_module.pb", hlo, rng)
+        write_random(entry / "model.neff", neff, rng)
+        (entry / "model.done").touch()
+        files += 4
+        total += neff + hlo + (entry / "compile_flags.json").stat().st_size
+    return files, total
+
+
+def tree_size(root: Path) -> tuple[int, int]:
+    files = [p for p in root.rglob("*") if p.is_file() and ".cache" not in p.parts]
+    return len(files), sum(p.stat().st_size for p in files)
+
+
+def timed(command: list[str], env: dict[str, str]) -> float:
+    started = time.monotonic()
+    completed = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+    elapsed = time.monotonic() - started
+    if completed.returncode != 0:
+        raise RuntimeError(
+            f"{' '.join(command[:4])} failed ({completed.returncode}): {completed.stderr[-2000:]}"
+        )
+    return elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--entries", type=int, default=300)
+    parser.add_argument("--big", type=int, default=3)
+    parser.add_argument("--big-mb", type=int, default=200)
+    parser.add_argument("--workers", type=int, default=16)
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--work-dir", type=Path, default=None)
+    args = parser.parse_args()
+    if not AWS.exists():
+        sys.exit(f"{AWS} not found: python -m venv .venv-bench && .venv-bench/bin/pip install awscli")
+
+    work = args.work_dir or Path(tempfile.mkdtemp(prefix="sq-bench-"))
+    work.mkdir(parents=True, exist_ok=True)
+    s3_port, hub_port = free_port(), free_port()
+    env = dict(os.environ)
+    env.update(
+        {
+            "AWS_ACCESS_KEY_ID": "bench",
+            "AWS_SECRET_ACCESS_KEY": "bench",
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_ENDPOINT_URL": f"http://127.0.0.1:{s3_port}",
+            "AWS_EC2_METADATA_DISABLED": "true",
+            "HF_ENDPOINT": f"http://127.0.0.1:{hub_port}",
+            "HF_HUB_DISABLE_XET": "1",
+            "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+            "HF_HOME": str(work / "hf-home"),
+            "PYTHONPATH": str(REPO / "tests"),
+        }
+    )
+    servers = [
+        subprocess.Popen(
+            [str(PYTHON), "-m", "moto.server", "-H", "127.0.0.1", "-p", str(s3_port)],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        ),
+        subprocess.Popen(
+            [
+                str(PYTHON),
+                "-m",
+                "support.hub_server",
+                "--port",
+                str(hub_port),
+                "--storage",
+                str(work / "hub"),
+            ],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        ),
+    ]
+    try:
+        wait_for(s3_port)
+        wait_for(hub_port)
+        os.environ.update(env)
+        runs = run_benchmark(args, work, env)
+    finally:
+        for server in servers:
+            server.terminate()
+            server.wait(timeout=10)
+    print_table(runs)
+    if args.work_dir is None:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def run_benchmark(args: argparse.Namespace, work: Path, env: dict[str, str]) -> list[Run]:
+    import boto3
+    from huggingface_hub import HfApi
+
+    from sagequeue.job import sync
+    from sagequeue.job.remote import Deadline, open_remote
+
+    source = work / "source"
+    started = time.monotonic()
+    files, total = build_cache(source, args.entries, args.big, args.big_mb, args.seed)
+    print(
+        f"cache: {args.entries + args.big} entries, {files} files, {total / MB:.0f} MB "
+        f"(written in {time.monotonic() - started:.1f}s)",
+        flush=True,
+    )
+    boto3.client("s3").create_bucket(Bucket=BUCKET)
+    HfApi().create_repo(REPO_ID, private=True, exist_ok=True)
+    runs: list[Run] = []
+    for backend, url in (("s3", f"s3://{BUCKET}/{PREFIX}"), ("hub", f"hf://{REPO_ID}")):
+        remote = open_remote(url)
+        started = time.monotonic()
+        report = sync.upload(remote, source, VERSION, deadline=Deadline(None))
+        elapsed = time.monotonic() - started
+        assert len(report.result.published) == args.entries + args.big, report.result
+        runs.append(Run("sagequeue upload", backend, "publish", elapsed, files, total))
+        print(f"published to {backend} in {elapsed:.1f}s", flush=True)
+
+    tools = {
+        ("sagequeue cache restore", "s3"): lambda dest: [
+            str(SAGEQUEUE),
+            "cache",
+            "restore",
+            "--cache",
+            f"s3://{BUCKET}/{PREFIX}",
+            "--cache-dir",
+            str(dest),
+            "--compiler-version",
+            VERSION,
+            "--workers",
+            str(args.workers),
+            "--no-progress",
+        ],
+        ("aws s3 sync", "s3"): lambda dest: [
+            str(AWS),
+            "s3",
+            "sync",
+            f"s3://{BUCKET}/{PREFIX}/neuronxcc-{VERSION}",
+            str(dest / f"neuronxcc-{VERSION}"),
+            "--only-show-errors",
+        ],
+        ("sagequeue cache restore", "hub"): lambda dest: [
+            str(SAGEQUEUE),
+            "cache",
+            "restore",
+            "--cache",
+            f"hf://{REPO_ID}",
+            "--cache-dir",
+            str(dest),
+            "--compiler-version",
+            VERSION,
+            "--workers",
+            str(args.workers),
+            "--no-progress",
+        ],
+        ("snapshot_download", "hub"): lambda dest: [
+            str(PYTHON),
+            "-c",
+            "import sys; from huggingface_hub import snapshot_download; "
+            f"snapshot_download({REPO_ID!r}, allow_patterns=['neuronxcc-{VERSION}/*'], local_dir=sys.argv[1], "
+            f"max_workers={args.workers})",
+            str(dest),
+        ],
+    }
+    for (tool, backend), command in tools.items():
+        dest = work / f"restore-{tool.split()[0]}-{backend}"
+        shutil.rmtree(dest, ignore_errors=True)
+        for phase in ("cold", "warm"):
+            elapsed = timed(command(dest), env)
+            got_files, got_size = tree_size(dest / f"neuronxcc-{VERSION}")
+            assert got_size == total, f"{tool} on {backend}: {got_size} bytes restored, {total} expected"
+            runs.append(Run(tool, backend, phase, elapsed, got_files, got_size))
+            print(f"{tool:<24} {backend:<4} {phase:<5} {elapsed:7.1f}s", flush=True)
+        shutil.rmtree(dest, ignore_errors=True)
+    return runs
+
+
+def print_table(runs: list[Run]) -> None:
+    print()
+    print(
+        f"| {'tool':<24} | {'backend':<7} | {'phase':<7} | {'files':>6} | {'MB':>7} | {'seconds':>7} | {'MB/s':>7} |"
+    )
+    print(f"|{'-' * 26}|{'-' * 9}|{'-' * 9}|{'-' * 8}|{'-' * 9}|{'-' * 9}|{'-' * 9}|")
+    for run in runs:
+        rate = run.size / MB / run.seconds if run.phase != "warm" else float("nan")
+        rate_text = f"{rate:7.0f}" if run.phase != "warm" else "      -"
+        print(
+            f"| {run.tool:<24} | {run.backend:<7} | {run.phase:<7} | {run.files:>6} | {run.size / MB:>7.0f} | "
+            f"{run.seconds:>7.1f} | {rate_text} |"
+        )
+
+
+if __name__ == "__main__":
+    main()
