@@ -243,3 +243,25 @@ def test_duplicated_events_create_no_duplicate_alarms(stack: Any) -> None:
     stack.sagemaker.stop_training_job(TrainingJobName=name)
     stack.advance(60)
     assert alarms(stack, name) == []
+
+
+def test_a_job_whose_metrics_never_arrive_is_stopped_after_the_longer_silence_window(stack: Any) -> None:
+    # GIVEN a CPU job: its idle signal is SageMaker's CPUUtilization, which the emulator never publishes,
+    # just as a dead publisher or a Trainium job without the sagequeue image would send nothing
+    name = unique("silent")
+    body = request(stack, name)
+    body["ResourceConfig"]["InstanceType"] = "ml.c5.xlarge"
+    stack.sagemaker.create_training_job(**body)
+    advance_until(stack, lambda: status(stack, name) == ("InProgress", "Training"), step=10)
+    assert alarms(stack, name) == [f"sagequeue-idle-{name}/algo-1"]
+
+    # THEN missing data never trips the idle alarm: the job outlives the idle window twice over
+    stack.advance(2 * IDLE_WINDOW - 60)
+    assert status(stack, name) == ("InProgress", "Training")
+
+    # AND the silence alarm, added by the reconcile timer once due, stops it soon after its window
+    took = advance_until(stack, lambda: status(stack, name)[0] != "InProgress", limit=15 * 60)
+    assert 2 * IDLE_WINDOW - 60 + took <= SILENCE_WINDOW + 10 * 60
+    stack.advance(60)
+    assert status(stack, name) == ("Stopped", "Stopped")
+    assert alarms(stack, name) == []
