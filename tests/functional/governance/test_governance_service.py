@@ -6,7 +6,7 @@ from typing import Any
 
 from governance_world import TRN1, World, training_request, unique
 
-from sagequeue_core.domain import tags_to_dict
+from sagequeue_core.domain import Job, JobState, StopReason, tags_to_dict
 from sagequeue_core.events import EventType
 from sagequeue_core.governance import CLONE_ATTEMPT_TAG, CLONE_OF_TAG, RESUMES_TAG
 
@@ -216,3 +216,47 @@ def test_the_timer_deletes_orphan_alarms_and_creates_missing_ones(world: World) 
     assert all(not o.alarms_created for o in again.outcomes)
     assert again.orphans_deleted == []
     assert TRN1  # the pool the jobs ran in
+
+
+def test_a_queued_spot_job_interrupted_too_often_goes_back_to_the_queue_on_demand(world_factory: Any) -> None:
+    world = world_factory(max_spot_interruptions=1)
+    name = unique("queued-spot")
+    spot = {
+        "EnableManagedSpotTraining": True,
+        "StoppingCondition": {"MaxRuntimeInSeconds": 86400, "MaxWaitTimeInSeconds": 172800},
+    }
+    request = training_request(
+        name, env={"SAGEQUEUE_SIM_DURATION": "3000", "SAGEQUEUE_SIM_OUTCOME": "Interrupted:4"}, **spot
+    )
+    world.sagemaker.create_training_job(**request)
+    job = Job(
+        name=name,
+        request=request,
+        priority=1,
+        owner="arn:aws:iam::123456789012:user/erin",
+        submitted_at=world.clock.now(),
+    )
+    job.state, job.attempt, job.training_job_name, job.started_at = (
+        JobState.RUNNING,
+        1,
+        name,
+        world.clock.now(),
+    )
+    world.deps.store.create_job(job)
+
+    outcomes = []
+    for _ in range(30):
+        world.advance(120)
+        outcomes += world.govern_pending(name)
+        if any(o.requeued for o in outcomes):
+            break
+    stored = world.deps.store.get_job(name)
+    assert stored.state is JobState.PREEMPTING
+    assert stored.stop_reason is StopReason.PREEMPTED
+    assert stored.request["EnableManagedSpotTraining"] is False
+    assert "MaxWaitTimeInSeconds" not in stored.request["StoppingCondition"]
+    assert (stored.reason or "").endswith("restarted without spot")
+    assert world.status(name)[0] == "Stopping"
+    # the queue starts its next attempt: governance clones nothing around it
+    assert [n for n in names(world) if n.startswith(name)] == [name]
+    assert all(o.clone is None for o in outcomes)
