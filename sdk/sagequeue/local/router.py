@@ -74,6 +74,14 @@ class LambdaContext:
         return max(0, int((self.timeout_seconds - elapsed) * 1000))
 
 
+_invocation = threading.local()
+
+
+def current_function() -> str | None:
+    """The function whose handler the calling thread is running, if any."""
+    return getattr(_invocation, "function", None)
+
+
 class FunctionHost:
     """The stack's functions, loaded once and invoked in this process."""
 
@@ -137,11 +145,14 @@ class FunctionHost:
         limit = self._limits.get(logical_id)
         if limit is not None:
             limit.acquire()
+        outer = current_function()
+        _invocation.function = logical_id
         try:
             with self._count_lock:
                 self.invocations[logical_id] += 1
             return handler(event, context)
         finally:
+            _invocation.function = outer
             if limit is not None:
                 limit.release()
 
@@ -293,6 +304,7 @@ class EventRouter:
         region: str,
         account_id: str,
         max_rounds: int = 10_000,
+        peek: Callable[[str], bool] | None = None,
     ) -> None:
         self.host = host
         self.sqs = sqs
@@ -302,6 +314,8 @@ class EventRouter:
         self.region = region
         self.account_id = account_id
         self.max_rounds = max_rounds
+        #: Says, without a request, whether a queue may hold messages; an empty queue is not polled.
+        self.peek = peek
         self.schedules: list[ScheduledTarget] = []
         self.failures: list[FailedInvocation] = []
         self._drain_lock = threading.RLock()
@@ -385,14 +399,19 @@ class EventRouter:
         return delivered
 
     def _drain_inbox(self, function: str, url: str) -> int:
+        if self.peek is not None and not self.peek(url):
+            return 0
         answer = self.sqs.receive_message(
             QueueUrl=url, MaxNumberOfMessages=10, WaitTimeSeconds=0, VisibilityTimeout=30
         )
         messages = answer.get("Messages", [])
         for message in messages:
-            event = self._event_from(message["Body"])
-            self._invoke_async(function, event)
-            self.sqs.delete_message(QueueUrl=url, ReceiptHandle=message["ReceiptHandle"])
+            self._invoke_async(function, self._event_from(message["Body"]))
+        if messages:
+            self.sqs.delete_message_batch(
+                QueueUrl=url,
+                Entries=[{"Id": str(i), "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(messages)],
+            )
         return len(messages)
 
     def _event_from(self, body: str) -> Any:
@@ -455,6 +474,8 @@ class EventRouter:
         self.sqs.send_message(QueueUrl=url, MessageBody=json.dumps(record, default=str))
 
     def _drain_source(self, function: str, url: str, batch: int) -> int:
+        if self.peek is not None and not self.peek(url):
+            return 0
         answer = self.sqs.receive_message(
             QueueUrl=url,
             MaxNumberOfMessages=min(batch, 10),

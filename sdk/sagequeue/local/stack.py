@@ -16,9 +16,11 @@ on the stack's clock. See docs/local-stack.md.
 
 from __future__ import annotations
 
+import io
 import itertools
 import logging
 import os
+import sys
 import threading
 import time
 from collections.abc import Mapping
@@ -26,7 +28,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, TextIO
 
 from botocore.config import Config
 
@@ -47,6 +49,9 @@ _LOCAL_CREDENTIALS = {
     "AWS_ACCESS_KEY_ID": "sagequeue-local",
     "AWS_SECRET_ACCESS_KEY": "sagequeue-local",
 }
+
+#: The functions log through Powertools under the service name (sagequeue_core.observability).
+_FUNCTION_LOGGER = "sagequeue"
 
 _accounts = itertools.count(1)
 #: As sagequeue_core.runtime configures the handlers' clients (standard retries, bounded timeouts).
@@ -127,6 +132,27 @@ def _start_moto(account_id: str) -> _Moto:
     return _Moto(server, thread, f"http://{host!s}:{port}")
 
 
+def _moto_queue_peek(account_id: str, region: str) -> Any:
+    """Whether a queue of the account holds messages, read from moto's state in this process.
+
+    Receiving from every empty queue after every event would be most of the stack's work; a look at
+    moto's own queue saves the request. Anything unexpected answers True, so the queue is polled.
+    """
+    try:
+        from moto.sqs.models import sqs_backends
+    except ImportError:
+        return None
+
+    def peek(url: str) -> bool:
+        try:
+            queue = sqs_backends[account_id][region].queues.get(url.rsplit("/", 1)[-1])
+            return queue is None or bool(queue.messages)
+        except Exception:  # noqa: BLE001 - a moto that changed shape: fall back to polling
+            return True
+
+    return peek
+
+
 def _forget_account(account_id: str) -> None:
     """Drop moto's state for the account (memory), once the stack is stopped."""
     try:
@@ -165,6 +191,7 @@ class LocalStack:
         emulator: Mapping[str, Any] | None = None,
         raise_function_errors: bool | None = None,
         poll_interval: float = 0.1,
+        function_logs: bool = True,
     ) -> None:
         if isinstance(clock, str):
             if clock == "virtual":
@@ -187,6 +214,11 @@ class LocalStack:
         #: clock (tests, the demo), not on a real one (a server keeps serving).
         self.raise_function_errors = self.virtual if raise_function_errors is None else raise_function_errors
         self.poll_interval = poll_interval
+        #: False: the functions' INFO logs and EMF metric documents (what Lambda sends to CloudWatch Logs)
+        #: are not printed; warnings and errors still are.
+        self.function_logs = function_logs
+        self._log_filter: logging.Filter | None = None
+        self._stdout: _FunctionStdout | None = None
         self.identities = IdentityTable(default_identities(self.account_id).values())
         self.training_role_arn = f"arn:aws:iam::{self.account_id}:role/{LOCAL_TRAINING_ROLE}"
         self.startup_seconds: float | None = None
@@ -245,6 +277,8 @@ class LocalStack:
             for name, value in _LOCAL_CREDENTIALS.items():
                 self._saved_env[name] = os.environ.get(name)
                 os.environ[name] = value
+        if not self.function_logs:
+            self._quiet_functions()
         self._moto = _start_moto(self.account_id)
         template = self._template(self._moto.endpoint)
         self.spec = spec = build_spec(template)
@@ -294,6 +328,7 @@ class LocalStack:
             queue_arns={url: arn for arn, url in provisioned.queue_urls.items()},
             region=self.region,
             account_id=self.account_id,
+            peek=_moto_queue_peek(self.account_id, self.region),
         )
         now = self.clock.now()
         for rule_name, function, input_ in provisioned.schedules:
@@ -360,6 +395,7 @@ class LocalStack:
             self._moto.thread.join(timeout=5)
             self._moto = None
             _forget_account(self.account_id)
+        self._restore_output()
         for name, value in self._saved_env.items():
             if value is None:
                 os.environ.pop(name, None)
@@ -372,6 +408,24 @@ class LocalStack:
         with _active_lock:
             if _active is self:
                 _active = None
+
+    def _quiet_functions(self) -> None:
+        """Keep the functions' INFO logs and EMF documents (Lambda sends both to CloudWatch Logs) out of
+        this process's output; warnings and errors still show."""
+        function_logger = logging.getLogger(_FUNCTION_LOGGER)
+        self._log_filter = _BelowWarning()
+        function_logger.addFilter(self._log_filter)
+        self._stdout = _FunctionStdout(sys.stdout)
+        sys.stdout = self._stdout
+
+    def _restore_output(self) -> None:
+        if self._log_filter is not None:
+            logging.getLogger(_FUNCTION_LOGGER).removeFilter(self._log_filter)
+            self._log_filter = None
+        if self._stdout is not None:
+            if sys.stdout is self._stdout:
+                sys.stdout = self._stdout.target
+            self._stdout = None
 
     # --- configuration ------------------------------------------------------------------------------------
 
@@ -602,6 +656,39 @@ class LocalStack:
     def __repr__(self) -> str:
         where = self._api.endpoint if self._api is not None else "stopped"
         return f"LocalStack({where}, account {self.account_id}, clock {self.clock!r})"
+
+
+class _BelowWarning(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.WARNING
+
+
+class _FunctionStdout(io.TextIOBase):
+    """stdout that drops what a function prints while it runs (its EMF metric documents) and passes
+    everything else through."""
+
+    def __init__(self, target: TextIO) -> None:
+        self.target = target
+
+    def write(self, text: str) -> int:
+        from sagequeue.local.router import current_function
+
+        if current_function() is not None:
+            return len(text)
+        return self.target.write(text)
+
+    def flush(self) -> None:
+        self.target.flush()
+
+    def isatty(self) -> bool:
+        return self.target.isatty()
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return str(getattr(self.target, "encoding", "utf-8"))
+
+    def fileno(self) -> int:
+        return self.target.fileno()
 
 
 def _next_minute(moment: datetime) -> datetime:
