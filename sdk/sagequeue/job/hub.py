@@ -177,17 +177,20 @@ class HubCache:
         return f"{self.api.endpoint}/{self.repo_id}/resolve/{self.revision()}/{quote(path)}"
 
     @contextmanager
-    def open_file(self, entry: RemoteEntry, file: RemoteFile, offset: int = 0) -> Iterator[Iterator[bytes]]:
+    def open_file(
+        self, entry: RemoteEntry, file: RemoteFile, offset: int = 0, end: int | None = None
+    ) -> Iterator[Iterator[bytes]]:
         headers = build_hf_headers(token=self.api.token)
-        if offset:
-            headers["Range"] = f"bytes={offset}-"
+        ranged = bool(offset) or end is not None
+        if ranged:
+            headers["Range"] = f"bytes={offset}-{'' if end is None else end - 1}"
         url = self.file_url(f"{entry.key}/{file.name}")
         with get_session().stream("GET", url, headers=headers, follow_redirects=True) as response:
             try:
                 hf_raise_for_status(response)
             except HfHubHTTPError as exc:
                 raise self._error(f"download {entry.key}/{file.name}", exc) from exc
-            if offset and response.status_code != 206:
+            if ranged and response.status_code != 206:
                 raise RemoteCacheError(
                     f"{url}: asked for bytes from {offset}, the server sent the whole file"
                 )

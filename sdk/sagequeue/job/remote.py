@@ -185,9 +185,9 @@ class RemoteCache(Protocol):
         ...
 
     def open_file(
-        self, entry: RemoteEntry, file: RemoteFile, offset: int = 0
+        self, entry: RemoteEntry, file: RemoteFile, offset: int = 0, end: int | None = None
     ) -> AbstractContextManager[Iterator[bytes]]:
-        """The file's bytes from `offset` on."""
+        """The file's bytes from `offset` up to `end` (exclusive; None: the end of the file)."""
         ...
 
     def publish(

@@ -170,10 +170,12 @@ class S3Cache:
         )
 
     @contextmanager
-    def open_file(self, entry: RemoteEntry, file: RemoteFile, offset: int = 0) -> Iterator[Iterator[bytes]]:
+    def open_file(
+        self, entry: RemoteEntry, file: RemoteFile, offset: int = 0, end: int | None = None
+    ) -> Iterator[Iterator[bytes]]:
         kwargs: dict[str, Any] = {"Bucket": self.bucket, "Key": self._key(f"{entry.key}/{file.name}")}
-        if offset:
-            kwargs["Range"] = f"bytes={offset}-"
+        if offset or end is not None:
+            kwargs["Range"] = f"bytes={offset}-{'' if end is None else end - 1}"
         try:
             body = self._client.get_object(**kwargs)["Body"]
         except ClientError as exc:

@@ -42,6 +42,10 @@ log = logging.getLogger(__name__)
 
 STAGING_DIR = ".sagequeue-staging"
 PART_SUFFIX = ".part"
+LEDGER_SUFFIX = ".ranges"
+#: Files at least this large are fetched as ranges in parallel (the NEFFs of big graphs, hundreds of MB).
+SPLIT_SIZE = 64 * 1024 * 1024
+RANGE_SIZE = 16 * 1024 * 1024
 _READ = 1024 * 1024
 #: Attempts per file; each one resumes where the previous stopped.
 FILE_ATTEMPTS = 3
@@ -95,19 +99,29 @@ def _progress(total: int, enabled: bool, description: str) -> Any:
 
 
 class _Download:
+    """One file into staging: a single resumable stream, or ranges fetched in parallel for large files."""
+
     def __init__(self, remote: RemoteCache, entry: RemoteEntry, file: RemoteFile, staging: Path) -> None:
         self.remote = remote
         self.entry = entry
         self.file = file
         self.target = staging / file.name
         self.part = self.target.with_name(self.target.name + PART_SUFFIX)
+        #: Large files: indices of the ranges already written into .part, one per line.
+        self.ledger = self.target.with_name(self.target.name + LEDGER_SUFFIX)
+        self.ranged = file.size >= SPLIT_SIZE
+        self._ledger_lock = threading.Lock()
+
+    @property
+    def label(self) -> str:
+        return f"{self.entry.key}/{self.file.name}"
+
+    def already_staged(self) -> bool:
+        return self.target.exists() and self._verify(self.target)
 
     def run(self, advance: Callable[[int], None]) -> int:
         """Download (or resume) the file into staging; returns the bytes fetched over the network."""
         self.target.parent.mkdir(parents=True, exist_ok=True)
-        if self.target.exists() and self._verify(self.target):
-            advance(self.file.size)
-            return 0
         fetched = 0
         last_error: Exception | None = None
         for _ in range(FILE_ATTEMPTS):
@@ -118,11 +132,9 @@ class _Download:
                 # corrupt bytes are not resumable: start over
                 self.part.unlink(missing_ok=True)
                 last_error = exc
-            except (OSError, RemoteCacheError) as exc:
-                last_error = exc
             except Exception as exc:  # noqa: BLE001 - HTTP client errors differ by backend; the attempt resumes
                 last_error = exc
-        raise RemoteCacheError(f"{self.entry.key}/{self.file.name}: {last_error}") from last_error
+        raise RemoteCacheError(f"{self.label}: {last_error}") from last_error
 
     def _attempt(self, advance: Callable[[int], None]) -> int:
         hasher = _Hasher(self.file)
@@ -136,26 +148,85 @@ class _Download:
                     hasher.update(block)
             advance(offset)
         fetched = 0
-        if offset < self.file.size or self.file.size == 0:
-            with (
-                self.remote.open_file(self.entry, self.file, offset) as chunks,
-                self.part.open("ab") as out,
-            ):
-                for chunk in chunks:
-                    out.write(chunk)
-                    hasher.update(chunk)
-                    fetched += len(chunk)
-                    advance(len(chunk))
+        try:
+            if offset < self.file.size or self.file.size == 0:
+                with (
+                    self.remote.open_file(self.entry, self.file, offset) as chunks,
+                    self.part.open("ab") as out,
+                ):
+                    for chunk in chunks:
+                        out.write(chunk)
+                        hasher.update(chunk)
+                        fetched += len(chunk)
+                        advance(len(chunk))
+        except BaseException:
+            advance(-(offset + fetched))  # the next attempt counts again what it re-reads
+            raise
         size = self.part.stat().st_size
         if size != self.file.size:
+            advance(-size)
             raise RemoteCacheError(
                 f"{self.file.name}: got {size} bytes, the remote recorded {self.file.size}"
             )
         if not hasher.matches():
             advance(-size)
-            raise IntegrityError(f"{self.entry.key}/{self.file.name}: checksum mismatch")
+            raise IntegrityError(f"{self.label}: checksum mismatch")
         os.replace(self.part, self.target)
         return fetched
+
+    # --- large files: ranges in parallel ---------------------------------------------------------------
+
+    def pending_ranges(self, advance: Callable[[int], None]) -> list[int]:
+        """Range indices still to fetch; prepares .part at full size and counts what earlier runs wrote."""
+        self.target.parent.mkdir(parents=True, exist_ok=True)
+        count = -(-self.file.size // RANGE_SIZE)
+        done: set[int] = set()
+        if self.part.exists() and self.ledger.exists() and self.part.stat().st_size == self.file.size:
+            done = {int(line) for line in self.ledger.read_text().split() if line.isdigit()}
+        else:
+            self.ledger.unlink(missing_ok=True)
+            with self.part.open("wb") as out:
+                out.truncate(self.file.size)
+        for index in done:
+            advance(self._bounds(index)[1] - self._bounds(index)[0])
+        return [i for i in range(count) if i not in done]
+
+    def _bounds(self, index: int) -> tuple[int, int]:
+        start = index * RANGE_SIZE
+        return start, min(self.file.size, start + RANGE_SIZE)
+
+    def fetch_range(self, index: int, advance: Callable[[int], None]) -> int:
+        start, end = self._bounds(index)
+        last_error: Exception | None = None
+        for _ in range(FILE_ATTEMPTS):
+            written = 0
+            try:
+                with (
+                    self.remote.open_file(self.entry, self.file, start, end) as chunks,
+                    self.part.open("r+b") as out,
+                ):
+                    out.seek(start)
+                    for chunk in chunks:
+                        out.write(chunk)
+                        written += len(chunk)
+                        advance(len(chunk))
+                if written != end - start:
+                    raise RemoteCacheError(f"{self.label}: range {start}-{end} returned {written} bytes")
+                with self._ledger_lock, self.ledger.open("a") as ledger:
+                    ledger.write(f"{index}\n")
+                return written
+            except Exception as exc:  # noqa: BLE001 - retried; the last error is reported
+                advance(-written)
+                last_error = exc
+        raise RemoteCacheError(f"{self.label}: {last_error}") from last_error
+
+    def finish_ranges(self) -> None:
+        if not self._verify(self.part):
+            self.part.unlink(missing_ok=True)
+            self.ledger.unlink(missing_ok=True)
+            raise IntegrityError(f"{self.label}: checksum mismatch")
+        os.replace(self.part, self.target)
+        self.ledger.unlink(missing_ok=True)
 
     def _verify(self, path: Path) -> bool:
         if path.stat().st_size != self.file.size:
@@ -234,27 +305,54 @@ def restore(
                 with lock:
                     bar.update(n)
 
-            futures = {}
-            for module, files in ready.items():
-                entry = entry_of[module]
-                for file in files:
-                    job = _Download(remote, entry, file, staging_root / module)
-                    futures[pool.submit(job.run, advance)] = module
-                if not files:
-                    remaining[module] = 0
-            for future in as_completed(futures):
-                module = futures[future]
-                key = neuron.entry_key(version, module)
-                try:
-                    report.bytes_downloaded += future.result()
-                except Exception as exc:  # noqa: BLE001 - one bad entry must not stop the others
-                    report.failed.setdefault(key, str(exc))
+            futures: dict[Any, tuple[str, _Download]] = {}
+            ranges_left: dict[int, int] = {}
+
+            def file_done(module: str) -> None:
                 remaining[module] -= 1
+                key = neuron.entry_key(version, module)
                 if remaining[module] == 0 and key not in report.failed:
                     if _install(staging_root / module, root / neuron.version_dir(version) / module):
                         report.restored.append(key)
                     else:
                         report.busy.append(key)
+
+            staged_already: list[str] = []
+            for module, files in ready.items():
+                for file in files:
+                    job = _Download(remote, entry_of[module], file, staging_root / module)
+                    if job.already_staged():
+                        advance(file.size)
+                        staged_already.append(module)
+                    elif job.ranged:
+                        pending = job.pending_ranges(advance)
+                        ranges_left[id(job)] = len(pending)
+                        for index in pending:
+                            futures[pool.submit(job.fetch_range, index, advance)] = (module, job)
+                        if not pending:
+                            futures[pool.submit(lambda: 0)] = (module, job)
+                            ranges_left[id(job)] = 1
+                    else:
+                        futures[pool.submit(job.run, advance)] = (module, job)
+            for module in staged_already:
+                file_done(module)
+            for future in as_completed(futures):
+                module, job = futures[future]
+                key = neuron.entry_key(version, module)
+                try:
+                    report.bytes_downloaded += future.result()
+                except Exception as exc:  # noqa: BLE001 - one bad entry must not stop the others
+                    report.failed.setdefault(key, str(exc))
+                if job.ranged:
+                    ranges_left[id(job)] -= 1
+                    if ranges_left[id(job)] > 0:
+                        continue
+                    if key not in report.failed:
+                        try:
+                            job.finish_ranges()
+                        except IntegrityError as exc:
+                            report.failed.setdefault(key, str(exc))
+                file_done(module)
     for key, problem in report.failed.items():
         log.warning("could not restore %s: %s", key, problem)
     return report

@@ -7,6 +7,8 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
+import pytest
+
 from sagequeue.job import neuron, sync
 from sagequeue.job.remote import Deadline, PublishResult, RegistryRecord, RemoteEntry, RemoteFile
 
@@ -41,9 +43,11 @@ class MemoryRemote:
         return entry.files
 
     @contextmanager
-    def open_file(self, entry: RemoteEntry, file: RemoteFile, offset: int = 0) -> Iterator[Iterator[bytes]]:
+    def open_file(
+        self, entry: RemoteEntry, file: RemoteFile, offset: int = 0, end: int | None = None
+    ) -> Iterator[Iterator[bytes]]:
         self.offsets.append((file.name, offset))
-        body = self.data[entry.module][file.name]
+        body = self.data[entry.module][file.name][:end]
         if f"{entry.module}/{file.name}" in self.corrupt:
             body = body[:-1] + b"?"
 
@@ -135,3 +139,27 @@ def test_only_the_requested_modules_are_restored(tmp_path: Path) -> None:
     report = sync.restore(remote, tmp_path, VERSION, ["MODULE_2+bb"], progress=False)
     assert report.remote_entries == 1
     assert [e.module for e in neuron.scan(tmp_path, VERSION)] == ["MODULE_2+bb"]
+
+
+def test_large_files_arrive_as_parallel_ranges_and_resume_by_range(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sync, "SPLIT_SIZE", 4096)
+    monkeypatch.setattr(sync, "RANGE_SIZE", 2048)
+    files = _files("big", neff=10_000)  # 9984 bytes: five ranges
+    staging = tmp_path / sync.STAGING_DIR / neuron.version_dir(VERSION) / "MODULE_9+aa"
+    staging.mkdir(parents=True)
+    # GIVEN an earlier run wrote ranges 0 and 2 before it died
+    partial = bytearray(len(files["model.neff"]))
+    for index in (0, 2):
+        partial[index * 2048 : (index + 1) * 2048] = files["model.neff"][index * 2048 : (index + 1) * 2048]
+    (staging / "model.neff.part").write_bytes(bytes(partial))
+    (staging / "model.neff.ranges").write_text("0\n2\n")
+    remote = MemoryRemote({"MODULE_9+aa": files})
+    report = sync.restore(remote, tmp_path, VERSION, progress=False)
+    # THEN only the missing ranges were asked for, and the file is whole and verified
+    neff_offsets = sorted(offset for name, offset in remote.offsets if name == "model.neff")
+    assert neff_offsets == [2048, 6144, 8192]
+    assert report.restored == [neuron.entry_key(VERSION, "MODULE_9+aa")]
+    restored = tmp_path / neuron.version_dir(VERSION) / "MODULE_9+aa" / "model.neff"
+    assert restored.read_bytes() == files["model.neff"]
