@@ -18,12 +18,14 @@ This is the only sagequeue module that imports the SageMaker SDK (`pip install '
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from sagequeue.client import Job, QueueClient
+from sagequeue.exceptions import SageQueueError
 from sagequeue.hook import QueueHook, install, passthrough, queue_message
 
 if TYPE_CHECKING:
@@ -157,6 +159,10 @@ if SDK_MAJOR == 2:
             if func_name != "train":
                 return super()._intercept_create_request(request, create, func_name)
             job = self._queue_hook.submit(request)
+            if job.position is None and job.waiting:
+                # the submit answer has no position; the job's detail does
+                with contextlib.suppress(SageQueueError):
+                    job = self.queue.job(job.name)
             _print(
                 f"sagequeue: queued training job {job.name} for {job.pool} with priority {job.priority}"
                 + (f", position {job.position}" if job.position else "")

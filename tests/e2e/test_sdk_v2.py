@@ -1,0 +1,269 @@
+"""SageMaker Python SDK v2: a real `Estimator.fit()` with `QueueSession`, against the local stack over HTTP.
+
+Needs the SDK v2 (`pip install -e '.[dev,sagemaker]'`, in its own environment: the SDK pins packages the
+rest of the project's tools are newer than). The clock is virtual: while `fit()` waits in a thread, the
+test moves time forward, as the world would.
+
+GIVEN a pool of one ml.trn1.32xlarge that another job holds,
+WHEN a data scientist calls `estimator.fit()` with `sagemaker_session=QueueSession()`,
+THEN the job is queued with the estimator's priority tag, other tags, keep-alive, checkpoints and training
+plan; `fit()` reports its place while it waits, follows the attempt the scheduler starts, and returns when
+the job completes (or raises the SDK's error when it fails).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+os.environ.setdefault("SAGEMAKER_SUPPRESS_V2_WARNING", "1")
+pytest.importorskip(
+    "sagemaker.session", reason="SDK v2 tests run in an environment with 'sagequeue[sagemaker]' (sagemaker<3)"
+)
+
+import boto3
+from sagemaker.estimator import Estimator
+from sagemaker.exceptions import UnexpectedStatusException
+
+from sagequeue.client import QueueClient
+from sagequeue.local import LocalStack
+from sagequeue.session import SDK_MAJOR, QueueSession
+
+POOL = "ml.trn1.32xlarge"
+IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/neuron-train:2.21"
+
+
+@pytest.fixture(scope="module")
+def stack() -> Iterator[Any]:
+    assert SDK_MAJOR == 2
+    with LocalStack(settings={"capacity": {POOL: 1}, "min_runtime_before_preemption_seconds": 0}) as running:
+        yield running
+
+
+@pytest.fixture(autouse=True)
+def no_telemetry(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The SDK calls home after fit(); not from tests. (Its opt-out setting would do it too, but a
+    SageMaker config makes SDK v2 validate it against its JSON schema at every lookup: 12 s a fit.)"""
+    from sagemaker.telemetry import telemetry_logging
+
+    monkeypatch.setattr(telemetry_logging, "_requests_helper", lambda url, timeout: None)
+
+
+@pytest.fixture
+def queue(stack: Any) -> QueueClient:
+    return stack.client()
+
+
+@pytest.fixture
+def session(stack: Any, queue: QueueClient) -> QueueSession:
+    return QueueSession(
+        boto_session=boto3.Session(region_name=stack.region),
+        sagemaker_client=stack.emulator.client(),
+        queue_client=queue,
+        poll_seconds=0.2,
+        # CloudWatch Logs on the stack's moto: the emulator writes none, so following shows status only
+        logs_client=stack.aws_client("logs"),
+    )
+
+
+@pytest.fixture(autouse=True)
+def drained(stack: Any, queue: QueueClient) -> Iterator[None]:
+    yield
+    for job in queue.jobs():
+        if not job.terminal:
+            queue.cancel(job.name)
+    advance_until(stack, lambda: all(j.terminal for j in queue.jobs()))
+
+
+def advance_until(stack: Any, done: Callable[[], bool], *, step: float = 30, limit: float = 7200) -> None:
+    stack.run_until_idle()
+    waited = 0.0
+    while not done():
+        if waited >= limit:
+            raise AssertionError(f"condition not reached after {limit:g} simulated seconds")
+        stack.advance(step)
+        waited += step
+
+
+def estimator(stack: Any, session: QueueSession, *, seconds: int = 300, **extra: Any) -> Estimator:
+    options: dict[str, Any] = {
+        "image_uri": IMAGE,
+        "role": stack.training_role_arn,
+        "instance_count": 1,
+        "instance_type": POOL,
+        "volume_size": 64,
+        "output_path": "s3://sagequeue-e2e/output",
+        "base_job_name": f"bert-{uuid.uuid4().hex[:4]}",
+        "sagemaker_session": session,
+        "tags": [{"Key": "priority", "Value": "100"}, {"Key": "team", "Value": "nlp"}],
+        "keep_alive_period_in_seconds": 900,
+        "checkpoint_s3_uri": "s3://sagequeue-e2e/checkpoints",
+        "environment": {"SAGEQUEUE_SIM_DURATION": str(seconds)},
+        "disable_profiler": True,
+    }
+    options.update(extra)
+    return Estimator(**options)
+
+
+def hold_the_pool(stack: Any, queue: QueueClient, seconds: int = 240) -> str:
+    """Start a job that keeps the pool's one instance busy for `seconds`."""
+    name = f"blocker-{uuid.uuid4().hex[:6]}"
+    queue.submit(
+        {
+            "TrainingJobName": name,
+            "RoleArn": stack.training_role_arn,
+            "AlgorithmSpecification": {"TrainingImage": IMAGE, "TrainingInputMode": "File"},
+            "OutputDataConfig": {"S3OutputPath": "s3://sagequeue-e2e/output"},
+            "ResourceConfig": {"InstanceType": POOL, "InstanceCount": 1, "VolumeSizeInGB": 64},
+            "StoppingCondition": {"MaxRuntimeInSeconds": 7200},
+            "Environment": {"SAGEQUEUE_SIM_DURATION": str(seconds)},
+        },
+        priority=900,
+    )
+    advance_until(stack, lambda: queue.job(name).state == "running")
+    return name
+
+
+def run_while_time_passes(
+    stack: Any, queue: QueueClient, work: Callable[[], Any], *, timeout: float = 60
+) -> Any:
+    """Run `work` (which waits on the queue) in a thread; once its job is queued, move the clock until it
+    returns. Returns its result or raises its error."""
+    outcome: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            outcome["value"] = work()
+        except BaseException as exc:
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=target, name="fit", daemon=True)
+    known = {j.name for j in queue.jobs()}
+    thread.start()
+    deadline = time.monotonic() + timeout
+    # let the job be queued before time moves, so the wait in the queue is real
+    while thread.is_alive() and not ({j.name for j in queue.jobs()} - known):
+        assert time.monotonic() < deadline, "the job was never submitted"
+        time.sleep(0.02)
+    while thread.is_alive():
+        assert time.monotonic() < deadline, "fit() did not return"
+        stack.advance(60)
+        time.sleep(0.05)
+    thread.join()
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome.get("value")
+
+
+def test_fit_without_waiting_queues_the_request_whole(
+    stack: Any, queue: QueueClient, session: QueueSession
+) -> None:
+    hold_the_pool(stack, queue)
+    plan = f"arn:aws:sagemaker:{stack.region}:{stack.account_id}:training-plan/trn1-reserved"
+    est = estimator(stack, session, training_plan=plan)
+
+    est.fit(wait=False)
+
+    name = est.latest_training_job.name
+    job = queue.job(name)
+    assert (job.state, job.priority, job.pool, job.position) == ("queued", 100, POOL, 1)
+    described = est.latest_training_job.describe()
+    assert (described["TrainingJobStatus"], described["SecondaryStatus"]) == ("InProgress", "Pending")
+    assert described["ResourceConfig"]["KeepAlivePeriodInSeconds"] == 900
+    assert described["ResourceConfig"]["TrainingPlanArn"] == plan
+    assert described["CheckpointConfig"]["S3Uri"] == "s3://sagequeue-e2e/checkpoints"
+
+
+def test_fit_waits_in_the_queue_then_follows_the_attempt_until_it_completes(
+    stack: Any, queue: QueueClient, session: QueueSession, capsys: pytest.CaptureFixture[str]
+) -> None:
+    hold_the_pool(stack, queue)
+    est = estimator(stack, session)
+
+    run_while_time_passes(stack, queue, est.fit)
+
+    name = est.latest_training_job.name
+    job = queue.job(name)
+    assert job.state == "completed"
+    assert job.priority == 100
+    printed = capsys.readouterr().out
+    assert f"queued training job {name} for {POOL} with priority 100, position 1" in printed
+    assert "Waiting in the sagequeue queue: position 1" in printed
+    assert f"attempt 1 runs as training job {name}" in printed
+    assert "Completed - Completed" in printed
+    # the attempt SageMaker ran carries the estimator's tags and keep-alive
+    real = stack.sagemaker.describe_training_job(TrainingJobName=name)
+    assert real["TrainingJobStatus"] == "Completed"
+    assert real["ResourceConfig"]["KeepAlivePeriodInSeconds"] == 900
+    tags = {
+        t["Key"]: t["Value"] for t in stack.sagemaker.list_tags(ResourceArn=real["TrainingJobArn"])["Tags"]
+    }
+    assert tags["team"] == "nlp"
+    assert tags["priority"] == "100"
+    # what the SDK reads afterwards comes from the attempt, under the job's name
+    assert est.model_data == f"s3://sagequeue-e2e/output/{name}/output/model.tar.gz"
+
+
+def test_fit_with_logs_off_uses_wait_for_job(stack: Any, queue: QueueClient, session: QueueSession) -> None:
+    est = estimator(stack, session, seconds=120)
+    run_while_time_passes(stack, queue, lambda: est.fit(logs="None"))
+    assert queue.job(est.latest_training_job.name).state == "completed"
+
+
+def test_session_priority_wins_over_the_tag(stack: Any, queue: QueueClient) -> None:
+    urgent = QueueSession(
+        boto_session=boto3.Session(region_name=stack.region),
+        sagemaker_client=stack.emulator.client(),
+        queue_client=queue,
+        priority=750,
+    )
+    est = estimator(stack, urgent)
+    est.fit(wait=False)
+    assert queue.job(est.latest_training_job.name).priority == 750
+
+
+def test_a_failing_job_makes_fit_raise_the_sdks_error(
+    stack: Any, queue: QueueClient, session: QueueSession
+) -> None:
+    est = estimator(
+        stack, session, environment={"SAGEQUEUE_SIM_OUTCOME": "Failed:AlgorithmError: loss is NaN"}
+    )
+
+    with pytest.raises(UnexpectedStatusException, match="loss is NaN"):
+        run_while_time_passes(stack, queue, est.fit)
+
+    assert queue.job(est.latest_training_job.name).state == "failed"
+
+
+def test_a_preempted_fit_keeps_waiting_and_follows_the_next_attempt(
+    stack: Any, queue: QueueClient, session: QueueSession, capsys: pytest.CaptureFixture[str]
+) -> None:
+    est = estimator(stack, session, seconds=400, tags=[{"Key": "priority", "Value": "10"}])
+
+    outcome: dict[str, Any] = {}
+    thread = threading.Thread(target=lambda: outcome.update(done=est.fit()), daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 90
+    while est.latest_training_job is None:
+        assert time.monotonic() < deadline, "fit() never submitted"
+        time.sleep(0.02)
+    name = est.latest_training_job.name
+    advance_until(stack, lambda: queue.job(name).state == "running")
+    hold_the_pool(stack, queue, seconds=120)  # priority 900 preempts it
+    while thread.is_alive():
+        assert time.monotonic() < deadline, "fit() did not return"
+        stack.advance(60)
+        time.sleep(0.05)
+
+    job = queue.job(name)
+    assert "done" in outcome
+    assert job.state == "completed"
+    assert job.attempts == (name, f"{name}-2")
+    printed = capsys.readouterr().out
+    assert f"attempt 2 runs as training job {name}-2" in printed
