@@ -141,7 +141,12 @@ class JobRunner:
         root = location.path
         root.mkdir(parents=True, exist_ok=True)
         log.info("compile cache: %s (%s)", root, location.source)
-        version = neuron.discover_compiler_version(self.env, explicit=options.compiler_version)
+        try:
+            version = neuron.discover_compiler_version(self.env, explicit=options.compiler_version)
+        except neuron.CompilerNotFoundError as exc:
+            # without a version there is no cache directory to share; the command still runs
+            log.warning("NEFF cache disabled: %s", exc)
+            return self._run_command_only(root)
         log.info("Neuron compiler %s", version)
         cleaned = neuron.remove_failed(root, version)
         if cleaned:
@@ -176,6 +181,17 @@ class JobRunner:
                 record.entries = sorted(registry_entries | new)
             self._upload(remote, root, version, record if record and record.entries else None, outcome)
         return outcome
+
+    def _run_command_only(self, root: Path) -> JobOutcome:
+        child_env = neuron.child_environment(self.env, root)
+        publisher = self._start_metrics()
+        try:
+            if self.watch.stopped:
+                return JobOutcome(status=128 + (self.watch.signal or 15))
+            return JobOutcome(status=self.forwarder.run(self.options.command, child_env))
+        finally:
+            if publisher is not None:
+                publisher.stop()
 
     def _remote(self) -> RemoteCache | None:
         if not self.options.cache_url:

@@ -234,3 +234,21 @@ def test_neuroncore_utilization_is_published_per_host_while_the_command_runs(
     # the monitor stopped with the command
     with pytest.raises(ProcessLookupError):
         os.kill(int(pidfile.read_text()), 0)
+
+
+def test_without_a_neuron_compiler_the_command_still_runs(base_env: dict[str, str], tmp_path: Path) -> None:
+    env = dict(base_env, PATH=str(BIN))  # no stand-ins: no neuronx-cc anywhere
+    result = run_wrapper(
+        [
+            "run",
+            "--cache-dir",
+            str(tmp_path / "cache"),
+            "--",
+            str(BIN / "python"),
+            "-c",
+            "raise SystemExit(3)",
+        ],
+        env,
+    )
+    assert result.returncode == 3
+    assert "NEFF cache disabled" in result.stderr
