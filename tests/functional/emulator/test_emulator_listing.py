@@ -3,6 +3,8 @@ and the tag operations."""
 
 from __future__ import annotations
 
+import base64
+import json
 from datetime import timedelta
 from typing import Any
 
@@ -163,3 +165,36 @@ def test_list_tags_paginates_and_unknown_arns_are_not_found(sagemaker: Any, make
     with pytest.raises(ClientError) as caught:
         sagemaker.list_tags(ResourceArn=ghost)
     assert caught.value.response["Error"]["Code"] == "ResourceNotFound"
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        {"after": [], "by": "CreationTime", "desc": False},
+        {"after": ["x", "y"], "by": "CreationTime", "desc": False},
+        {"after": [1.0, True], "by": "CreationTime", "desc": False},
+        {"after": [1.0, 2], "by": "Name", "desc": False},
+        {"after": None, "by": "CreationTime", "desc": False},
+        {"by": "CreationTime"},
+    ],
+)
+def test_forged_tokens_are_validation_errors(
+    emulator: SageMakerEmulator, sagemaker: Any, make_request: Any, payload: dict[str, Any]
+) -> None:
+    create_jobs(emulator, sagemaker, make_request, 2)
+    token = base64.urlsafe_b64encode(json.dumps(payload).encode()).decode()
+    sort_by = "Name" if payload.get("by") == "Name" else "CreationTime"
+    with pytest.raises(ClientError) as caught:
+        sagemaker.list_training_jobs(NextToken=token, SortBy=sort_by)
+    assert caught.value.response["Error"]["Code"] == "ValidationException"
+
+
+def test_descending_pages_do_not_shift_when_jobs_are_created_while_paginating(
+    emulator: SageMakerEmulator, sagemaker: Any, make_request: Any
+) -> None:
+    created = create_jobs(emulator, sagemaker, make_request, 5)
+    first = sagemaker.list_training_jobs(MaxResults=2, SortOrder="Descending")
+    assert names(first) == ["job-04", "job-03"]
+    sagemaker.create_training_job(**make_request("newcomer", ResourceConfig={"InstanceType": "ml.c5.xlarge"}))
+    rest = sagemaker.list_training_jobs(MaxResults=10, SortOrder="Descending", NextToken=first["NextToken"])
+    assert names(rest) == created[2::-1]

@@ -14,7 +14,7 @@ import heapq
 import itertools
 import json
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -31,7 +31,6 @@ from sagequeue.local.emulator.events import state_change_event
 from sagequeue.local.emulator.metrics import utilization_data
 from sagequeue.local.emulator.model import TrainingJob, WarmPoolState
 from sagequeue.local.emulator.simulation import SimPlan, Timings
-from sagequeue_core.domain import demand_of
 
 LIST_DEFAULT_MAX_RESULTS = 10
 LIST_MAX_RESULTS = 100
@@ -79,7 +78,11 @@ class SageMakerBackend:
         self._order: dict[str, int] = {}  # creation sequence, the tie-breaker of every ordering
         self._due: list[tuple[datetime, int, str]] = []  # heap; stale entries are skipped when popped
         self._heap_seq = itertools.count()
-        self._live: set[str] = set()
+        self._holders: set[str] = set()  # jobs holding instances: live, or with an Available warm pool
+        self._available: set[str] = set()  # ended jobs whose warm pool is Available
+        self._metric_due: list[
+            tuple[datetime, int, str]
+        ] = []  # heap of the next minute mark per training job
         self._operations: dict[str, Callable[[Mapping[str, Any], datetime, Outputs], dict[str, Any]]] = {
             "CreateTrainingJob": self._create_training_job,
             "DescribeTrainingJob": self._describe_training_job,
@@ -155,20 +158,33 @@ class SageMakerBackend:
             if job.fire(due):
                 self._emit(job, due, outputs)
             self._reschedule(job)
-        for name in list(self._live):
+        while self._metric_due and self._metric_due[0][0] <= upto:
+            mark, _, name = heapq.heappop(self._metric_due)
             job = self._jobs[name]
+            if job.metric_next != mark:
+                continue  # the job left Training or its marks were already taken
             job.collect_metrics(upto)
             self._drain_metrics(job, outputs)
+            self._schedule_metrics(job)
         return outputs
 
     def _reschedule(self, job: TrainingJob) -> None:
         due = job.due()
         if due is not None:
             heapq.heappush(self._due, (due, next(self._heap_seq), job.name))
-        if job.ended:
-            self._live.discard(job.name)
+        if job.held_instances():
+            self._holders.add(job.name)
         else:
-            self._live.add(job.name)
+            self._holders.discard(job.name)
+        if job.ended and job.name in self._holders:
+            self._available.add(job.name)
+        else:
+            self._available.discard(job.name)
+        self._schedule_metrics(job)
+
+    def _schedule_metrics(self, job: TrainingJob) -> None:
+        if job.metric_next is not None and self.metrics_enabled:
+            heapq.heappush(self._metric_due, (job.metric_next, next(self._heap_seq), job.name))
 
     def _emit(self, job: TrainingJob, at: datetime, outputs: Outputs) -> None:
         outputs.events.append(
@@ -199,8 +215,8 @@ class SageMakerBackend:
 
     def _instances_held(self) -> dict[str, int]:
         held: dict[str, int] = {}
-        for job in self._jobs.values():
-            for instance_type, count in job.held_instances().items():
+        for name in self._holders:
+            for instance_type, count in self._jobs[name].held_instances().items():
                 held[instance_type] = held.get(instance_type, 0) + count
         return held
 
@@ -230,7 +246,7 @@ class SageMakerBackend:
         )
         donor = self._matching_warm_pool(job, now)
         if donor is None:
-            self._check_limits(demand_of(stored))
+            self._check_limits(job.demand)
             job.start(now)
         else:
             pool = donor.hand_over_pool(now, to_job=name)
@@ -252,7 +268,7 @@ class SageMakerBackend:
             return None
         candidates = [
             other
-            for other in self._jobs.values()
+            for other in (self._jobs[name] for name in self._available)
             if other.pool_is_reusable(now) and other.resource_key == key
         ]
         if not candidates:
@@ -260,6 +276,8 @@ class SageMakerBackend:
         return min(candidates, key=lambda o: (o.warm_pool.available_since, self._order[o.name]))  # type: ignore[union-attr]
 
     def _check_limits(self, demand: Mapping[str, int]) -> None:
+        if not any(instance_type in self.instance_limits for instance_type in demand):
+            return
         held = self._instances_held()
         for instance_type, count in demand.items():
             limit = self.instance_limits.get(instance_type)
@@ -331,6 +349,33 @@ class SageMakerBackend:
             return [job.status, created, self._order[job.name]]
         return [created, self._order[job.name]]
 
+    def _ordered(
+        self, sort_by: str, descending: bool, cursor: list[Any] | None
+    ) -> Iterator[tuple[list[Any], TrainingJob]]:
+        """Jobs in list order, from just after `cursor`.
+
+        Jobs are stored in creation order and the clock never goes back, so the default order needs no sort:
+        the cursor's creation sequence number says where to resume.
+        """
+        if sort_by == "CreationTime":
+            jobs = list(self._jobs.values())
+            if descending:
+                stop = int(cursor[1]) if cursor is not None else len(jobs)
+                indices: Iterable[int] = range(min(stop, len(jobs)) - 1, -1, -1)
+            else:
+                indices = range(int(cursor[1]) + 1 if cursor is not None else 0, len(jobs))
+            for index in indices:
+                yield self._sort_key(jobs[index], sort_by), jobs[index]
+            return
+        keyed = sorted(
+            ((self._sort_key(job, sort_by), job) for job in self._jobs.values()),
+            key=lambda pair: pair[0],
+            reverse=descending,
+        )
+        for key, job in keyed:
+            if cursor is None or (key < cursor if descending else key > cursor):
+                yield key, job
+
     def _list_training_jobs(
         self, request: Mapping[str, Any], now: datetime, outputs: Outputs
     ) -> dict[str, Any]:
@@ -364,14 +409,15 @@ class SageMakerBackend:
                 and (modified_before is None or modified < modified_before)
             )
 
-        keyed = sorted(
-            ((self._sort_key(job, sort_by), job) for job in self._jobs.values() if selected(job)),
-            key=lambda pair: pair[0],
-            reverse=descending,
-        )
-        if cursor is not None:
-            keyed = [(k, j) for k, j in keyed if (k < cursor if descending else k > cursor)]
-        page = keyed[:limit]
+        page: list[tuple[list[Any], TrainingJob]] = []
+        more = False
+        for key, job in self._ordered(sort_by, descending, cursor):
+            if not selected(job):
+                continue
+            if len(page) == limit:
+                more = True
+                break
+            page.append((key, job))
         # SageMaker's quirk, kept on purpose: the page is cut first and the status filters run on the cut
         # page, so a page may hold fewer than MaxResults jobs (even none) while more matches follow.
         summaries = [
@@ -384,7 +430,7 @@ class SageMakerBackend:
             )
         ]
         answer: dict[str, Any] = {"TrainingJobSummaries": summaries}
-        if len(keyed) > limit:
+        if more:
             answer["NextToken"] = _encode_token(page[-1][0], sort_by, descending)
         return answer
 
@@ -437,6 +483,14 @@ class SageMakerBackend:
         return {}
 
 
+#: The types in a cursor of each ordering (see SageMakerBackend._sort_key).
+_CURSOR_SHAPES: dict[str, tuple[type | tuple[type, ...], ...]] = {
+    "CreationTime": ((int, float), int),
+    "Name": (str, int),
+    "Status": (str, (int, float), int),
+}
+
+
 def _encode_token(key: list[Any], sort_by: str, descending: bool) -> str:
     payload = json.dumps({"after": key, "by": sort_by, "desc": descending}, separators=(",", ":"))
     return base64.urlsafe_b64encode(payload.encode()).decode()
@@ -450,6 +504,12 @@ def _decode_token(token: Any, sort_by: str, descending: bool) -> list[Any] | Non
         key = payload["after"]
         if payload["by"] != sort_by or payload["desc"] != descending or not isinstance(key, list):
             raise ValueError("token from another ordering")
+        shape = _CURSOR_SHAPES[sort_by]
+        if len(key) != len(shape) or not all(
+            isinstance(part, kind) and not isinstance(part, bool)
+            for part, kind in zip(key, shape, strict=True)
+        ):
+            raise ValueError("malformed cursor")
     except (ValueError, KeyError, TypeError, binascii.Error):
         raise ValidationError(
             f"Invalid pagination token {token!r}: pass the NextToken of the previous ListTrainingJobs "

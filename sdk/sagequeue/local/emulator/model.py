@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import StrEnum
+from functools import cached_property
 from typing import Any
 
 from sagequeue.local.emulator.errors import ValidationError
@@ -196,13 +197,19 @@ class TrainingJob:
     def ended(self) -> bool:
         return self.status in TERMINAL_STATUSES
 
-    @property
+    # Instance types, counts and the match key never change after creation (UpdateTrainingJob touches only
+    # the keep-alive), so they are worked out once: the backend asks for them on every create.
+    @cached_property
     def resource_key(self) -> ResourceKey | None:
         return ResourceKey.from_request(self.request)
 
+    @cached_property
+    def demand(self) -> dict[str, int]:
+        return demand_of(self.request)
+
     @property
     def instance_count(self) -> int:
-        return sum(demand_of(self.request).values())
+        return sum(self.demand.values())
 
     @property
     def max_runtime(self) -> float:
@@ -213,9 +220,9 @@ class TrainingJob:
     def held_instances(self) -> dict[str, int]:
         """Instances counted against the account's limit: a live job's, or its Available warm pool's."""
         if not self.ended:
-            return demand_of(self.request)
+            return self.demand
         if self.warm_pool is not None and self.warm_pool.status is WarmPoolState.AVAILABLE:
-            return demand_of(self.request)
+            return self.demand
         return {}
 
     def due(self) -> datetime | None:
