@@ -260,3 +260,17 @@ def test_a_queued_spot_job_interrupted_too_often_goes_back_to_the_queue_on_deman
     # the queue starts its next attempt: governance clones nothing around it
     assert [n for n in names(world) if n.startswith(name)] == [name]
     assert all(o.clone is None for o in outcomes)
+
+
+def test_a_former_attempt_of_a_queue_entry_is_left_to_the_queue(world: World) -> None:
+    # GIVEN an attempt the scheduler started (tagged with its entry) that is no longer the entry's current one
+    name = unique("attempt")
+    tags = {"team": "nlp", "sagequeue:job": name, "sagequeue:attempt": "1"}
+    start(world, name, env=fail_after(900), tags=tags)
+    world.advance(1500)
+    assert world.status(name)[0] == "Failed"
+    # WHEN its transient failure reaches governance
+    outcomes = world.govern_pending(name)
+    # THEN nothing is cloned into the name the queue's next attempt will take
+    assert all(o.clone is None for o in outcomes)
+    assert [n for n in names(world) if n.startswith(name)] == [name]

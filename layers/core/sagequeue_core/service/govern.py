@@ -22,7 +22,7 @@ from typing import Any
 
 from sagequeue_core.alarms import CloudWatchAlarms
 from sagequeue_core.config import ConfigError, env_name
-from sagequeue_core.defaults import IDLE_ALARM_PREFIX
+from sagequeue_core.defaults import IDLE_ALARM_PREFIX, JOB_TAG
 from sagequeue_core.domain import DomainError, Job, JobState, StopReason
 from sagequeue_core.errors import AttemptNameTaken, StaleVersion, TrainingJobNotFound
 from sagequeue_core.events import EventType, Publisher, parse_training_job_event
@@ -174,6 +174,9 @@ class Governance:
         name = str(detail["TrainingJobName"])
         outcome = Outcome(name)
         queued = self.store.find_job_by_training_job(name)
+        # An attempt the scheduler started carries its queue entry's tag even once it is no longer the
+        # entry's current attempt: the queue owns its next attempt, and a clone would take that name.
+        of_queue = queued is not None or JOB_TAG in tags
         actions = govern(detail, tags, self.rules, now=self.clock())
         for action in actions:
             if isinstance(action, StopForPolicy):
@@ -190,12 +193,15 @@ class Governance:
                     self.alarms.delete(names)
                 outcome.alarms_deleted.extend(names)
             elif isinstance(action, Resume):
-                if queued is None:
+                if not of_queue:
                     self._clone(detail, tags, action.reason, outcome, resumed=True)
                 # A queued job's failure is the scheduler's to handle: it requeues transient failures with
                 # a backoff, bounded by max_attempts, so a clone here would run the job twice.
             elif isinstance(action, ReplaceSpot):
-                self._replace_spot(detail, tags, action, queued, outcome)
+                if queued is not None:
+                    self._requeue_without_spot(queued, action.reason, outcome)
+                elif not of_queue:
+                    self._replace_spot(detail, tags, action, outcome)
         if outcome.stopped or outcome.clone or outcome.alarms_created:
             logger.info(
                 "governed %s: stopped=%s clone=%s alarms=%s",
@@ -248,13 +254,9 @@ class Governance:
         detail: Mapping[str, Any],
         tags: Mapping[str, str],
         action: ReplaceSpot,
-        queued: Job | None,
         outcome: Outcome,
     ) -> None:
         name = str(detail["TrainingJobName"])
-        if queued is not None:
-            self._requeue_without_spot(queued, action.reason, outcome)
-            return
         self.sagemaker.stop(name)
         outcome.stopped = action.reason
         self._clone(detail, tags, action.reason, outcome, resumed=False, disable_spot=True)
