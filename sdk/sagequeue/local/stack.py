@@ -23,6 +23,7 @@ import os
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -219,6 +220,7 @@ class LocalStack:
         self.function_logs = function_logs
         self._log_filter: logging.Filter | None = None
         self._stdout: _FunctionStdout | None = None
+        self._warnings: warnings.catch_warnings[None] | None = None
         self.identities = IdentityTable(default_identities(self.account_id).values())
         self.training_role_arn = f"arn:aws:iam::{self.account_id}:role/{LOCAL_TRAINING_ROLE}"
         self.startup_seconds: float | None = None
@@ -412,20 +414,29 @@ class LocalStack:
     def _quiet_functions(self) -> None:
         """Keep the functions' INFO logs and EMF documents (Lambda sends both to CloudWatch Logs) out of
         this process's output; warnings and errors still show."""
-        function_logger = logging.getLogger(_FUNCTION_LOGGER)
         self._log_filter = _BelowWarning()
-        function_logger.addFilter(self._log_filter)
+        # On the handlers, not the logger: records of child loggers reach them by propagation.
+        for handler in logging.getLogger(_FUNCTION_LOGGER).handlers:
+            handler.addFilter(self._log_filter)
         self._stdout = _FunctionStdout(sys.stdout)
         sys.stdout = self._stdout
+        self._warnings = warnings.catch_warnings()
+        self._warnings.__enter__()
+        # Powertools warns on every invocation that adds no metric; Lambda would log it, not show it.
+        warnings.filterwarnings("ignore", message="No application metrics to publish")
 
     def _restore_output(self) -> None:
         if self._log_filter is not None:
-            logging.getLogger(_FUNCTION_LOGGER).removeFilter(self._log_filter)
+            for handler in logging.getLogger(_FUNCTION_LOGGER).handlers:
+                handler.removeFilter(self._log_filter)
             self._log_filter = None
         if self._stdout is not None:
             if sys.stdout is self._stdout:
                 sys.stdout = self._stdout.target
             self._stdout = None
+        if self._warnings is not None:
+            self._warnings.__exit__(None, None, None)
+            self._warnings = None
 
     # --- configuration ------------------------------------------------------------------------------------
 

@@ -1,0 +1,245 @@
+"""`sagequeue local` (the whole stack on localhost, in the foreground) and `sagequeue demo`."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+_CAPACITY_HELP = "Instances of a pool, TYPE=N (repeatable), e.g. --capacity ml.trn1.32xlarge=2."
+
+
+def _parse_pairs(values: tuple[str, ...], what: str) -> dict[str, str]:
+    pairs: dict[str, str] = {}
+    for value in values:
+        key, sep, item = value.partition("=")
+        if not sep or not key.strip():
+            raise click.BadParameter(f"{value!r} is not {what}")
+        pairs[key.strip()] = item.strip()
+    return pairs
+
+
+def _capacity(values: tuple[str, ...]) -> dict[str, int]:
+    capacity = {}
+    for instance_type, count in _parse_pairs(values, "TYPE=N (e.g. ml.trn1.32xlarge=2)").items():
+        if not count.isdigit():
+            raise click.BadParameter(f"{instance_type}={count}: N must be a whole number of instances")
+        capacity[instance_type] = int(count)
+    return capacity
+
+
+def _settings(
+    capacity: tuple[str, ...], allowed_roles: tuple[str, ...], admins: tuple[str, ...], extra: tuple[str, ...]
+) -> dict[str, Any]:
+    settings: dict[str, Any] = dict(_parse_pairs(extra, "NAME=VALUE (e.g. max_attempts=3)"))
+    if capacity:
+        settings["capacity"] = _capacity(capacity)
+    if allowed_roles:
+        settings["allowed_role_arns"] = list(allowed_roles)
+    if admins:
+        settings["admin_role_arns"] = list(admins)
+    return settings
+
+
+def _fail(message: str) -> None:
+    click.echo(f"error: {message}", err=True)
+    sys.exit(1)
+
+
+@click.command("local")
+@click.option("--capacity", "-c", multiple=True, metavar="TYPE=N", help=_CAPACITY_HELP)
+@click.option(
+    "--port",
+    "-p",
+    type=click.IntRange(0, 65535),
+    default=0,
+    show_default=True,
+    help="API port (0: any free port).",
+)
+@click.option(
+    "--speed",
+    type=click.FloatRange(min=0.001),
+    default=1.0,
+    show_default=True,
+    help="Clock speed: 60 makes a minute pass in a second.",
+)
+@click.option(
+    "--allowed-role",
+    "allowed_roles",
+    multiple=True,
+    metavar="ARN",
+    help="A role submitted jobs may pass (repeatable); default: the stack's local training role.",
+)
+@click.option(
+    "--admin",
+    "admins",
+    multiple=True,
+    metavar="ARN",
+    help="A principal that may change any job (repeatable); the local admin identity always is.",
+)
+@click.option(
+    "--setting",
+    "-s",
+    "extra",
+    multiple=True,
+    metavar="NAME=VALUE",
+    help="Any other setting, by its stack parameter name in snake_case (repeatable).",
+)
+@click.option(
+    "--function-logs/--no-function-logs",
+    default=False,
+    show_default=True,
+    help="Print the functions' logs and metric documents.",
+)
+@click.option(
+    "--template",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="The SAM template to run (default: the project's template.yaml).",
+)
+def local(
+    capacity: tuple[str, ...],
+    port: int,
+    speed: float,
+    allowed_roles: tuple[str, ...],
+    admins: tuple[str, ...],
+    extra: tuple[str, ...],
+    function_logs: bool,
+    template: Path | None,
+) -> None:
+    """Run sagequeue's whole stack on localhost until Ctrl-C: the API, the scheduler and the governance
+    functions on moto and the SageMaker emulator, on the real clock (optionally faster)."""
+    from sagequeue.config import local_connection_path, remove_local_connection, save_local_connection
+    from sagequeue.local.stack import LocalStack, LocalStackError
+
+    settings = _settings(capacity, allowed_roles, admins, extra)
+    stack = LocalStack(
+        settings=settings,
+        clock="real",
+        speed=speed,
+        port=port,
+        template=template,
+        function_logs=function_logs,
+    )
+    stopping = threading.Event()
+
+    def on_signal(signum: int, frame: Any) -> None:
+        stopping.set()
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        try:
+            stack.start()
+        except (LocalStackError, ValueError, OSError) as exc:
+            _fail(f"the local stack did not start: {exc}")
+        connection = stack.connection()
+        saved = save_local_connection(connection)
+        identities_file = saved.parent / "local-identities.json"
+        identities_file.write_text(json.dumps(stack.identities.to_dict(), indent=2) + "\n", encoding="utf-8")
+        identities_file.chmod(0o600)
+        click.echo(_banner(stack, saved, identities_file))
+        while not stopping.wait(0.5):
+            pass
+        click.echo("\nstopping the local stack...")
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        endpoint = stack.endpoint if stack._api is not None else None
+        stack.stop()
+        if endpoint is not None:
+            remove_local_connection(local_connection_path(), endpoint=endpoint)
+    click.echo("stopped.")
+
+
+def _banner(stack: Any, saved: Path, identities_file: Path) -> str:
+    settings = stack.settings
+    pools = ", ".join(f"{t}={n}" for t, n in settings.capacity.items()) or "none yet (PUT /pools as admin)"
+    user = stack.identity("user")
+    admin = stack.identity("admin")
+    lines = [
+        f"sagequeue local stack up in {stack.startup_seconds:.1f} s",
+        f"  API endpoint      {stack.endpoint}   (region {stack.region}, SigV4 service execute-api)",
+        f"  SageMaker         {stack.emulator.endpoint_url}   (the emulator)",
+        f"  AWS services      {stack.moto_endpoint}   (moto: DynamoDB, EventBridge, SNS, SQS, CloudWatch, S3)",
+        f"  pools             {pools}",
+        f"  training role     {stack.training_role_arn}   (jobs must pass an allowed role)",
+        f"  clock             {stack.clock!r}",
+        "",
+        f"Saved the connection to {saved}; the CLI and the SDK in other terminals use it:",
+        "  sagequeue submit job.json     sagequeue ls     sagequeue pools     sagequeue whoami",
+        "",
+        "Identities (access key -> caller; all keys are in " + str(identities_file) + "):",
+    ]
+    for identity in stack.identities:
+        role = " (admin)" if identity.admin else ""
+        lines.append(f"  {identity.name:6} {identity.access_key_id}  {identity.arn}{role}")
+    lines += [
+        "",
+        "SDK v2 session (estimator.fit() queues the job):",
+        "  import boto3",
+        "  from sagequeue import QueueSession",
+        f'  session = QueueSession(sagemaker_client=boto3.client("sagemaker", endpoint_url="{stack.emulator.endpoint_url}"))',
+        "",
+        "Plain boto3 (SDK v3 too): create_training_job goes to the queue:",
+        "  import boto3, sagequeue",
+        f'  sm = boto3.client("sagemaker", endpoint_url="{stack.emulator.endpoint_url}")',
+        "  sagequeue.install(sm)",
+        "",
+        "Elsewhere, point a client by hand:",
+        f"  export SAGEQUEUE_ENDPOINT={stack.endpoint}",
+        f"  export AWS_ACCESS_KEY_ID={user.access_key_id} AWS_SECRET_ACCESS_KEY={user.secret_access_key}",
+        f"  (as the admin: AWS_ACCESS_KEY_ID={admin.access_key_id}, secret in {identities_file.name})",
+        "",
+        "Ctrl-C stops it.",
+    ]
+    return "\n".join(lines)
+
+
+@click.command("demo")
+@click.option(
+    "--speed",
+    type=click.FloatRange(min=0.001),
+    default=None,
+    help="Run on the real clock this many times faster than life (e.g. 30) to watch it; default: the virtual clock, done in seconds.",
+)
+@click.option(
+    "--function-logs/--no-function-logs",
+    default=False,
+    show_default=True,
+    help="Print the functions' logs and metric documents.",
+)
+def demo(speed: float | None, function_logs: bool) -> None:
+    """Show sagequeue doing its job on the local stack: the article's priority scenario (preemption and
+    resume), warm-pool reuse and an idle job stopped, checked at every step."""
+    from sagequeue.local.demo import SETTINGS, TIMINGS, Demo, DemoFailed
+    from sagequeue.local.stack import LocalStack, LocalStackError
+
+    began = time.perf_counter()
+    clock = "virtual" if speed is None else "real"
+    stack = LocalStack(
+        settings=SETTINGS,
+        clock=clock,
+        speed=speed or 1.0,
+        emulator=TIMINGS,
+        function_logs=function_logs,
+        raise_function_errors=True,
+    )
+    try:
+        stack.start()
+    except (LocalStackError, ValueError, OSError) as exc:
+        _fail(f"the local stack did not start: {exc}")
+    try:
+        click.echo(f"sagequeue demo: local stack up in {stack.startup_seconds:.1f} s ({stack.clock!r})")
+        Demo(stack, click.echo).run()
+    except DemoFailed as exc:
+        _fail(f"the scheduler did not do what the scenario expects: {exc}")
+    except Exception as exc:  # noqa: BLE001 - any failure of the stack is a failed demo, said plainly
+        _fail(f"the demo stopped: {type(exc).__name__}: {exc}")
+    finally:
+        stack.stop()
+    click.echo(f"\nDemo passed in {time.perf_counter() - began:.1f} s.")

@@ -1,0 +1,370 @@
+"""`sagequeue demo`: the queue doing its job on the local stack, checked at every step.
+
+Part 1 replays the source article's scenario (two ml.trn1.32xlarge instances; job1 priority 1, job2 priority
+2, job3 priority 1, then job4 priority 3): job1 is preempted for job4, resumes when job2 finishes, job3 runs
+last, nothing is lost. Part 2 shows a queued job starting on the warm instances a finished job left behind,
+and an idle job (0% NeuronCore utilization) stopped by its idle alarm while a busy one trains on.
+
+Every step is checked against the expected queue; a difference raises DemoFailed naming the step, what was
+expected and what the queue holds. Everything goes through the public client over signed HTTP, exactly as
+a user's CLI would.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+POOL = "ml.trn1.32xlarge"
+CAPACITY = 2
+IMAGE = "763104351884.dkr.ecr.us-east-1.amazonaws.com/pytorch-training-neuronx:2.1.2-neuronx-py310-sdk2.20.0"
+#: Emulated SageMaker phases, shortened so the demo spans minutes of virtual time (seconds).
+TIMINGS = {"provisioning_seconds": 60, "download_seconds": 10, "upload_seconds": 10, "stop_grace_seconds": 30}
+#: Settings of the demo's stack: preemption allowed at once (the article's), a 3-minute idle window.
+SETTINGS: dict[str, Any] = {
+    "capacity": {POOL: CAPACITY},
+    "min_runtime_before_preemption_seconds": 0,
+    "idle_period_seconds": 60,
+    "idle_periods": 3,
+}
+_LIVE = {"starting", "running", "preempting", "stopping"}
+_WAITING = {"queued", "held"}
+
+
+class DemoFailed(RuntimeError):
+    """The scheduler did not do what the scenario expects; the message says where and how."""
+
+
+@dataclass
+class Row:
+    name: str
+    state: str
+    priority: int
+    attempt: int
+    pool: str
+    waited: float
+    ran: float
+    preemptions: int
+
+
+@dataclass
+class Summary:
+    elapsed: float = 0.0
+    instance_seconds: float = 0.0
+    waits: dict[str, float] = field(default_factory=dict)
+    preemptions: int = 0
+    warm_pool_reuses: int = 0
+    idle_stops: int = 0
+    jobs: int = 0
+    completed: int = 0
+
+
+def training_request(
+    name: str,
+    role_arn: str,
+    seconds: int,
+    *,
+    keep_alive: int = 0,
+    outcome: str | None = None,
+    volume_gb: int = 64,
+) -> dict[str, Any]:
+    """A CreateTrainingJob request as the SageMaker SDK builds it; the Environment tells the emulator how
+    long the job trains and how it ends."""
+    environment = {"SAGEQUEUE_SIM_DURATION": str(seconds)}
+    if outcome:
+        environment["SAGEQUEUE_SIM_OUTCOME"] = outcome
+    resources: dict[str, Any] = {"InstanceType": POOL, "InstanceCount": 1, "VolumeSizeInGB": volume_gb}
+    if keep_alive:
+        resources["KeepAlivePeriodInSeconds"] = keep_alive
+    return {
+        "TrainingJobName": name,
+        "RoleArn": role_arn,
+        "AlgorithmSpecification": {"TrainingImage": IMAGE, "TrainingInputMode": "File"},
+        "OutputDataConfig": {"S3OutputPath": "s3://sagequeue-demo/output"},
+        "ResourceConfig": resources,
+        "CheckpointConfig": {"S3Uri": f"s3://sagequeue-demo/checkpoints/{name}"},
+        "StoppingCondition": {"MaxRuntimeInSeconds": 7200},
+        "Environment": environment,
+        "Tags": [{"Key": "team", "Value": "demo"}],
+    }
+
+
+def _parse(value: Any) -> datetime | None:
+    if isinstance(value, datetime):
+        return value
+    if not value:
+        return None
+    return datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+
+
+def time_in_states(job: Any, states: set[str], now: datetime) -> float:
+    """Seconds `job` spent in `states`, from its history (state changes with their times)."""
+    entries = [(at, entry.state) for entry in job.history if (at := _parse(entry.at)) is not None]
+    submitted = _parse(job.submitted_at)
+    if submitted is not None and (not entries or entries[0][1] != "queued"):
+        entries.insert(0, (submitted, "queued"))
+    total = 0.0
+    for index, (at, state) in enumerate(entries):
+        until = entries[index + 1][0] if index + 1 < len(entries) else now
+        if state in states and until > at:
+            total += (until - at).total_seconds()
+    return total
+
+
+def _clock(seconds: float) -> str:
+    minutes, rest = divmod(round(seconds), 60)
+    return f"{minutes}:{rest:02d}"
+
+
+class Demo:
+    """Runs the scenario on a started LocalStack and prints what happens."""
+
+    def __init__(self, stack: Any, out: Callable[[str], None] = print, *, step_seconds: int = 30) -> None:
+        self.stack = stack
+        self.out = out
+        self.queue = stack.client()
+        self.step_seconds = step_seconds
+        self.started_at = stack.now()
+        self.steps = 0
+
+    # --- time --------------------------------------------------------------------------------------------
+
+    def wait_until(self, what: str, done: Callable[[], bool], *, limit: float) -> None:
+        """Let time pass (virtual: advance; real: wait) until `done()`, checking capacity on the way."""
+        deadline = self.stack.now() + timedelta(seconds=limit)
+        while not done():
+            if self.stack.now() >= deadline:
+                raise DemoFailed(f"{what}: still not true after {limit:.0f} s; the queue: {self.states()}")
+            if self.stack.virtual:
+                self.stack.advance(self.step_seconds)
+            else:
+                time.sleep(0.2)
+            self.check_capacity()
+
+    def settle(self) -> None:
+        if self.stack.virtual:
+            self.stack.run_until_idle()
+
+    # --- reading the queue -----------------------------------------------------------------------------------
+
+    def states(self, names: Iterable[str] | None = None) -> dict[str, str]:
+        wanted = set(names) if names is not None else None
+        return {
+            job.name: job.state for job in self.queue.jobs(limit=100) if wanted is None or job.name in wanted
+        }
+
+    def check_capacity(self) -> None:
+        live = [job.name for job in self.queue.jobs(limit=100) if job.state in _LIVE]
+        if len(live) > CAPACITY:
+            raise DemoFailed(f"{len(live)} jobs hold instances on a pool of {CAPACITY}: {', '.join(live)}")
+
+    def expect(self, step: str, expected: Mapping[str, str], *, preempted: Iterable[str] = ()) -> None:
+        """Print the queue table and check it against `expected` (name -> state)."""
+        self.steps += 1
+        rows = self.rows(expected)
+        self.out("")
+        self.out(f"[{_clock((self.stack.now() - self.started_at).total_seconds())}] {step}")
+        self.out(render(rows))
+        actual = {row.name: row.state for row in rows}
+        if actual != dict(expected):
+            differences = ", ".join(
+                f"{name}: expected {state}, got {actual.get(name, 'missing')}"
+                for name, state in expected.items()
+                if actual.get(name) != state
+            )
+            raise DemoFailed(f"step {self.steps} ({step}): {differences}")
+        for name in preempted:
+            row = next(r for r in rows if r.name == name)
+            if row.preemptions < 1:
+                raise DemoFailed(f"step {self.steps} ({step}): {name} should have been preempted")
+
+    def rows(self, names: Iterable[str]) -> list[Row]:
+        now = self.stack.now()
+        rows = []
+        for name in names:
+            job = self.queue.job(name)
+            rows.append(
+                Row(
+                    name=job.name,
+                    state=job.state,
+                    priority=job.priority,
+                    attempt=job.attempt,
+                    pool=job.pool,
+                    waited=time_in_states(job, _WAITING, now),
+                    ran=time_in_states(job, {"running", "preempting", "stopping"}, now),
+                    preemptions=job.preemptions,
+                )
+            )
+        rows.sort(key=lambda r: (-r.priority, r.name))
+        return rows
+
+    # --- the scenario ----------------------------------------------------------------------------------------
+
+    def submit(self, name: str, priority: int, seconds: int, **options: Any) -> None:
+        self.queue.submit(
+            training_request(name, self.stack.training_role_arn, seconds, **options), priority=priority
+        )
+
+    def article(self) -> None:
+        self.out(f"Part 1: the article's scenario, {CAPACITY} x {POOL}")
+        self.submit("job1", 1, 300)
+        self.submit("job2", 2, 180)
+        self.submit("job3", 1, 120)
+        self.settle()
+        self.wait_until(
+            "job1 and job2 start",
+            lambda: self.states(["job1", "job2"]) == {"job1": "running", "job2": "running"},
+            limit=600,
+        )
+        self.expect(
+            "job1 (priority 1), job2 (2), job3 (1) submitted: two run, job3 waits",
+            {"job2": "running", "job1": "running", "job3": "queued"},
+        )
+        self.submit("job4", 3, 300)
+        self.settle()
+        self.wait_until("job4 starts", lambda: self.states(["job4"]) == {"job4": "running"}, limit=600)
+        self.expect(
+            "job4 (priority 3) submitted: job1 is preempted for it and waits again",
+            {"job4": "running", "job2": "running", "job1": "queued", "job3": "queued"},
+            preempted=["job1"],
+        )
+        self.wait_until("job2 finishes", lambda: self.states(["job2"]) == {"job2": "completed"}, limit=900)
+        self.wait_until("job1 resumes", lambda: self.states(["job1"]) == {"job1": "running"}, limit=600)
+        self.expect(
+            "job2 finished: job1 resumes (attempt 2, from its checkpoints)",
+            {"job4": "running", "job2": "completed", "job1": "running", "job3": "queued"},
+        )
+        if self.queue.job("job1").attempt != 2:
+            raise DemoFailed("job1 should be on its second attempt after its preemption")
+        self.wait_until("job4 finishes", lambda: self.states(["job4"]) == {"job4": "completed"}, limit=900)
+        self.wait_until("job3 starts", lambda: self.states(["job3"]) == {"job3": "running"}, limit=600)
+        self.expect(
+            "job4 finished: job3 runs at last",
+            {"job4": "completed", "job2": "completed", "job1": "running", "job3": "running"},
+        )
+        names = ["job1", "job2", "job3", "job4"]
+        self.wait_until(
+            "every job completes", lambda: set(self.states(names).values()) == {"completed"}, limit=1800
+        )
+        self.expect("every job completed: nothing lost", dict.fromkeys(names, "completed"))
+
+    def warm_and_idle(self) -> None:
+        self.out("")
+        self.out("Part 2: warm instances reused, an idle job stopped")
+        self.submit("warm-1", 1, 120, keep_alive=600)
+        # A different volume size: the idle job never matches warm-1's warm pool.
+        self.submit("idle-1", 1, 3600, outcome="Idle", volume_gb=128)
+        self.settle()
+        self.wait_until(
+            "warm-1 finishes", lambda: self.states(["warm-1"]) == {"warm-1": "completed"}, limit=900
+        )
+        self.expect(
+            "warm-1 finished and keeps its instances warm (keep-alive 600 s)",
+            {"warm-1": "completed", "idle-1": "running"},
+        )
+        pool = (
+            self.stack.sagemaker.describe_training_job(TrainingJobName="warm-1").get("WarmPoolStatus") or {}
+        )
+        if pool.get("Status") != "Available":
+            raise DemoFailed(f"warm-1 should have left an Available warm pool, got {pool or 'none'}")
+        self.submit("warm-2", 1, 120)
+        self.settle()
+        self.wait_until("warm-2 starts", lambda: self.states(["warm-2"]) == {"warm-2": "running"}, limit=600)
+        reused = (
+            self.stack.sagemaker.describe_training_job(TrainingJobName="warm-1").get("WarmPoolStatus") or {}
+        )
+        if reused.get("ReusedByJob") != "warm-2":
+            raise DemoFailed(f"warm-2 should have started on warm-1's warm instances, got {reused or 'none'}")
+        self.expect(
+            "warm-2 (same resources) starts on warm-1's instances: no provisioning",
+            {"warm-1": "completed", "warm-2": "running", "idle-1": "running"},
+        )
+        self.wait_until(
+            "the idle job is stopped",
+            lambda: self.states(["idle-1"]) == {"idle-1": "idle_stopped"},
+            limit=1200,
+        )
+        self.expect(
+            "idle-1 reported 0% NeuronCore utilization for 3 minutes: its idle alarm stopped it",
+            {"warm-1": "completed", "warm-2": "running", "idle-1": "idle_stopped"},
+        )
+        reason = self.queue.job("idle-1").reason or ""
+        if "idle" not in reason:
+            raise DemoFailed(f"idle-1 should record why it was stopped, got reason {reason!r}")
+        self.out(f"  idle-1: {reason}")
+        self.wait_until(
+            "warm-2 finishes", lambda: self.states(["warm-2"]) == {"warm-2": "completed"}, limit=900
+        )
+
+    def summary(self) -> Summary:
+        now = self.stack.now()
+        summary = Summary(elapsed=(now - self.started_at).total_seconds())
+        for job in self.queue.jobs(limit=100):
+            detail = self.queue.job(job.name)
+            summary.jobs += 1
+            summary.completed += job.state == "completed"
+            summary.idle_stops += job.state == "idle_stopped"
+            summary.preemptions += job.preemptions
+            summary.waits[job.name] = time_in_states(detail, _WAITING, now)
+            summary.instance_seconds += job.instances * time_in_states(detail, _LIVE, now)
+        paginator = self.stack.sagemaker.get_paginator("list_training_jobs")
+        for page in paginator.paginate():
+            for item in page["TrainingJobSummaries"]:
+                status = (item.get("WarmPoolStatus") or {}).get("Status")
+                summary.warm_pool_reuses += status == "Reused"
+        return summary
+
+    def run(self) -> Summary:
+        self.article()
+        self.warm_and_idle()
+        result = self.summary()
+        self.out("")
+        self.out(render_summary(result))
+        if self.stack.failures:
+            raise DemoFailed(
+                f"functions failed on {len(self.stack.failures)} event(s): {self.stack.failures}"
+            )
+        return result
+
+
+def render(rows: list[Row]) -> str:
+    header = ("name", "state", "priority", "attempt", "pool", "waited", "ran")
+    lines = [
+        (
+            r.name,
+            r.state + (" (preempted)" if r.state == "queued" and r.preemptions else ""),
+            str(r.priority),
+            str(r.attempt),
+            r.pool,
+            _clock(r.waited),
+            _clock(r.ran),
+        )
+        for r in rows
+    ]
+    widths = [max(len(row[i]) for row in [header, *lines]) for i in range(len(header))]
+    out = ["  " + "  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True))]
+    out.append("  " + "  ".join("-" * w for w in widths))
+    out.extend("  " + "  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)) for line in lines)
+    return "\n".join(out)
+
+
+def render_summary(summary: Summary) -> str:
+    capacity_seconds = CAPACITY * summary.elapsed
+    utilization = summary.instance_seconds / capacity_seconds if capacity_seconds else 0.0
+    waits = list(summary.waits.values())
+    mean_wait = sum(waits) / len(waits) if waits else 0.0
+    longest = max(summary.waits.items(), key=lambda item: item[1]) if waits else ("-", 0.0)
+    return "\n".join(
+        [
+            f"Summary ({_clock(summary.elapsed)} of simulated time on {CAPACITY} x {POOL})",
+            f"  jobs: {summary.jobs} ({summary.completed} completed, {summary.idle_stops} stopped idle), none lost",
+            f"  instance utilization: {utilization:.0%} (instances held by jobs / instances available)",
+            f"  waits: mean {_clock(mean_wait)}, longest {_clock(longest[1])} ({longest[0]})",
+            f"  preemptions: {summary.preemptions}",
+            f"  warm-pool reuses: {summary.warm_pool_reuses}",
+            f"  idle stops: {summary.idle_stops}",
+        ]
+    )
