@@ -324,3 +324,19 @@ def test_no_request_body_makes_the_server_fail(
             "ResourceLimitExceeded",
         }
         assert payload["message"]
+
+
+def test_unknown_jobs_can_be_answered_with_validation_exception_as_sagemaker_does_in_practice(
+    make_request: Any,
+) -> None:
+    with SageMakerEmulator(not_found_code="ValidationException") as emulator:
+        client = emulator.client(config=Config(retries={"total_max_attempts": 1}))
+        for call, kwargs in (
+            (client.describe_training_job, {"TrainingJobName": "ghost"}),
+            (client.stop_training_job, {"TrainingJobName": "ghost"}),
+        ):
+            error = error_of(call, **kwargs)
+            assert error["Code"] == "ValidationException"
+            assert error["Message"].startswith("Requested resource not found.")
+    with pytest.raises(ValueError, match="not_found_code"):
+        SageMakerEmulator(not_found_code="NoSuchJob")

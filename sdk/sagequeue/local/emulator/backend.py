@@ -60,7 +60,13 @@ class SageMakerBackend:
         instance_limits: Mapping[str, int] | None,
         region: str,
         account_id: str,
+        not_found_code: str = "ResourceNotFound",
     ) -> None:
+        if not_found_code not in ("ResourceNotFound", "ValidationException"):
+            raise ValueError(
+                f"not_found_code must be ResourceNotFound or ValidationException, got {not_found_code!r}"
+            )
+        self.not_found_code = not_found_code
         self.clock = clock
         self.timings = timings
         self.instance_limits = dict(instance_limits or {})
@@ -207,7 +213,7 @@ class SageMakerBackend:
     def _job(self, name: str) -> TrainingJob:
         job = self._jobs.get(name)
         if job is None:
-            raise not_found(name)
+            raise not_found(name, self.not_found_code)
         return job
 
     def _arn(self, name: str) -> str:
@@ -440,7 +446,7 @@ class SageMakerBackend:
         name = check.training_job_arn_name(arn)
         job = self._jobs.get(name)
         if job is None or job.arn != arn:
-            raise not_found(str(arn))
+            raise not_found(str(arn), self.not_found_code)
         return job
 
     def _add_tags(self, request: Mapping[str, Any], now: datetime, outputs: Outputs) -> dict[str, Any]:

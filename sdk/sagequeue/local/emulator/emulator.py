@@ -37,7 +37,8 @@ class SageMakerEmulator:
 
     Defaults (simulated seconds): provisioning 180, warm start 20, download 30, upload 20, stop grace 30,
     training 600 (a job's SAGEQUEUE_SIM_DURATION overrides it), capacity failure after 1800, spot restart
-    after 120. Instance types missing from `instance_limits` are unlimited.
+    after 120. Instance types missing from `instance_limits` are unlimited. `not_found_code` may be
+    "ValidationException" to answer unknown jobs the way SageMaker does in practice.
     """
 
     def __init__(
@@ -61,6 +62,7 @@ class SageMakerEmulator:
         host: str = "127.0.0.1",
         port: int = 0,
         tick_seconds: float = 0.05,
+        not_found_code: str = "ResourceNotFound",
     ) -> None:
         self.clock: Clock = clock if clock is not None else VirtualClock()
         self.timings = Timings(
@@ -75,7 +77,9 @@ class SageMakerEmulator:
         )
         self.region = region
         self.account_id = account_id
-        self.backend = SageMakerBackend(self.clock, self.timings, instance_limits, region, account_id)
+        self.backend = SageMakerBackend(
+            self.clock, self.timings, instance_limits, region, account_id, not_found_code=not_found_code
+        )
         self.on_event = on_event
         self._forwarder = (
             EventBridgeForwarder(events_client, event_bus_name) if events_client is not None else None

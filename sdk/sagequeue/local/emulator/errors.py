@@ -68,7 +68,11 @@ ERRORS_BY_CODE: dict[str, type[SageMakerError]] = {
 }
 
 
-def not_found(what: str = "") -> ResourceNotFound:
+def not_found(what: str = "", code: str = ResourceNotFound.code) -> SageMakerError:
+    """SageMaker's "not found" answer. The service model declares ResourceNotFound, but SageMaker has been
+    seen answering ValidationException with the same text for DescribeTrainingJob (aws/aws-sdk#165); `code`
+    picks which one the emulator gives."""
     # SageMaker's own text; the name is appended so a failing test says which job it looked for.
     suffix = f" ({what})" if what else ""
-    return ResourceNotFound(f"Requested resource not found.{suffix}")
+    error_class = ValidationError if code == ValidationError.code else ResourceNotFound
+    return error_class(f"Requested resource not found.{suffix}")
