@@ -110,6 +110,13 @@ def test_name_and_creation_time_filters(
     assert names(window) == ["job-02", "job-03"], "both bounds are exclusive"
 
 
+def test_training_plan_filter(emulator: SageMakerEmulator, sagemaker: Any, make_request: Any) -> None:
+    plan = "arn:aws:sagemaker:us-east-1:123456789012:training-plan/trn1-reserved"
+    sagemaker.create_training_job(**make_request("on-plan", ResourceConfig={"TrainingPlanArn": plan}))
+    sagemaker.create_training_job(**make_request("on-demand"))
+    assert names(sagemaker.list_training_jobs(TrainingPlanArnEquals=plan)) == ["on-plan"]
+
+
 def test_a_token_from_another_ordering_or_made_up_is_refused(
     emulator: SageMakerEmulator, sagemaker: Any, make_request: Any
 ) -> None:

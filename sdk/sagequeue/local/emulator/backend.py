@@ -403,6 +403,9 @@ class SageMakerBackend:
         created_before = check.timestamp(request.get("CreationTimeBefore"), "creationTimeBefore")
         modified_after = check.timestamp(request.get("LastModifiedTimeAfter"), "lastModifiedTimeAfter")
         modified_before = check.timestamp(request.get("LastModifiedTimeBefore"), "lastModifiedTimeBefore")
+        plan = request.get("TrainingPlanArnEquals")
+        if plan is not None and not isinstance(plan, str):
+            raise check.violation(plan, "trainingPlanArnEquals", "be a training plan ARN")
         cursor = _decode_token(request.get("NextToken"), sort_by, descending)
 
         def selected(job: TrainingJob) -> bool:
@@ -413,6 +416,7 @@ class SageMakerBackend:
                 and (created_before is None or job.created_at < created_before)
                 and (modified_after is None or modified > modified_after)
                 and (modified_before is None or modified < modified_before)
+                and (plan is None or job.request["ResourceConfig"].get("TrainingPlanArn") == plan)
             )
 
         page: list[tuple[list[Any], TrainingJob]] = []
