@@ -348,7 +348,9 @@ class TrainingJob:
         if not self.ended:
             self._set_keep_alive(at, seconds)
             if seconds > 0 and pool is None:
-                self.warm_pool = WarmPool(WarmPoolState.IN_USE, chain_started=at if self.launched else None)
+                # The chain counts from the cluster's first launch, which may predate this update.
+                launched_at = self.training_start if self.launched else None
+                self.warm_pool = WarmPool(WarmPoolState.IN_USE, chain_started=launched_at)
             elif seconds == 0 and pool is not None and self.reused_from is None:
                 self.warm_pool = None
             return
