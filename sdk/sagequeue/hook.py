@@ -21,7 +21,7 @@ import contextlib
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -96,14 +96,23 @@ def _bypassed() -> bool:
 class QueueHook:
     """The handlers installed on one event emitter, sharing one QueueClient."""
 
-    def __init__(self, client: QueueClient | None = None, *, priority: int | None = None) -> None:
+    def __init__(
+        self,
+        client: QueueClient | None = None,
+        *,
+        priority: int | None = None,
+        report: Callable[[str], None] | None = None,
+    ) -> None:
         if priority is not None and (isinstance(priority, bool) or not isinstance(priority, int)):
             raise TypeError(f"priority must be an int, got {priority!r}")
         self._client = client
         self.priority = priority
+        #: told, once per change, where a waiting job stands when it is described (default: logged)
+        self.report = report or (lambda line: logger.info("%s", line))
         self._lock = threading.Lock()
         self._requests: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self._unknown: set[str] = set()
+        self._reported: OrderedDict[str, tuple[Any, ...]] = OrderedDict()
 
     @property
     def client(self) -> QueueClient:
@@ -152,6 +161,17 @@ class QueueHook:
         """A DescribeTrainingJob answer for a job that has no attempt to describe."""
         return describe_queued_job(job, self.remembered_request(job.name), region)
 
+    def _report_change(self, job: Job) -> None:
+        key = (job.state, job.position, job.attempt)
+        with self._lock:
+            changed = self._reported.get(job.name) != key
+            self._reported[job.name] = key
+            self._reported.move_to_end(job.name)
+            while len(self._reported) > _REMEMBERED_REQUESTS:
+                self._reported.popitem(last=False)
+        if changed:
+            self.report(f"sagequeue: {job.name}: {queue_message(job)}")
+
     # -- botocore handlers ----------------------------------------------------------------------------------
 
     def _remember_params(self, params: dict[str, Any], context: dict[str, Any], **_: Any) -> None:
@@ -182,6 +202,8 @@ class QueueHook:
             return None
         if job.training_job_name is None or job.waiting:
             context[_CONTEXT_ANSWER] = _response(self.describe_waiting(job, context.get("client_region")))
+            if job.waiting:
+                self._report_change(job)
             return None
         context[_CONTEXT_ASKED_NAME] = name
         if job.training_job_name == name:
@@ -286,16 +308,22 @@ def _emitters(target: Any) -> list[Any]:
 
 
 def install(
-    session_or_client: Any, *, client: QueueClient | None = None, priority: int | None = None
+    session_or_client: Any,
+    *,
+    client: QueueClient | None = None,
+    priority: int | None = None,
+    report: Callable[[str], None] | None = None,
 ) -> QueueHook:
     """Route CreateTrainingJob (and DescribeTrainingJob, StopTrainingJob of queued jobs) through the
     queue for this boto3 Session, SageMaker client or SageMaker SDK session.
 
     `client` is the QueueClient to use (default: one resolved from the environment on first use);
     `priority` applies to every job submitted through this hook (default: the request's `priority` tag,
-    else the queue's default). Installing again replaces the previous hook.
+    else the queue's default). `report` is told where a waiting job stands each time that changes and
+    the job is described (default: logged at INFO on the "sagequeue" logger). Installing again replaces
+    the previous hook.
     """
-    return QueueHook(client, priority=priority).register_on(session_or_client)
+    return QueueHook(client, priority=priority, report=report).register_on(session_or_client)
 
 
 def uninstall(session_or_client: Any) -> None:

@@ -280,7 +280,8 @@ else:
             **kwargs: Any,
         ) -> None:
             super().__init__(boto_session, sagemaker_client, *args, **kwargs)
-            self._queue_hook = install(self, client=queue_client, priority=priority)
+            # TrainingJob.wait() shows only "InProgress": say where the job stands next to it
+            self._queue_hook = install(self, client=queue_client, priority=priority, report=_print)
 
         @property
         def queue(self) -> QueueClient:

@@ -120,7 +120,9 @@ def hold_the_pool(stack: Any, queue: QueueClient, seconds: int = 240) -> str:
     return name
 
 
-def test_train_waits_in_the_queue_and_returns_when_the_job_completes(stack: Any, queue: QueueClient) -> None:
+def test_train_waits_in_the_queue_and_returns_when_the_job_completes(
+    stack: Any, queue: QueueClient, capsys: pytest.CaptureFixture[str]
+) -> None:
     hold_the_pool(stack, queue)
     session = QueueSession(boto_session=boto3.Session(region_name=stack.region), queue_client=queue)
     model_trainer = trainer(stack, session)
@@ -156,6 +158,7 @@ def test_train_waits_in_the_queue_and_returns_when_the_job_completes(stack: Any,
         time.sleep(0.05)
 
     assert outcome == {"returned": True}
+    assert f"sagequeue: {name}: Waiting in the sagequeue queue: position 1" in capsys.readouterr().out
     assert queue.job(name).state == "completed"
     assert model_trainer._latest_training_job.training_job_status == "Completed"
     real = stack.sagemaker.describe_training_job(TrainingJobName=name)

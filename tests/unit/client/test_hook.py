@@ -351,3 +351,18 @@ def attempt_description(name: str, status: str, secondary: str) -> dict[str, Any
         "StoppingCondition": {"MaxRuntimeInSeconds": 3600},
         "CreationTime": now,
     }
+
+
+def test_each_change_of_a_waiting_jobs_place_is_reported_once(sagemaker: Any, queue: MemoryQueue) -> None:
+    lines: list[str] = []
+    sagequeue.install(sagemaker, client=queue, report=lines.append)  # type: ignore[arg-type]
+    queue.put("bert-1", position=2)
+
+    sagemaker.describe_training_job(TrainingJobName="bert-1")
+    sagemaker.describe_training_job(TrainingJobName="bert-1")
+    queue.put("bert-1", position=1)
+    sagemaker.describe_training_job(TrainingJobName="bert-1")
+
+    assert len(lines) == 2
+    assert "position 2" in lines[0]
+    assert "position 1" in lines[1]
