@@ -107,7 +107,7 @@ def build(
         raise ValueError(f"endpoints for unknown services {sorted(unknown)}; known: {', '.join(SERVICES)}")
     region = region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
     now = as_clock(clock)
-    session = boto3.session.Session(region_name=region)
+    session = _session(region)
     made: dict[str, Any] = dict(clients or {})
     for service in ("sagemaker", "events"):
         if service not in made:
@@ -126,6 +126,20 @@ def build(
         region=region,
         _session=session,
     )
+
+
+_sessions: dict[str, Any] = {}
+_sessions_lock = threading.Lock()
+
+
+def _session(region: str) -> Any:
+    """One boto3 session per region per process: a session loads each service model once, and the
+    SageMaker model alone takes tens of milliseconds to parse."""
+    with _sessions_lock:
+        session = _sessions.get(region)
+        if session is None:
+            session = _sessions[region] = boto3.session.Session(region_name=region)
+        return session
 
 
 _installed: Dependencies | None = None

@@ -243,7 +243,8 @@ class QueueWorld:
         return elapsed
 
     def sagemaker(self) -> Any:
-        return self.emulator.client()
+        """A SageMaker client of the test's own (what a person with the console would see)."""
+        return self.deps.sagemaker.client
 
 
 def make_world(
