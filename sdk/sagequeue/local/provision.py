@@ -94,7 +94,9 @@ def provision(spec: StackSpec, stack_name: str, clients: Any) -> Provisioned:
 
 
 def _queue_arn(sqs: Any, url: str) -> str:
-    return str(sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"])
+    # A queue URL ends in <account>/<name>; its ARN follows from them and the client's region.
+    account, name = url.rstrip("/").rsplit("/", 2)[-2:]
+    return f"arn:aws:sqs:{sqs.meta.region_name}:{account}:{name}"
 
 
 def _put_rule(events: Any, rule: Any, out: Provisioned, stack_name: str, sqs: Any) -> None:

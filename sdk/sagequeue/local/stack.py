@@ -133,6 +133,22 @@ def _start_moto(account_id: str) -> _Moto:
     return _Moto(server, thread, f"http://{host!s}:{port}")
 
 
+_session_lock = threading.Lock()
+_session: Any = None
+
+
+def _shared_session() -> Any:
+    """One boto3 session for every client the local stacks of this process make: its loader reads each
+    service model once (reading them is most of what a new client costs)."""
+    global _session
+    with _session_lock:
+        if _session is None:
+            import boto3
+
+            _session = boto3.session.Session()
+        return _session
+
+
 def _moto_queue_peek(account_id: str, region: str) -> Any:
     """Whether a queue of the account holds messages, read from moto's state in this process.
 
@@ -233,7 +249,6 @@ class LocalStack:
         self._alarms: Any = None
         self._host: Any = None
         self._clients: dict[str, Any] = {}
-        self._session: Any = None
         self._next_alarm_evaluation: datetime | None = None
         self._pump: threading.Thread | None = None
         self._stopping = threading.Event()
@@ -269,7 +284,7 @@ class LocalStack:
             self.stop()
             raise
         self.startup_seconds = time.perf_counter() - began
-        logger.info("local stack up in %.2f s at %s", self.startup_seconds, self.endpoint)
+        logger.debug("local stack up in %.2f s at %s", self.startup_seconds, self.endpoint)
         return self
 
     def _start(self) -> None:
@@ -405,7 +420,6 @@ class LocalStack:
                 os.environ[name] = value
         self._saved_env.clear()
         self._clients.clear()
-        self._session = None
         self._started = False
         with _active_lock:
             if _active is self:
@@ -548,12 +562,7 @@ class LocalStack:
         return self._clients[service]
 
     def _boto_session(self) -> Any:
-        # One session for every client the stack makes: its loader reads each service model once.
-        if self._session is None:
-            import boto3
-
-            self._session = boto3.session.Session()
-        return self._session
+        return _shared_session()
 
     def identity(self, name: str = DEFAULT_IDENTITY) -> Identity:
         return self.identities[name]
