@@ -34,6 +34,11 @@ from sagequeue_core.service.http import (
 
 app = APIGatewayRestResolver(enable_validation=True)
 
+QUEUED_RESPONSES = {
+    201: {"description": "the job, queued", "content": {"application/json": {"model": JobOut}}},
+    **ERROR_RESPONSES,
+}
+
 
 def _caller() -> str | None:
     identity = app.current_event.request_context.identity
@@ -46,12 +51,12 @@ def _submit() -> dict[str, Any]:
     return job.to_api()
 
 
-@app.post("/jobs", status_code=201, responses=ERROR_RESPONSES, summary="Queue a training job")
+@app.post("/jobs", status_code=201, responses=QUEUED_RESPONSES, summary="Queue a training job")
 def submit_job(request: SubmitRequest) -> JobOut:
     return JobOut(**_submit())
 
 
-@app.post("/add-job", status_code=201, responses=ERROR_RESPONSES, summary="Queue a training job (alias)")
+@app.post("/add-job", status_code=201, responses=QUEUED_RESPONSES, summary="Queue a training job (alias)")
 def add_job(request: SubmitRequest) -> JobOut:
     return JobOut(**_submit())
 
