@@ -323,3 +323,22 @@ def test_concurrent_requests_and_advances_deliver_each_event_once(
         statuses == ["Starting", "Downloading", "Training", "Uploading", "Completed"]
         for statuses in per_job.values()
     )
+
+
+def test_duplicate_events_sends_each_change_twice_with_distinct_ids(
+    clock: VirtualClock, make_request: Any
+) -> None:
+    received: list[dict[str, Any]] = []
+    with SageMakerEmulator(
+        clock=clock, on_event=received.append, duplicate_events=True, **TIMINGS
+    ) as emulator:
+        emulator.client().create_training_job(**make_request("twice"))
+        emulator.advance(2000)
+    statuses = [e["detail"]["SecondaryStatus"] for e in received]
+    assert statuses == [
+        s for s in ["Starting", "Downloading", "Training", "Uploading", "Completed"] for _ in (1, 2)
+    ]
+    for first, second in zip(received[::2], received[1::2], strict=True):
+        assert first["id"] != second["id"]
+        assert first["detail"] == second["detail"]
+        assert first["detail"] is not second["detail"]

@@ -78,6 +78,8 @@ class SageMakerBackend:
         self.region = region
         self.account_id = account_id
         self.lock = threading.RLock()
+        #: Send every state-change event twice, as SageMaker sometimes does, to exercise idempotent consumers.
+        self.duplicate_events = False
         #: Whether utilization data is built at all; without a CloudWatch to publish to it is skipped.
         self.metrics_enabled = True
         self._jobs: dict[str, TrainingJob] = {}
@@ -193,9 +195,12 @@ class SageMakerBackend:
             heapq.heappush(self._metric_due, (job.metric_next, next(self._heap_seq), job.name))
 
     def _emit(self, job: TrainingJob, at: datetime, outputs: Outputs) -> None:
-        outputs.events.append(
-            state_change_event(job.describe(at), job.tags, at, region=self.region, account_id=self.account_id)
-        )
+        description = job.describe(at)
+        for _ in range(2 if self.duplicate_events else 1):
+            # SageMaker may send several events for one change: same detail, each with its own id.
+            outputs.events.append(
+                state_change_event(description, job.tags, at, region=self.region, account_id=self.account_id)
+            )
 
     def _drain_metrics(self, job: TrainingJob, outputs: Outputs) -> None:
         if not job.pending_metrics:

@@ -38,7 +38,8 @@ class SageMakerEmulator:
     Defaults (simulated seconds): provisioning 180, warm start 20, download 30, upload 20, stop grace 30,
     training 600 (a job's SAGEQUEUE_SIM_DURATION overrides it), capacity failure after 1800, spot restart
     after 120. Instance types missing from `instance_limits` are unlimited. `not_found_code` may be
-    "ValidationException" to answer unknown jobs the way SageMaker does in practice.
+    "ValidationException" to answer unknown jobs the way SageMaker does in practice; `duplicate_events`
+    sends every event twice (distinct ids), as SageMaker may, to exercise idempotent consumers.
     """
 
     def __init__(
@@ -63,6 +64,7 @@ class SageMakerEmulator:
         port: int = 0,
         tick_seconds: float = 0.05,
         not_found_code: str = "ResourceNotFound",
+        duplicate_events: bool = False,
     ) -> None:
         self.clock: Clock = clock if clock is not None else VirtualClock()
         self.timings = Timings(
@@ -86,6 +88,7 @@ class SageMakerEmulator:
         )
         self._metrics = CloudWatchPublisher(cloudwatch_client) if cloudwatch_client is not None else None
         self.backend.metrics_enabled = self._metrics is not None
+        self.backend.duplicate_events = duplicate_events
         self._host = host
         self._port = port
         self._tick_seconds = tick_seconds
