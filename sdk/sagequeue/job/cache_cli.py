@@ -7,6 +7,8 @@ import re
 import shutil
 import time
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -45,6 +47,19 @@ def _remote(url: str | None) -> RemoteCache:
         return open_remote(resolved)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
+
+
+def _with_files(remote: RemoteCache, entries: dict[str, RemoteEntry]) -> dict[str, RemoteEntry]:
+    """Entries with their file lists (S3 keeps them in per-entry manifests: fetched in parallel)."""
+    unknown = [e for e in entries.values() if not e.verified]
+    if not unknown:
+        return entries
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        described = list(pool.map(remote.verified_files, unknown))
+    out = dict(entries)
+    for entry, files in zip(unknown, described, strict=True):
+        out[entry.module] = replace(entry, files=files, verified=True)
+    return out
 
 
 def _versions(remote: RemoteCache, chosen: Iterable[str]) -> list[str]:
@@ -121,7 +136,7 @@ def list_entries(cache_url: str | None, versions: tuple[str, ...], model: str | 
             for module in record.entries:
                 owners.setdefault(neuron.entry_key(record.compiler_version, module), set()).add(record.model)
         for version in _versions(remote, versions):
-            entries = remote.entries(version)
+            entries = _with_files(remote, remote.entries(version))
             shown = [e for e in entries.values() if model is None or e.key in owners]
             total = sum(e.size for e in shown)
             click.echo(f"{neuron.version_dir(version)}: {len(shown)} entries, {human(total)}")
@@ -271,7 +286,7 @@ def prune(
     try:
         candidates: list[tuple[float, RemoteEntry]] = []
         for version in remote.versions():
-            entries = remote.entries(version)
+            entries = _with_files(remote, remote.entries(version))
             times = _published_times(remote, version, entries)
             candidates += [(times.get(m, now), e) for m, e in entries.items()]
         doomed = _choose(candidates, older_than, limit, versions, now)

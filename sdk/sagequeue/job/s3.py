@@ -140,21 +140,17 @@ class S3Cache:
         return sorted(found)
 
     def entries(self, version: str) -> dict[str, RemoteEntry]:
+        """Entries with a manifest; their file lists come from the manifest (`verified_files`)."""
         vdir = neuron.version_dir(version)
-        published: dict[str, float] = {}
+        found: dict[str, RemoteEntry] = {}
         for item in self._list(f"{MANIFEST_DIR}/{vdir}/"):
             name = item["Key"].rsplit("/", 1)[-1]
-            if name.endswith(".json") and neuron.is_entry_dir(name[: -len(".json")]):
-                published[name[: -len(".json")]] = item["LastModified"].timestamp()
-        files: dict[str, list[RemoteFile]] = {}
-        for item in self._list(f"{vdir}/"):
-            parts = self._relative(item["Key"]).split("/", 2)
-            if len(parts) == 3 and parts[1] in published:
-                files.setdefault(parts[1], []).append(RemoteFile(parts[2], int(item["Size"])))
-        return {
-            module: RemoteEntry(version, module, tuple(files.get(module, ())), when, verified=False)
-            for module, when in published.items()
-        }
+            module = name.removesuffix(".json")
+            if name.endswith(".json") and neuron.is_entry_dir(module):
+                found[module] = RemoteEntry(
+                    version, module, (), item["LastModified"].timestamp(), verified=False
+                )
+        return found
 
     def verified_files(self, entry: RemoteEntry) -> tuple[RemoteFile, ...]:
         try:
@@ -189,36 +185,10 @@ class S3Cache:
         self, entries: Sequence[neuron.LocalEntry], records: Sequence[RegistryRecord], deadline: Deadline
     ) -> PublishResult:
         result = PublishResult()
-        with ThreadPoolExecutor(max_workers=self.max_workers) as pool:
-            for entry in entries:
-                # An entry is uploaded whole or not started: its manifest goes last, after every file.
-                if deadline.expired():
-                    result.skipped.append(entry.key)
-                    continue
-                files = list(neuron.iter_entry_files(entry.path))
-                checksums = dict(
-                    zip(
-                        [name for name, _ in files],
-                        pool.map(
-                            self._put_file,
-                            [f"{entry.key}/{name}" for name, _ in files],
-                            [p for _, p in files],
-                        ),
-                        strict=True,
-                    )
-                )
-                manifest = {
-                    "version": entry.version,
-                    "module": entry.module,
-                    "files": {
-                        name: {"size": path.stat().st_size, "sha256": checksums[name]} for name, path in files
-                    },
-                }
-                self._put_bytes(
-                    self._manifest_key(entry.version, entry.module),
-                    json.dumps(manifest, sort_keys=True).encode(),
-                )
-                result.published.append(entry.key)
+        with ThreadPoolExecutor(max_workers=self.max_workers, thread_name_prefix="neff-upload") as pool:
+            outcomes = list(pool.map(lambda entry: self._publish_entry(entry, deadline), entries))
+        for entry, published in zip(entries, outcomes, strict=True):
+            (result.published if published else result.skipped).append(entry.key)
         if records and not deadline.expired():
             existing = {r.path: old for r in records if (old := self._record_at(r.path)) is not None}
             for record in merge_records(records, existing):
@@ -226,10 +196,33 @@ class S3Cache:
                 result.records.append(record.path)
         return result
 
+    def _publish_entry(self, entry: neuron.LocalEntry, deadline: Deadline) -> bool:
+        """Upload one entry whole, its manifest last; False when the deadline came before it started."""
+        if deadline.expired():
+            return False
+        files = list(neuron.iter_entry_files(entry.path))
+        manifest = {
+            "version": entry.version,
+            "module": entry.module,
+            "files": {
+                name: {"size": path.stat().st_size, "sha256": self._put_file(f"{entry.key}/{name}", path)}
+                for name, path in files
+            },
+        }
+        self._put_bytes(
+            self._manifest_key(entry.version, entry.module), json.dumps(manifest, sort_keys=True).encode()
+        )
+        return True
+
     def _put_file(self, relative: str, path: Path) -> str:
         checksum = sha256_of(path)
         try:
-            self._client.upload_file(str(path), self.bucket, self._key(relative), Config=self._transfer)
+            if path.stat().st_size < self._transfer.multipart_threshold:
+                # one request; the managed transfer would start a thread pool per file
+                with path.open("rb") as body:
+                    self._client.put_object(Bucket=self.bucket, Key=self._key(relative), Body=body)
+            else:
+                self._client.upload_file(str(path), self.bucket, self._key(relative), Config=self._transfer)
         except ClientError as exc:
             raise self._error(f"upload {relative}", exc) from exc
         return checksum
