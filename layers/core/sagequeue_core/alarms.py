@@ -72,12 +72,26 @@ class CloudWatchAlarms:
             try:
                 self._client.delete_alarms(AlarmNames=batch)
             except ClientError as exc:
-                # CloudWatch answers ResourceNotFound for a batch naming an alarm that is gone; another
-                # delivery of the same event deleted it first, which is the outcome we want.
-                if exc.response.get("Error", {}).get("Code") == "ResourceNotFound":
-                    continue
-                raise _translate(exc, f"cannot delete alarms {', '.join(batch)}") from exc
+                if exc.response.get("Error", {}).get("Code") != "ResourceNotFound":
+                    raise _translate(exc, f"cannot delete alarms {', '.join(batch)}") from exc
+                # One name in the batch is gone (another delivery deleted it first), and CloudWatch then
+                # deletes none of them: delete the ones that are left.
+                left = self._existing(batch)
+                if left:
+                    try:
+                        self._client.delete_alarms(AlarmNames=left)
+                    except ClientError as again:
+                        raise _translate(again, f"cannot delete alarms {', '.join(left)}") from again
         return len(pending)
+
+    def _existing(self, names: Sequence[str]) -> list[str]:
+        try:
+            page = self._client.describe_alarms(
+                AlarmNames=list(names), AlarmTypes=["MetricAlarm"], MaxRecords=100
+            )
+        except ClientError as exc:
+            raise _translate(exc, f"cannot describe alarms {', '.join(names)}") from exc
+        return [alarm["AlarmName"] for alarm in page.get("MetricAlarms", [])]
 
     def names(self, prefix: str) -> list[str]:
         """Names of every metric alarm whose name starts with `prefix`, across all pages."""

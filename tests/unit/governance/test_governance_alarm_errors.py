@@ -53,7 +53,26 @@ def test_put_errors_are_named_by_code(
 def test_a_delete_of_alarms_already_gone_is_not_an_error(stubbed: tuple[CloudWatchAlarms, Stubber]) -> None:
     alarms, stub = stubbed
     stub.add_client_error("delete_alarms", service_error_code="ResourceNotFound", service_message="gone")
+    stub.add_response("describe_alarms", {"MetricAlarms": []})
     assert alarms.delete(["sagequeue-idle-j/algo-1"]) == 1
+
+
+def test_one_alarm_gone_does_not_keep_the_rest_of_its_batch(
+    stubbed: tuple[CloudWatchAlarms, Stubber],
+) -> None:
+    # CloudWatch deletes nothing when one name of the batch does not exist
+    alarms, stub = stubbed
+    batch = ["sagequeue-idle-j/algo-1", "sagequeue-idle-j/algo-2", "sagequeue-idle-j/algo-3"]
+    stub.add_client_error(
+        "delete_alarms", service_error_code="ResourceNotFound", expected_params={"AlarmNames": batch}
+    )
+    stub.add_response(
+        "describe_alarms",
+        {"MetricAlarms": [{"AlarmName": batch[0]}, {"AlarmName": batch[2]}]},
+        {"AlarmNames": batch, "AlarmTypes": ["MetricAlarm"], "MaxRecords": 100},
+    )
+    stub.add_response("delete_alarms", {}, {"AlarmNames": [batch[0], batch[2]]})
+    assert alarms.delete(reversed(batch)) == 3
 
 
 def test_a_denied_delete_is_not_swallowed(stubbed: tuple[CloudWatchAlarms, Stubber]) -> None:

@@ -156,6 +156,7 @@ class Governance:
             report.jobs_seen += 1
             outcome = self._govern(detail, self._tags(detail), existing=existing)
             report.outcomes.append(outcome)
+            existing.difference_update(outcome.alarms_deleted)
             if outcome.stopped is None and detail.get("SecondaryStatus") == "Training":
                 wanted.update(a for a in existing if a.startswith(alarm_prefix(name)))
                 wanted.update(outcome.alarms_created)
