@@ -1,0 +1,87 @@
+"""How the queue commands lay out jobs and pools, and how long a job waited and ran."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from sagequeue.client import Job, Pool
+from sagequeue.queue_cli import COMMANDS, jobs_table, pools_table, ran, waited
+
+NOW = datetime(2026, 11, 22, 12, 0, tzinfo=UTC)
+
+
+def job(name: str, state: str, priority: int, **times: Any) -> Job:
+    data: dict[str, Any] = {
+        "name": name,
+        "state": state,
+        "priority": priority,
+        "pool": "ml.trn1.32xlarge",
+        "attempt": 1 if times.get("started_at") else 0,
+        "owner": "arn:aws:iam::1:user/a",
+        "instances": 1,
+    }
+    data.update({k: v.isoformat() for k, v in times.items()})
+    return Job.from_api(data)
+
+
+def test_waited_and_ran_follow_the_jobs_life() -> None:
+    queued = job("q", "queued", 1, submitted_at=NOW - timedelta(minutes=12, seconds=30))
+    running = job(
+        "r",
+        "running",
+        5,
+        submitted_at=NOW - timedelta(hours=1),
+        started_at=NOW - timedelta(minutes=41, seconds=5),
+    )
+    done = job(
+        "d",
+        "completed",
+        5,
+        submitted_at=NOW - timedelta(days=2),
+        started_at=NOW - timedelta(days=1, hours=23),
+        ended_at=NOW - timedelta(days=1),
+    )
+    assert (waited(queued, NOW), ran(queued, NOW)) == (750.0, None)
+    assert (waited(running, NOW), ran(running, NOW)) == (19 * 60 - 5.0, 41 * 60 + 5.0)
+    assert (waited(done, NOW), ran(done, NOW)) == (3600.0, 23 * 3600.0)
+
+
+def test_the_table_is_ordered_by_priority_then_submission_with_short_durations() -> None:
+    jobs = [
+        job("late-low", "queued", 1, submitted_at=NOW - timedelta(seconds=40)),
+        job("early-low", "queued", 1, submitted_at=NOW - timedelta(minutes=2)),
+        job(
+            "high",
+            "running",
+            300,
+            submitted_at=NOW - timedelta(days=1, hours=3),
+            started_at=NOW - timedelta(days=1, hours=2),
+        ),
+    ]
+    lines = jobs_table(jobs, NOW).splitlines()
+    assert [line.split() for line in lines] == [
+        ["NAME", "STATE", "PRIORITY", "ATTEMPT", "POOL", "WAITED", "RAN"],
+        ["high", "running", "300", "1", "ml.trn1.32xlarge", "1h00m", "1d02h"],
+        ["early-low", "queued", "1", "0", "ml.trn1.32xlarge", "2m00s", "-"],
+        ["late-low", "queued", "1", "0", "ml.trn1.32xlarge", "40s", "-"],
+    ]
+    # columns line up: every row starts its POOL column at the same place
+    assert len({line.index("ml.trn1") for line in lines[1:]}) == 1
+
+
+def test_pools_table_shows_free_instances() -> None:
+    pools = [
+        Pool.from_api({"instance_type": "ml.trn2.48xlarge", "capacity": 4, "used": 3, "queued": 7, "warm": 1})
+    ]
+    assert pools_table(pools).splitlines()[1].split() == ["ml.trn2.48xlarge", "4", "3", "1", "7", "1"]
+
+
+@pytest.mark.parametrize(
+    "name", ["submit", "ls", "show", "cancel", "priority", "hold", "release", "pools", "capacity", "whoami"]
+)
+def test_every_queue_command_takes_the_endpoint_options(name: str) -> None:
+    options = {opt for param in COMMANDS[name].params for opt in getattr(param, "opts", [])}
+    assert {"--endpoint", "--stack-name", "--region", "--profile", "--json"} <= options
