@@ -176,7 +176,8 @@ def test_unknown_routes_and_methods_name_the_problem(gateway: LocalApiGateway) -
 def test_function_failures_become_gateway_errors(gateway: LocalApiGateway) -> None:
     user = gateway.identities["user"]
     call(gateway, "GET", "/hello/warm-up", identity=user)  # loads the function
-    sys.modules["sagequeue_local_functions.Recorder.app"].FAILURES_LEFT = 1
+    recorder: Any = sys.modules["sagequeue_local_functions.Recorder.app"]
+    recorder.FAILURES_LEFT = 1
     status, answer = call(gateway, "GET", "/hello/x", identity=user)
     assert status == 502
     assert answer["code"] == "InternalError"

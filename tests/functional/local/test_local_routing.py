@@ -11,7 +11,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
@@ -31,7 +30,7 @@ class Wired:
     router: EventRouter
     stack_name: str
 
-    def module(self, function: str) -> ModuleType:
+    def module(self, function: str) -> Any:
         self.host.handler(function)
         return sys.modules[f"sagequeue_local_functions.{function}.app"]
 
@@ -220,7 +219,7 @@ def test_endless_event_loops_are_stopped(wired: Wired, aws: Callable[[str], Any]
         aws("sqs").send_message(QueueUrl=work_url, MessageBody="again")
         return original(function, event)
 
-    wired.host.invoke = echo_forever  # type: ignore[method-assign]
+    wired.host.invoke = echo_forever  # type: ignore[method-assign, assignment]
     aws("sqs").send_message(QueueUrl=work_url, MessageBody="start")
     with pytest.raises(RunawayEvents, match="8 rounds"):
         wired.router.drain()
