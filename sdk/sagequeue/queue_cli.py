@@ -300,7 +300,8 @@ def _list(
     for state in states:
         for job in client.jobs(state=state, pool=pool, owner=owner, limit=limit):
             found[job.name] = job
-    return list(found.values())
+    merged = list(found.values())
+    return merged if limit is None else merged[:limit]
 
 
 @_queue_command("ls")

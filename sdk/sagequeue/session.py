@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from sagequeue.client import Job, QueueClient
-from sagequeue.exceptions import SageQueueError
+from sagequeue.exceptions import EndpointUnreachable, SageQueueError, ServerError, Throttled
 from sagequeue.hook import QueueHook, install, passthrough, queue_message
 
 if TYPE_CHECKING:
@@ -53,6 +53,8 @@ __all__ = ["SDK_MAJOR", "QueueSession"]
 logger = logging.getLogger("sagequeue")
 
 _ENDED = frozenset({"Completed", "Failed", "Stopped"})
+#: How long a wait rides out a queue it cannot reach before giving up, in seconds.
+_QUEUE_OUTAGE_SECONDS = 300.0
 _LOG_GROUP = "/aws/sagemaker/TrainingJobs"
 
 
@@ -193,6 +195,21 @@ if SDK_MAJOR == 2:
                 return super().wait_for_job(job, poll=poll)
             return self._follow(queued, wait=True, poll=poll, logs=False, timeout=None)
 
+        def _refresh(self, job: Job, interval: float) -> Job:
+            """The job's current state; a queue that is briefly unreachable or overloaded does not end a
+            wait that may last days: retried for a few minutes, then the error is raised."""
+            failures = 0
+            while True:
+                try:
+                    return self.queue.job(job.name)
+                except (EndpointUnreachable, ServerError, Throttled) as exc:
+                    failures += 1
+                    if failures * max(interval, 1.0) >= _QUEUE_OUTAGE_SECONDS:
+                        raise
+                    if failures == 1:
+                        _print(f"sagequeue: cannot ask the queue about {job.name} ({exc}); trying again")
+                    time.sleep(max(interval, 1.0))
+
         def _logs(self) -> Any:
             if self._logs_client is not None:
                 return self._logs_client
@@ -254,7 +271,7 @@ if SDK_MAJOR == 2:
                     )
                     break
                 time.sleep(interval)
-                job = self.queue.job(job.name)
+                job = self._refresh(job, interval)
             description["TrainingJobName"] = job.name
             if wait and (deadline is None or time.monotonic() < deadline):
                 _check_outcome(job, description)
