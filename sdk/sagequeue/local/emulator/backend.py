@@ -1,7 +1,7 @@
 """The emulated SageMaker account: every training job, the instance limits, warm-pool matching, and the
 operations the HTTP layer dispatches to. All state lives under one lock.
 
-Operations and timed steps return `Output`s (events and metric data) instead of delivering them: the
+Operations and timed steps return `Outputs` (events and metric data) instead of delivering them: the
 caller sends them after releasing the lock, because a subscriber may call the emulator back.
 """
 
@@ -53,6 +53,8 @@ class Outputs:
 
 
 class SageMakerBackend:
+    """One region of one account. Thread-safe: every public method takes the lock."""
+
     def __init__(
         self,
         clock: Clock,
@@ -88,9 +90,8 @@ class SageMakerBackend:
         self._heap_seq = itertools.count()
         self._holders: set[str] = set()  # jobs holding instances: live, or with an Available warm pool
         self._available: set[str] = set()  # ended jobs whose warm pool is Available
-        self._metric_due: list[
-            tuple[datetime, int, str]
-        ] = []  # heap of the next minute mark per training job
+        # Heap of the next utilization mark of each training job; stale entries are skipped like in _due.
+        self._metric_due: list[tuple[datetime, int, str]] = []
         self._operations: dict[str, Callable[[Mapping[str, Any], datetime, Outputs], dict[str, Any]]] = {
             "CreateTrainingJob": self._create_training_job,
             "DescribeTrainingJob": self._describe_training_job,

@@ -11,7 +11,7 @@ import collections
 import logging
 import threading
 from collections.abc import Callable, Mapping
-from datetime import datetime
+from datetime import datetime, timedelta
 from types import TracebackType
 from typing import Any
 
@@ -166,16 +166,16 @@ class SageMakerEmulator:
             raise ValueError(f"cannot advance by a negative time ({seconds} s)")
         clock = self.clock
         with self._advance_lock:
-            target = clock.advance(0) + _delta(seconds)
+            target = clock.advance(0) + timedelta(seconds=seconds)
             while True:
                 due = self.backend.next_due()
                 if due is None or due > target:
                     break
                 clock.advance_to(due)
-                self._enqueue(self.backend.process_due(due))
+                self._process_until(due)
                 self._deliver(raise_errors=True)
             clock.advance_to(target)
-            self._enqueue(self.backend.process_due(target))
+            self._process_until(target)
             self._deliver(raise_errors=True)
             return clock.now()
 
@@ -189,13 +189,19 @@ class SageMakerEmulator:
 
     def process_due(self) -> None:
         """Runs every step due by the clock's time now (for a clock moved by someone else)."""
-        self._enqueue(self.backend.process_due(self.clock.now()))
+        self._process_until(self.clock.now())
         self._deliver(raise_errors=True)
+
+    def _process_until(self, moment: datetime) -> None:
+        # Queued under the state lock, so that outputs enter the outbox in the order they happened even
+        # when a request thread processes steps at the same moment.
+        with self.backend.lock:
+            self._enqueue(self.backend.process_due(moment))
 
     def _tick(self) -> None:
         while not self._stopping.wait(self._tick_seconds):
             try:
-                self._enqueue(self.backend.process_due(self.clock.now()))
+                self._process_until(self.clock.now())
                 self._deliver(raise_errors=False)
             except Exception:  # the ticker must outlive a failing subscriber or a bug
                 logger.exception("SageMaker emulator failed while processing due steps")
@@ -230,10 +236,13 @@ class SageMakerEmulator:
             raise fault
         outputs = Outputs()
         try:
-            return self.backend.call(operation, request, outputs)
+            with self.backend.lock:
+                try:
+                    return self.backend.call(operation, request, outputs)
+                finally:
+                    self._enqueue(outputs)
         finally:
             # Events caused by this request are delivered before the client sees the answer.
-            self._enqueue(outputs)
             self._deliver(raise_errors=False)
 
     # --- delivery --------------------------------------------------------------------------------------
@@ -276,9 +285,3 @@ class SageMakerEmulator:
                 if raise_errors:
                     raise
                 logger.exception("SageMaker emulator could not deliver to %s", what)
-
-
-def _delta(seconds: float) -> Any:
-    from datetime import timedelta
-
-    return timedelta(seconds=seconds)
