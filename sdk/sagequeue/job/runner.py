@@ -270,8 +270,6 @@ class JobRunner:
         mode = self.options.metrics
         if mode == "off":
             return None
-        from sagequeue.job.metrics import UtilizationPublisher
-
         executable = shutil.which(neuron.MONITOR_EXECUTABLE, path=self.env.get("PATH"))
         try:
             identity = resolve_host(self.env)
@@ -285,6 +283,9 @@ class JobRunner:
                 raise FileNotFoundError(f"{neuron.MONITOR_EXECUTABLE} is not on PATH")
             log.info("not publishing NeuronCore utilization: %s is not on PATH", neuron.MONITOR_EXECUTABLE)
             return None
+        # boto3 is imported only when there is something to publish
+        from sagequeue.job.metrics import UtilizationPublisher
+
         publisher = UtilizationPublisher(
             identity, period=self.options.metrics_period, monitor_executable=executable
         )

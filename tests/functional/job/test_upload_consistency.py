@@ -49,7 +49,7 @@ def test_s3_upload_killed_midway_leaves_no_visible_entry(
     cache = make_cache("s3", base_env, hub_server)
     root = tmp_path / "local"
     # GIVEN an entry whose NEFF takes many multipart requests to store
-    _entry(root, "MODULE_111+aaaaaaaa", neff_bytes=120 * 1024 * 1024)
+    _entry(root, "MODULE_111+aaaaaaaa", neff_bytes=72 * 1024 * 1024)
     bucket, _, prefix = cache.url[len("s3://") :].partition("/")
     s3 = boto3.client("s3")
     # WHEN the uploader is killed once the first of its objects exists
