@@ -61,11 +61,13 @@ def main(verbose: bool) -> None:
     "--config",
     "config",
     multiple=True,
+    envvar="SAGEQUEUE_JOB_CONFIG",
     metavar="KEY=VALUE",
     help="Job configuration for the registry (precision, batch_size, sequence_length, ...). Repeatable.",
 )
 @click.option(
     "--restore",
+    envvar="SAGEQUEUE_RESTORE",
     type=click.Choice(["auto", "all", "registry", "none"]),
     default="auto",
     show_default=True,
@@ -79,11 +81,13 @@ def main(verbose: bool) -> None:
 )
 @click.option(
     "--precompile-steps",
+    envvar="SAGEQUEUE_PRECOMPILE_ON_MISS",
     type=click.IntRange(min=1),
     help="On a cache miss, first run the command under neuron_parallel_compile with this step limit.",
 )
 @click.option(
     "--metrics",
+    envvar="SAGEQUEUE_METRICS",
     type=click.Choice(["auto", "on", "off"]),
     default="auto",
     show_default=True,

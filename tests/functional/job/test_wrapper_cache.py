@@ -47,24 +47,17 @@ def test_miss_compiles_and_uploads_then_a_fresh_host_restores_and_hits(cache: Ca
     assert set(records[0].entries) == local
     assert records[0].config["precision"] == "bf16"
 
-    # WHEN the same job runs on a fresh host
+    # WHEN the same job runs on a fresh host, configured the way an estimator's environment does it
     second_dir = tmp_path / "host-2"
-    second = run_wrapper(
-        [
-            "run",
-            "--cache",
-            cache.url,
-            "--cache-dir",
-            str(second_dir),
-            "--model",
-            "org/tiny-llama",
-            "--config",
-            "precision=bf16",
-            "--no-progress",
-            "--",
-            *_train(tmp_path, "second.json"),
-        ],
+    env = dict(
         cache.env,
+        SAGEQUEUE_NEFF_CACHE=cache.url,
+        SAGEQUEUE_MODEL="org/tiny-llama",
+        SAGEQUEUE_JOB_CONFIG="precision=bf16",
+        SAGEQUEUE_RESTORE="registry",
+    )
+    second = run_wrapper(
+        ["run", "--cache-dir", str(second_dir), "--no-progress", "--", *_train(tmp_path, "second.json")], env
     )
     # THEN it restored the entries before the command started and compiled nothing
     assert second.returncode == 0, second.stderr
