@@ -108,6 +108,8 @@ class Settings(BaseModel):
     idle_period_seconds: int = Field(default=300, ge=60)
     #: Consecutive idle periods before a job is stopped.
     idle_periods: int = Field(default=6, ge=1)
+    #: A host that reports no metrics at all is stopped after this many idle windows (docs/adr/0002).
+    idle_silence_factor: int = Field(default=2, ge=1)
     #: A job that fails after running at least this long may be resumed from its checkpoints.
     resume_after_failure_min_runtime_seconds: int = Field(default=600, ge=0)
     #: Resumes after failures per job.
