@@ -307,3 +307,21 @@ def test_governing_the_same_event_twice_gives_the_same_actions() -> None:
     job = detail("training-state-change-training.json")
     tags = tags_to_dict(job["Tags"])
     assert govern(job, tags, GOVERNANCE, now=NOW) == govern(copy.deepcopy(job), tags, GOVERNANCE, now=NOW)
+
+
+def test_settings_become_the_rules_including_the_silence_window() -> None:
+    from sagequeue_core.config import Settings
+    from sagequeue_core.service.govern import rules_from
+
+    rules = rules_from(
+        Settings.build(
+            required_tags="team",
+            idle_period_seconds="120",
+            idle_periods="4",
+            idle_silence_factor="3",
+            max_resumes="5",
+        )
+    )
+    assert rules.policy.required_tags == {"team": None}
+    assert (rules.idle.idle_window_seconds, rules.idle.silence_window_seconds) == (480, 1440)
+    assert rules.recovery.max_resumes == 5

@@ -61,11 +61,12 @@ def rules_from(settings: Any) -> GovernanceRules:
             threshold_percent=settings.idle_threshold_percent,
             period_seconds=settings.idle_period_seconds,
             periods=settings.idle_periods,
+            silence_factor=settings.idle_silence_factor,
         )
     except DomainError as exc:
         raise ConfigError(
             f"{env_name('idle_period_seconds')} / {env_name('idle_periods')} / "
-            f"{env_name('idle_threshold_percent')}: {exc}"
+            f"{env_name('idle_silence_factor')} / {env_name('idle_threshold_percent')}: {exc}"
         ) from exc
     return GovernanceRules(
         policy=settings.policy_rules,
