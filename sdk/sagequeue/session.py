@@ -55,6 +55,9 @@ logger = logging.getLogger("sagequeue")
 _ENDED = frozenset({"Completed", "Failed", "Stopped"})
 #: How long a wait rides out a queue it cannot reach before giving up, in seconds.
 _QUEUE_OUTAGE_SECONDS = 300.0
+#: How long after SageMaker reports an attempt ended a wait trusts SageMaker over a queue that has not
+#: caught up (its events are normally seconds behind), in seconds.
+_QUEUE_LAG_SECONDS = 600.0
 _LOG_GROUP = "/aws/sagemaker/TrainingJobs"
 
 
@@ -231,6 +234,7 @@ if SDK_MAJOR == 2:
             announced: tuple[Any, ...] | None = None
             status_seen: tuple[Any, ...] | None = None
             description: dict[str, Any]
+            ended_since: tuple[str, float] | None = None
             while True:
                 if job.training_job_name is None or job.waiting:
                     description = self._queue_hook.describe_waiting(job, region)
@@ -257,14 +261,24 @@ if SDK_MAJOR == 2:
                         status_seen = status
                     if tail is not None:
                         tail.flush()
-                    ended = description.get("TrainingJobStatus") in _ENDED
-                    # a Stopped attempt may be a preemption: only the queue knows whether the job goes on
-                    if (ended and job.terminal) or (
-                        ended and description.get("TrainingJobStatus") != "Stopped"
-                    ):
-                        break
                     if not wait:
                         break
+                    if description.get("TrainingJobStatus") in _ENDED:
+                        # an ended attempt may not end the job (a preemption, a retried capacity or
+                        # internal failure): the queue decides, once it has seen the attempt end
+                        if job.terminal:
+                            break
+                        ended_since = ended_since or (attempt, time.monotonic())
+                        if (
+                            ended_since[0] == attempt
+                            and time.monotonic() - ended_since[1] > _QUEUE_LAG_SECONDS
+                        ):
+                            logger.warning(
+                                "the queue has not recorded the end of %s; going by SageMaker", attempt
+                            )
+                            break
+                    else:
+                        ended_since = None
                 if deadline is not None and time.monotonic() >= deadline:
                     _print(
                         f"sagequeue: stopped waiting for {job.name} after {timeout:g} s; it is {job.state}"
