@@ -44,6 +44,25 @@ CONFLICT_STATUSES = (409, 412)
 _CHUNK = 1024 * 1024
 
 
+#: A batch of entries uploaded together: at most this many entries or bytes.
+BATCH_ENTRIES = 32
+BATCH_BYTES = 512 * 1024 * 1024
+
+
+def _batches(entries: Sequence[neuron.LocalEntry]) -> Iterator[list[neuron.LocalEntry]]:
+    batch: list[neuron.LocalEntry] = []
+    size = 0
+    for entry in entries:
+        entry_size = entry.size()
+        if batch and (len(batch) >= BATCH_ENTRIES or size + entry_size > BATCH_BYTES):
+            yield batch
+            batch, size = [], 0
+        batch.append(entry)
+        size += entry_size
+    if batch:
+        yield batch
+
+
 def _status(exc: HfHubHTTPError) -> int | None:
     response = getattr(exc, "response", None)
     return getattr(response, "status_code", None)
@@ -60,6 +79,7 @@ class HubCache:
         backoff_base: float = 0.5,
         backoff_max: float = 8.0,
         commit_reserve: float = 10.0,
+        upload_threads: int = 8,
     ) -> None:
         if not url.startswith("hf://"):
             raise ValueError(f"not a Hub URL: {url!r}")
@@ -74,6 +94,7 @@ class HubCache:
         self.backoff_max = backoff_max
         #: Seconds kept free before the deadline for the commit call itself.
         self.commit_reserve = commit_reserve
+        self.upload_threads = upload_threads
         self._revision: str | None = None
 
     # --- reading ---------------------------------------------------------------------------------------
@@ -254,23 +275,32 @@ class HubCache:
                         result.already_present.append(entry.key)
                 else:
                     todo.append(entry)
-            staged: list[str] = []
-            for entry in todo:
-                if entry.key not in operations:
-                    if deadline.expired(reserve):
-                        if entry.key not in result.skipped:
-                            result.skipped.append(entry.key)
-                        continue
-                    ops = [
+            staged = [entry.key for entry in todo if entry.key in operations]
+            fresh = [entry for entry in todo if entry.key not in operations]
+            # LFS content goes up a batch of entries at a time, many files in parallel; the deadline is
+            # checked between batches so a stop's grace still leaves time for the commit
+            for batch in _batches(fresh):
+                if deadline.expired(reserve):
+                    result.skipped += [e.key for e in batch if e.key not in result.skipped]
+                    continue
+                batch_ops = {
+                    entry.key: [
                         CommitOperationAdd(path_in_repo=f"{entry.key}/{name}", path_or_fileobj=str(path))
                         for name, path in neuron.iter_entry_files(entry.path)
                     ]
-                    try:
-                        self.api.preupload_lfs_files(self.repo_id, additions=ops, revision=parent)
-                    except HfHubHTTPError as exc:
-                        raise self._error(f"upload {entry.key}", exc) from exc
-                    operations[entry.key] = ops
-                staged.append(entry.key)
+                    for entry in batch
+                }
+                try:
+                    self.api.preupload_lfs_files(
+                        self.repo_id,
+                        additions=[op for ops in batch_ops.values() for op in ops],
+                        revision=parent,
+                        num_threads=self.upload_threads,
+                    )
+                except HfHubHTTPError as exc:
+                    raise self._error(f"upload {batch[0].key} and {len(batch) - 1} more", exc) from exc
+                operations.update(batch_ops)
+                staged += list(batch_ops)
             result.skipped = [k for k in result.skipped if k not in staged]
             existing = {r.path: old for r in records if (old := self._record_at(r.path)) is not None}
             record_ops = [
