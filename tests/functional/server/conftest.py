@@ -117,6 +117,7 @@ class QueueWorld:
     sagemaker_events: list[dict[str, Any]] = field(default_factory=list)
     published: list[dict[str, Any]] = field(default_factory=list)
     reports: list[dict[str, Any]] = field(default_factory=list)
+    last_tick: datetime | None = None
 
     # --- the API ---------------------------------------------------------------------------------------------
 
@@ -224,13 +225,15 @@ class QueueWorld:
             pending = self.take_sagemaker_events()
 
     def run(self, seconds: float, step: float = 30) -> None:
-        """Let `seconds` of virtual time pass, delivering events as they happen and ticking the timer."""
+        """Let `seconds` of virtual time pass, delivering events as they happen; the reconcile timer ticks
+        once a virtual minute, as its rate(1 minute) schedule would."""
         elapsed = 0.0
         while elapsed < seconds:
             self.emulator.advance(step)
             elapsed += step
             self.deliver()
-            if int(elapsed) % 60 == 0:
+            if self.last_tick is None or (self.clock.now() - self.last_tick).total_seconds() >= 60:
+                self.last_tick = self.clock.now()
                 self.timer()
                 self.deliver()
 

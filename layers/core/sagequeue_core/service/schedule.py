@@ -111,6 +111,7 @@ class PassReport:
 def handle_event(deps: Dependencies, event: Mapping[str, Any]) -> PassReport:
     """One scheduler invocation: apply what the event says, reconcile on the timer, then run a pass."""
     report = PassReport()
+    deps.ensure_pools()  # an event may be a cold start's first call: managed pools must exist to match it
     if is_training_job_event(event):
         try:
             change = parse_training_job_event(event)

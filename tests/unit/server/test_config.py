@@ -1,0 +1,78 @@
+"""Settings from the environment: parsing, defaults, and errors that name the variable."""
+
+from __future__ import annotations
+
+import pytest
+
+from sagequeue_core.config import ConfigError, Settings, env_name, parse_capacity
+
+
+def test_every_setting_reads_from_its_variable() -> None:
+    settings = Settings.from_env(
+        {
+            "SAGEQUEUE_TABLE_NAME": "jobs",
+            "SAGEQUEUE_CAPACITY": "ml.trn1.32xlarge=2, ml.trn2.48xlarge = 1",
+            "SAGEQUEUE_ALLOWED_ROLE_ARNS": "arn:aws:iam::123456789012:role/A,arn:aws:iam::123456789012:role/B",
+            "SAGEQUEUE_ADMIN_ROLE_ARNS": "",
+            "SAGEQUEUE_MIN_RUNTIME_BEFORE_PREEMPTION_SECONDS": "120",
+            "SAGEQUEUE_MAX_INSTANCES_PER_JOB": "0",
+            "SAGEQUEUE_MAX_RUNTIME_SECONDS": "7200",
+            "SAGEQUEUE_REQUIRED_TAGS": "team,project=^[a-z]+$",
+            "SAGEQUEUE_IDLE_THRESHOLD_PERCENT": "2.5",
+            "UNRELATED": "ignored",
+        }
+    )
+    assert settings.table_name == "jobs"
+    assert settings.capacity == {"ml.trn1.32xlarge": 2, "ml.trn2.48xlarge": 1}
+    assert settings.allowed_role_arns == (
+        "arn:aws:iam::123456789012:role/A",
+        "arn:aws:iam::123456789012:role/B",
+    )
+    assert settings.admin_role_arns == ()
+    assert settings.min_runtime_before_preemption_seconds == 120
+    assert settings.max_instances_per_job is None, "0 from the stack parameter means no limit"
+    assert settings.idle_threshold_percent == 2.5
+    rules = settings.policy_rules
+    assert rules.required_tags == {"team": None, "project": "^[a-z]+$"}
+    assert rules.max_runtime_seconds == 7200
+
+
+def test_defaults_are_documented_values() -> None:
+    settings = Settings.from_env({})
+    assert (settings.idle_threshold_percent, settings.idle_period_seconds, settings.idle_periods) == (
+        5.0,
+        300,
+        6,
+    )
+    assert (settings.resume_after_failure_min_runtime_seconds, settings.max_resumes) == (600, 2)
+    assert settings.max_spot_interruptions == 3
+    assert settings.queue_lookahead == 50
+    assert settings.capacity == {}
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "words"),
+    [
+        ("SAGEQUEUE_CAPACITY", "trn1=2", "instance type"),
+        ("SAGEQUEUE_CAPACITY", "ml.trn1.32xlarge=two", "non-negative integer"),
+        ("SAGEQUEUE_CAPACITY", "ml.trn1.32xlarge=1,ml.trn1.32xlarge=2", "twice"),
+        ("SAGEQUEUE_ALLOWED_ROLE_ARNS", "arn:aws:iam::123:user/bob", "role ARN"),
+        ("SAGEQUEUE_MAX_ATTEMPTS", "0", "greater than or equal to 1"),
+        ("SAGEQUEUE_QUEUE_LOOKAHEAD", "many", "integer"),
+        ("SAGEQUEUE_REQUIRED_TAGS", "team=([", "invalid pattern"),
+        ("SAGEQUEUE_ALLOWED_INSTANCE_TYPES", "p5", "instance type"),
+        ("SAGEQUEUE_DEFAULT_KEEP_ALIVE_SECONDS", "99999", "less than or equal to 21600"),
+    ],
+)
+def test_an_invalid_value_names_its_variable(variable: str, value: str, words: str) -> None:
+    with pytest.raises(ConfigError) as raised:
+        Settings.from_env({variable: value})
+    assert variable in str(raised.value)
+    assert words in str(raised.value)
+
+
+def test_names_follow_the_stack_parameters() -> None:
+    assert (
+        env_name("min_runtime_before_preemption_seconds") == "SAGEQUEUE_MIN_RUNTIME_BEFORE_PREEMPTION_SECONDS"
+    )
+    assert parse_capacity("") == {}
