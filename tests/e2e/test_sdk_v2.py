@@ -267,3 +267,69 @@ def test_a_preempted_fit_keeps_waiting_and_follows_the_next_attempt(
     assert job.attempts == (name, f"{name}-2")
     printed = capsys.readouterr().out
     assert f"attempt 2 runs as training job {name}-2" in printed
+
+
+def test_fit_prints_the_attempts_training_logs(
+    stack: Any, queue: QueueClient, session: QueueSession, capsys: pytest.CaptureFixture[str]
+) -> None:
+    logs = stack.aws_client("logs")
+    group = "/aws/sagemaker/TrainingJobs"
+    if not logs.describe_log_groups(logGroupNamePrefix=group)["logGroups"]:
+        logs.create_log_group(logGroupName=group)
+    est = estimator(stack, session, seconds=180)
+    thread = threading.Thread(target=est.fit, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 90
+    while est.latest_training_job is None:
+        assert time.monotonic() < deadline, "fit() never submitted"
+        time.sleep(0.02)
+    name = est.latest_training_job.name
+    # the container's output, as SageMaker's log agent would write it
+    stream = f"{name}/algo-1-1763780000"
+    logs.create_log_stream(logGroupName=group, logStreamName=stream)
+    logs.put_log_events(
+        logGroupName=group,
+        logStreamName=stream,
+        logEvents=[
+            {"timestamp": int(time.time() * 1000), "message": "epoch 1 loss 2.31"},
+            {"timestamp": int(time.time() * 1000) + 1, "message": "epoch 2 loss 1.07"},
+        ],
+    )
+    while thread.is_alive():
+        assert time.monotonic() < deadline, "fit() did not return"
+        stack.advance(60)
+        time.sleep(0.05)
+
+    printed = capsys.readouterr().out
+    assert "[algo-1-1763780000] epoch 1 loss 2.31\n[algo-1-1763780000] epoch 2 loss 1.07" in printed
+    assert printed.count("epoch 1 loss 2.31") == 1  # each line once, however often the logs are read
+    assert queue.job(name).state == "completed"
+
+
+def test_fit_without_reachable_logs_follows_the_status_only(
+    stack: Any, queue: QueueClient, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from botocore.config import Config
+
+    unreachable_logs = boto3.client(
+        "logs",
+        region_name=stack.region,
+        endpoint_url="http://127.0.0.1:9",
+        config=Config(connect_timeout=1, retries={"max_attempts": 1}),
+    )
+    session = QueueSession(
+        boto_session=boto3.Session(region_name=stack.region),
+        sagemaker_client=stack.emulator.client(),
+        queue_client=queue,
+        poll_seconds=0.2,
+        logs_client=unreachable_logs,
+    )
+    est = estimator(stack, session, seconds=120)
+
+    run_while_time_passes(stack, queue, est.fit)
+
+    printed = capsys.readouterr().out
+    assert printed.count("cannot read the training logs") == 1
+    assert "following the job's status only" in printed
+    assert "Completed - Completed" in printed
+    assert queue.job(est.latest_training_job.name).state == "completed"
