@@ -216,16 +216,19 @@ def _banner(stack: Any, saved: Path, identities_file: Path) -> str:
 def demo(speed: float | None, function_logs: bool) -> None:
     """Show sagequeue doing its job on the local stack: the article's priority scenario (preemption and
     resume), warm-pool reuse and an idle job stopped, checked at every step."""
-    from sagequeue.local.demo import SETTINGS, TIMINGS, Demo, DemoFailed
+    from sagequeue.local.demo import Demo, DemoFailed, settings, timings
     from sagequeue.local.stack import LocalStack, LocalStackError
 
     began = time.perf_counter()
     clock = "virtual" if speed is None else "real"
+    # On a real clock the queue's own latency (about a second of wall time per step) must stay small beside
+    # the jobs' durations, so faster clocks get longer jobs.
+    scale = 1.0 if speed is None else max(1.0, speed / 10)
     stack = LocalStack(
-        settings=SETTINGS,
+        settings=settings(scale),
         clock=clock,
         speed=speed or 1.0,
-        emulator=TIMINGS,
+        emulator=timings(scale),
         function_logs=function_logs,
         raise_function_errors=True,
     )
@@ -235,7 +238,7 @@ def demo(speed: float | None, function_logs: bool) -> None:
         _fail(f"the local stack did not start: {exc}")
     try:
         click.echo(f"sagequeue demo: local stack up in {stack.startup_seconds:.1f} s ({stack.clock!r})")
-        Demo(stack, click.echo).run()
+        Demo(stack, click.echo, scale=scale).run()
     except DemoFailed as exc:
         _fail(f"the scheduler did not do what the scenario expects: {exc}")
     except Exception as exc:  # noqa: BLE001 - any failure of the stack is a failed demo, said plainly

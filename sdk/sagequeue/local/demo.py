@@ -62,6 +62,15 @@ class Summary:
     completed: int = 0
 
 
+def settings(scale: float = 1.0) -> dict[str, Any]:
+    """The demo stack's settings, the idle window stretched by `scale` like every other duration."""
+    return {**SETTINGS, "idle_period_seconds": max(60, int(60 * scale))}
+
+
+def timings(scale: float = 1.0) -> dict[str, float]:
+    return {name: value * scale for name, value in TIMINGS.items()}
+
+
 def training_request(
     name: str,
     role_arn: str,
@@ -122,27 +131,39 @@ def _clock(seconds: float) -> str:
 class Demo:
     """Runs the scenario on a started LocalStack and prints what happens."""
 
-    def __init__(self, stack: Any, out: Callable[[str], None] = print, *, step_seconds: int = 30) -> None:
+    def __init__(
+        self, stack: Any, out: Callable[[str], None] = print, *, step_seconds: int = 30, scale: float = 1.0
+    ) -> None:
         self.stack = stack
         self.out = out
         self.queue = stack.client()
         self.step_seconds = step_seconds
+        #: Stretches every duration: on a real clock the queue's own latency must stay small beside them.
+        self.scale = scale
         self.started_at = stack.now()
         self.steps = 0
 
+    def seconds(self, value: float) -> int:
+        return int(value * self.scale)
+
     # --- time --------------------------------------------------------------------------------------------
 
-    def wait_until(self, what: str, done: Callable[[], bool], *, limit: float) -> None:
-        """Let time pass (virtual: advance; real: wait) until `done()`, checking capacity on the way."""
-        deadline = self.stack.now() + timedelta(seconds=limit)
-        while not done():
+    def wait_until(self, what: str, done: Callable[[dict[str, str]], bool], *, limit: float) -> None:
+        """Let time pass (virtual: advance; real: wait) until `done(states)`, checking capacity on the way."""
+        deadline = self.stack.now() + timedelta(seconds=limit * self.scale)
+        while True:
+            states = self.states()
+            self.check_capacity(states)
+            if done(states):
+                return
             if self.stack.now() >= deadline:
-                raise DemoFailed(f"{what}: still not true after {limit:.0f} s; the queue: {self.states()}")
+                raise DemoFailed(
+                    f"{what}: still not true after {limit * self.scale:.0f} s; the queue: {states}"
+                )
             if self.stack.virtual:
                 self.stack.advance(self.step_seconds)
             else:
                 time.sleep(0.2)
-            self.check_capacity()
 
     def settle(self) -> None:
         if self.stack.virtual:
@@ -150,14 +171,11 @@ class Demo:
 
     # --- reading the queue -----------------------------------------------------------------------------------
 
-    def states(self, names: Iterable[str] | None = None) -> dict[str, str]:
-        wanted = set(names) if names is not None else None
-        return {
-            job.name: job.state for job in self.queue.jobs(limit=100) if wanted is None or job.name in wanted
-        }
+    def states(self) -> dict[str, str]:
+        return {job.name: job.state for job in self.queue.jobs(limit=100)}
 
-    def check_capacity(self) -> None:
-        live = [job.name for job in self.queue.jobs(limit=100) if job.state in _LIVE]
+    def check_capacity(self, states: Mapping[str, str]) -> None:
+        live = sorted(name for name, state in states.items() if state in _LIVE)
         if len(live) > CAPACITY:
             raise DemoFailed(f"{len(live)} jobs hold instances on a pool of {CAPACITY}: {', '.join(live)}")
 
@@ -210,59 +228,57 @@ class Demo:
 
     def article(self) -> None:
         self.out(f"Part 1: the article's scenario, {CAPACITY} x {POOL}")
-        self.submit("job1", 1, 300)
-        self.submit("job2", 2, 180)
-        self.submit("job3", 1, 120)
+        self.submit("job1", 1, self.seconds(300))
+        self.submit("job2", 2, self.seconds(180))
+        self.submit("job3", 1, self.seconds(120))
         self.settle()
         self.wait_until(
             "job1 and job2 start",
-            lambda: self.states(["job1", "job2"]) == {"job1": "running", "job2": "running"},
+            lambda s: s.get("job1") == "running" and s.get("job2") == "running",
             limit=600,
         )
         self.expect(
             "job1 (priority 1), job2 (2), job3 (1) submitted: two run, job3 waits",
             {"job2": "running", "job1": "running", "job3": "queued"},
         )
-        self.submit("job4", 3, 300)
+        self.submit("job4", 3, self.seconds(300))
         self.settle()
-        self.wait_until("job4 starts", lambda: self.states(["job4"]) == {"job4": "running"}, limit=600)
+        self.wait_until("job4 starts", lambda s: s.get("job4") == "running", limit=600)
         self.expect(
             "job4 (priority 3) submitted: job1 is preempted for it and waits again",
             {"job4": "running", "job2": "running", "job1": "queued", "job3": "queued"},
             preempted=["job1"],
         )
-        self.wait_until("job2 finishes", lambda: self.states(["job2"]) == {"job2": "completed"}, limit=900)
-        self.wait_until("job1 resumes", lambda: self.states(["job1"]) == {"job1": "running"}, limit=600)
+        self.wait_until("job2 finishes", lambda s: s.get("job2") == "completed", limit=900)
+        self.wait_until("job1 resumes", lambda s: s.get("job1") == "running", limit=600)
         self.expect(
             "job2 finished: job1 resumes (attempt 2, from its checkpoints)",
             {"job4": "running", "job2": "completed", "job1": "running", "job3": "queued"},
         )
         if self.queue.job("job1").attempt != 2:
             raise DemoFailed("job1 should be on its second attempt after its preemption")
-        self.wait_until("job4 finishes", lambda: self.states(["job4"]) == {"job4": "completed"}, limit=900)
-        self.wait_until("job3 starts", lambda: self.states(["job3"]) == {"job3": "running"}, limit=600)
+        self.wait_until("job4 finishes", lambda s: s.get("job4") == "completed", limit=900)
+        self.wait_until("job3 starts", lambda s: s.get("job3") == "running", limit=600)
         self.expect(
             "job4 finished: job3 runs at last",
             {"job4": "completed", "job2": "completed", "job1": "running", "job3": "running"},
         )
         names = ["job1", "job2", "job3", "job4"]
         self.wait_until(
-            "every job completes", lambda: set(self.states(names).values()) == {"completed"}, limit=1800
+            "every job completes", lambda s: all(s.get(n) == "completed" for n in names), limit=1800
         )
         self.expect("every job completed: nothing lost", dict.fromkeys(names, "completed"))
 
     def warm_and_idle(self) -> None:
         self.out("")
         self.out("Part 2: warm instances reused, an idle job stopped")
-        self.submit("warm-1", 1, 120, keep_alive=600)
+        self.submit("warm-1", 1, self.seconds(120), keep_alive=self.seconds(600))
         # A different volume size: the idle job never matches warm-1's warm pool.
-        self.submit("idle-1", 1, 3600, outcome="Idle", volume_gb=128)
+        self.submit("idle-1", 1, self.seconds(3600), outcome="Idle", volume_gb=128)
         self.settle()
-        self.wait_until(
-            "warm-1 finishes", lambda: self.states(["warm-1"]) == {"warm-1": "completed"}, limit=900
-        )
+        self.wait_until("warm-1 finishes", lambda s: s.get("warm-1") == "completed", limit=900)
         self.expect(
-            "warm-1 finished and keeps its instances warm (keep-alive 600 s)",
+            f"warm-1 finished and keeps its instances warm (keep-alive {self.seconds(600)} s)",
             {"warm-1": "completed", "idle-1": "running"},
         )
         pool = (
@@ -270,9 +286,9 @@ class Demo:
         )
         if pool.get("Status") != "Available":
             raise DemoFailed(f"warm-1 should have left an Available warm pool, got {pool or 'none'}")
-        self.submit("warm-2", 1, 120)
+        self.submit("warm-2", 1, self.seconds(480))
         self.settle()
-        self.wait_until("warm-2 starts", lambda: self.states(["warm-2"]) == {"warm-2": "running"}, limit=600)
+        self.wait_until("warm-2 starts", lambda s: s.get("warm-2") == "running", limit=600)
         reused = (
             self.stack.sagemaker.describe_training_job(TrainingJobName="warm-1").get("WarmPoolStatus") or {}
         )
@@ -284,20 +300,18 @@ class Demo:
         )
         self.wait_until(
             "the idle job is stopped",
-            lambda: self.states(["idle-1"]) == {"idle-1": "idle_stopped"},
+            lambda s: s.get("idle-1") == "idle_stopped",
             limit=1200,
         )
         self.expect(
-            "idle-1 reported 0% NeuronCore utilization for 3 minutes: its idle alarm stopped it",
+            "idle-1 reported 0% NeuronCore utilization through its idle window: its idle alarm stopped it",
             {"warm-1": "completed", "warm-2": "running", "idle-1": "idle_stopped"},
         )
         reason = self.queue.job("idle-1").reason or ""
         if "idle" not in reason:
             raise DemoFailed(f"idle-1 should record why it was stopped, got reason {reason!r}")
         self.out(f"  idle-1: {reason}")
-        self.wait_until(
-            "warm-2 finishes", lambda: self.states(["warm-2"]) == {"warm-2": "completed"}, limit=900
-        )
+        self.wait_until("warm-2 finishes", lambda s: s.get("warm-2") == "completed", limit=900)
 
     def summary(self) -> Summary:
         now = self.stack.now()
