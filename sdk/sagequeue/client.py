@@ -465,7 +465,10 @@ class QueueClient:
         if self._http is None:
             import urllib3
 
-            self._http = urllib3.PoolManager(num_pools=4, headers={"User-Agent": _USER_AGENT}, retries=False)
+            # a few connections per host: a session waiting in one thread while the caller works in another
+            self._http = urllib3.PoolManager(
+                num_pools=4, maxsize=8, headers={"User-Agent": _USER_AGENT}, retries=False
+            )
         return self._http
 
     def _signed_headers(self, method: str, url: str, body: bytes | None) -> dict[str, str]:
