@@ -36,7 +36,7 @@ from sagequeue.job.remote import (
     RemoteCacheNotFoundError,
     RemoteEntry,
     RemoteFile,
-    merge_records,
+    combine_records,
 )
 
 #: Status codes the Hub uses when the parent commit is no longer the head.
@@ -227,16 +227,6 @@ class HubCache:
             raise self._error(f"read {path}", exc) from exc
         return response.content
 
-    def _record_at(self, path: str) -> RegistryRecord | None:
-        try:
-            return RegistryRecord.from_json(self.read_text(path))
-        except RemoteCacheError as exc:
-            if isinstance(exc.__cause__, HfHubHTTPError) and _status(exc.__cause__) == 404:
-                return None
-            raise
-        except ValueError:
-            return None  # unreadable: the new record replaces it
-
     def records(self, model: str | None = None) -> list[RegistryRecord]:
         self.head()
         return self._records_at_revision(model)
@@ -252,7 +242,7 @@ class HubCache:
                 continue  # a broken record is skipped, not fatal to a lookup
             if model is None or record.model == model:
                 out.append(record)
-        return out
+        return combine_records(out)
 
     # --- writing ---------------------------------------------------------------------------------------
 
@@ -302,10 +292,8 @@ class HubCache:
                 operations.update(batch_ops)
                 staged += list(batch_ops)
             result.skipped = [k for k in result.skipped if k not in staged]
-            existing = {r.path: old for r in records if (old := self._record_at(r.path)) is not None}
             record_ops = [
-                CommitOperationAdd(path_in_repo=r.path, path_or_fileobj=r.to_json())
-                for r in merge_records(records, existing)
+                CommitOperationAdd(path_in_repo=r.path, path_or_fileobj=r.to_json()) for r in records
             ]
             if not staged and not record_ops:
                 result.revision = parent

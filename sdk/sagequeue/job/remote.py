@@ -11,9 +11,10 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Iterator, Mapping, Sequence
+import uuid
+from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
@@ -78,6 +79,8 @@ class RegistryRecord:
     entries: list[str] = field(default_factory=list)
     updated_at: str = field(default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds"))
     training_job: str | None = None
+    #: Each writer has its own file, so writers never read-modify-write one another's records.
+    writer: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
 
     @property
     def config_hash(self) -> str:
@@ -91,7 +94,7 @@ class RegistryRecord:
     @property
     def path(self) -> str:
         """Where the record lives, relative to the cache root."""
-        return f"{REGISTRY_DIR}/{version_dir(self.compiler_version)}/{self.model}/{self.config_hash}.json"
+        return f"{REGISTRY_DIR}/{version_dir(self.compiler_version)}/{self.model}/{self.config_hash}/{self.writer}.json"
 
     def to_json(self) -> bytes:
         body = {
@@ -101,6 +104,7 @@ class RegistryRecord:
             "entries": sorted(set(self.entries)),
             "updated_at": self.updated_at,
             "training_job": self.training_job,
+            "writer": self.writer,
         }
         return json.dumps(body, indent=1, sort_keys=True).encode()
 
@@ -116,26 +120,27 @@ class RegistryRecord:
             entries=[str(e) for e in data.get("entries", [])],
             updated_at=str(data.get("updated_at", "")),
             training_job=data.get("training_job"),
-        )
-
-    def merged(self, other: RegistryRecord) -> RegistryRecord:
-        """This record with the entries another writer recorded for the same configuration."""
-        return RegistryRecord(
-            self.model,
-            self.compiler_version,
-            dict(self.config),
-            sorted(set(self.entries) | set(other.entries)),
-            self.updated_at,
-            self.training_job or other.training_job,
+            writer=str(data.get("writer") or uuid.uuid4().hex[:16]),
         )
 
 
 def registry_path_parts(path: str) -> tuple[str, str] | None:
     """(version directory, model) of a registry record path, or None when it is not one."""
     parts = path.split("/")
-    if len(parts) < 4 or parts[0] != REGISTRY_DIR or not parts[-1].endswith(".json"):
+    if len(parts) < 5 or parts[0] != REGISTRY_DIR or not parts[-1].endswith(".json"):
         return None
-    return parts[1], "/".join(parts[2:-1])
+    return parts[1], "/".join(parts[2:-2])
+
+
+def combine_records(records: Sequence[RegistryRecord]) -> list[RegistryRecord]:
+    """One record per job configuration: the entries every writer recorded for it, the latest writer's
+    details."""
+    combined: dict[str, RegistryRecord] = {}
+    for record in sorted(records, key=lambda r: r.updated_at):
+        known = combined.get(record.config_hash)
+        entries = sorted(set(record.entries) | set(known.entries if known else ()))
+        combined[record.config_hash] = replace(record, entries=entries)
+    return list(combined.values())
 
 
 @dataclass
@@ -215,17 +220,3 @@ def open_remote(url: str, **options: Any) -> RemoteCache:
 
         return S3Cache(url, **options)
     raise ValueError(f"unknown NEFF cache URL {url!r}: expected hf://<org>/<repo> or s3://<bucket>/<prefix>")
-
-
-def merge_records(
-    new: Sequence[RegistryRecord], existing: Mapping[str, RegistryRecord]
-) -> list[RegistryRecord]:
-    """New records merged with what the remote already holds at the same path; unchanged ones left out."""
-    out = []
-    for record in new:
-        other = existing.get(record.path)
-        if other is None:
-            out.append(record)
-        elif not set(record.entries) <= set(other.entries):
-            out.append(record.merged(other))
-    return out

@@ -178,7 +178,8 @@ class JobRunner:
         if remote is not None and options.upload:
             new = {e.module for e in sync.shareable(root, version)} - before
             if record is not None:
-                record.entries = sorted(registry_entries | new)
+                # a run that compiled nothing has nothing to add to what the registry already says
+                record.entries = sorted(registry_entries | new) if new else []
             self._upload(remote, root, version, record if record and record.entries else None, outcome)
         return outcome
 

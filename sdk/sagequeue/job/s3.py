@@ -34,7 +34,7 @@ from sagequeue.job.remote import (
     RemoteCacheNotFoundError,
     RemoteEntry,
     RemoteFile,
-    merge_records,
+    combine_records,
 )
 
 MANIFEST_DIR = "manifests"
@@ -190,8 +190,7 @@ class S3Cache:
         for entry, published in zip(entries, outcomes, strict=True):
             (result.published if published else result.skipped).append(entry.key)
         if records and not deadline.expired():
-            existing = {r.path: old for r in records if (old := self._record_at(r.path)) is not None}
-            for record in merge_records(records, existing):
+            for record in records:
                 self._put_bytes(self._key(record.path), record.to_json())
                 result.records.append(record.path)
         return result
@@ -233,18 +232,6 @@ class S3Cache:
         except ClientError as exc:
             raise self._error(f"write {key}", exc) from exc
 
-    def _record_at(self, path: str) -> RegistryRecord | None:
-        try:
-            body = self._client.get_object(Bucket=self.bucket, Key=self._key(path))["Body"].read()
-        except ClientError as exc:
-            if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
-                return None
-            raise self._error(f"read {path}", exc) from exc
-        try:
-            return RegistryRecord.from_json(body)
-        except ValueError:
-            return None  # unreadable: the new record replaces it
-
     def records(self, model: str | None = None) -> list[RegistryRecord]:
         keys = [
             item["Key"] for item in self._list(f"{REGISTRY_DIR}/") if item.get("Key", "").endswith(".json")
@@ -260,7 +247,7 @@ class S3Cache:
                 continue  # a record someone wrote by hand and broke: not ours to fail on
             if model is None or record.model == model:
                 out.append(record)
-        return out
+        return combine_records(out)
 
     def delete(self, entries: Sequence[RemoteEntry]) -> None:
         for entry in entries:

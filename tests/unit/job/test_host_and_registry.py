@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from sagequeue.job.host import HostIdentityError, resolve
-from sagequeue.job.remote import Deadline, RegistryRecord, merge_records, registry_path_parts
+from sagequeue.job.remote import Deadline, RegistryRecord, combine_records, registry_path_parts
 
 
 def test_host_identity_comes_from_resourceconfig_and_the_job_name(tmp_path: Path) -> None:
@@ -53,16 +53,20 @@ def _record(entries: list[str], **config: str) -> RegistryRecord:
     )
 
 
-def test_records_of_the_same_configuration_share_a_path_and_merge() -> None:
-    first, second = _record(["MODULE_1+a"]), _record(["MODULE_2+a"])
-    assert first.path == second.path
-    assert first.path.startswith("registry/neuronxcc-2.14.213.0+013d129b/meta-llama/Llama-3.1-8B/")
+def test_writers_of_one_configuration_have_their_own_files_and_readers_combine_them() -> None:
+    first, second = _record(["MODULE_1+a"]), _record(["MODULE_2+a", "MODULE_1+a"])
+    # one directory per configuration, one file per writer: no writer rewrites another's record
+    assert first.path.rsplit("/", 1)[0] == second.path.rsplit("/", 1)[0]
+    assert first.path != second.path
+    assert first.path.startswith(
+        f"registry/neuronxcc-2.14.213.0+013d129b/meta-llama/Llama-3.1-8B/{first.config_hash}/"
+    )
     assert registry_path_parts(first.path) == ("neuronxcc-2.14.213.0+013d129b", "meta-llama/Llama-3.1-8B")
-    assert _record([], precision="fp32").config_hash != first.config_hash
-    merged = merge_records([second], {first.path: first})
-    assert merged[0].entries == ["MODULE_1+a", "MODULE_2+a"]
-    # nothing new: nothing to write
-    assert merge_records([_record(["MODULE_1+a"])], {first.path: first}) == []
+    other = _record(["MODULE_7+a"], precision="fp32")
+    assert other.config_hash != first.config_hash
+    combined = {r.config_hash: r for r in combine_records([first, second, other])}
+    assert combined[first.config_hash].entries == ["MODULE_1+a", "MODULE_2+a"]
+    assert combined[other.config_hash].entries == ["MODULE_7+a"]
 
 
 def test_a_record_round_trips_and_bad_ones_are_rejected() -> None:
@@ -70,6 +74,7 @@ def test_a_record_round_trips_and_bad_ones_are_rejected() -> None:
     again = RegistryRecord.from_json(record.to_json())
     assert again.entries == ["MODULE_1+a", "MODULE_2+a"]
     assert again.config_hash == record.config_hash
+    assert again.path == record.path
     with pytest.raises(ValueError, match="needs model"):
         RegistryRecord.from_json(b'{"model": "x"}')
 
