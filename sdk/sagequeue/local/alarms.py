@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from botocore.exceptions import ClientError
+
 logger = logging.getLogger("sagequeue.local.alarms")
 
 OK = "OK"
@@ -196,12 +198,60 @@ class AlarmEvaluator:
                 by_start[stamp.astimezone(UTC)] = float(value)
         return [by_start.get(start) for start, _ in periods]
 
+    def batch_values(
+        self, alarms: list[dict[str, Any]], now: datetime
+    ) -> list[list[float | None] | BaseException]:
+        """`values()` of many alarms with as few GetMetricData calls as their ranges allow: alarms on a
+        single metric that share an evaluation range go in one call (each alarm's query renamed apart);
+        metric-math alarms, whose expressions name their own query ids, get a call each."""
+        out: list[list[float | None] | BaseException] = [[] for _ in alarms]
+        groups: dict[tuple[datetime, datetime], list[int]] = {}
+        for index, alarm in enumerate(alarms):
+            if alarm.get("Metrics"):
+                try:
+                    out[index] = self.values(alarm, now)
+                except (ValueError, KeyError, ClientError) as exc:
+                    out[index] = exc
+                continue
+            periods = evaluation_range(alarm, now)
+            groups.setdefault((periods[0][0], periods[-1][1]), []).append(index)
+        for (start, end), members in groups.items():
+            queries = []
+            for index in members:
+                try:
+                    (query,), _ = _queries(alarms[index])
+                except (ValueError, KeyError) as exc:
+                    out[index] = exc
+                    continue
+                queries.append({**query, "Id": f"a{index}"})
+            found: dict[str, dict[datetime, float]] = {}
+            for first in range(0, len(queries), 500):  # GetMetricData takes at most 500 queries
+                answer = self.cloudwatch.get_metric_data(
+                    MetricDataQueries=queries[first : first + 500], StartTime=start, EndTime=end
+                )
+                for result in answer.get("MetricDataResults", []):
+                    found[str(result.get("Id"))] = {
+                        stamp.astimezone(UTC): float(value)
+                        for stamp, value in zip(
+                            result.get("Timestamps", []), result.get("Values", []), strict=False
+                        )
+                    }
+            for index in members:
+                if isinstance(out[index], BaseException):
+                    continue
+                by_start = found.get(f"a{index}", {})
+                out[index] = [by_start.get(p) for p, _ in evaluation_range(alarms[index], now)]
+        return out
+
     def run(self, now: datetime) -> list[Transition]:
         """Evaluate every alarm once at `now`; returns the state changes made."""
         changes = []
-        for alarm in self.alarms():
+        alarms = list(self.alarms())
+        for alarm, values in zip(alarms, self.batch_values(alarms, now), strict=True):
             try:
-                outcome = evaluate(alarm, self.values(alarm, now))
+                if isinstance(values, BaseException):
+                    raise values
+                outcome = evaluate(alarm, values)
             except (ValueError, KeyError) as exc:
                 logger.warning("alarm %s is not evaluated locally: %s", alarm.get("AlarmName"), exc)
                 continue

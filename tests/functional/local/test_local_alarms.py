@@ -147,3 +147,49 @@ def test_an_idle_host_alarms_and_notifies_its_topic(
     assert alarm_message["Trigger"]["Dimensions"] == [{"value": host, "name": "Host"}]
     assert alarm_message["Trigger"]["Period"] == 60
     assert "3 out of the last 3 datapoints" in alarm_message["NewStateReason"]
+
+
+def test_alarms_sharing_a_range_are_read_in_one_call_and_kept_apart(
+    aws: Callable[[str], Any], account_moto: tuple[str, str]
+) -> None:
+    _, account_id = account_moto
+    cloudwatch = aws("cloudwatch")
+    hosts = {f"batch-{uuid.uuid4().hex[:6]}/algo-{n}": float(n * 10) for n in range(1, 4)}
+    names = {}
+    for host, value in hosts.items():
+        name = f"batch-{uuid.uuid4().hex[:8]}"
+        names[name] = host
+        cloudwatch.put_metric_alarm(
+            AlarmName=name,
+            Namespace="LocalBatch",
+            MetricName="Utilization",
+            Dimensions=[{"Name": "Host", "Value": host}],
+            Statistic="Average",
+            Period=60,
+            EvaluationPeriods=1,
+            Threshold=15.0,
+            ComparisonOperator="LessThanThreshold",
+        )
+        cloudwatch.put_metric_data(
+            Namespace="LocalBatch",
+            MetricData=[
+                {
+                    "MetricName": "Utilization",
+                    "Dimensions": [{"Name": "Host", "Value": host}],
+                    "Timestamp": NOW.replace(second=5) - timedelta(minutes=1),
+                    "Value": value,
+                }
+            ],
+        )
+    calls: list[str] = []
+    cloudwatch.meta.events.register("before-call.monitoring.GetMetricData", lambda **_: calls.append("x"))
+    alarms = cloudwatch.describe_alarms(AlarmNames=list(names))["MetricAlarms"]
+    evaluator = AlarmEvaluator(cloudwatch, aws("sns"), region="us-east-1", account_id=account_id)
+    values = evaluator.batch_values(alarms, NOW)
+    assert len(calls) == 1
+    assert {alarm["AlarmName"]: v for alarm, v in zip(alarms, values, strict=True)} == {
+        name: [hosts[host]] for name, host in names.items()
+    }
+    changes = {c.alarm_name: c.new_state for c in evaluator.run(NOW) if c.alarm_name in names}
+    # only the host at 10% is below the 15% threshold
+    assert changes == {name: ALARM for name, host in names.items() if hosts[host] < 15}
