@@ -95,8 +95,11 @@ def test_create_queues_with_tag_priority_and_the_scheduler_starts_it_unchanged(
     stack: Any, queue: QueueClient, sagemaker: Any
 ) -> None:
     name = unique("bert")
+    plan = f"arn:aws:sagemaker:{stack.region}:{stack.account_id}:training-plan/trn1-reserved"
+    create = training_request(stack, name, priority=100)
+    create["ResourceConfig"]["TrainingPlanArn"] = plan
 
-    answer = sagemaker.create_training_job(**training_request(stack, name, priority=100))
+    answer = sagemaker.create_training_job(**create)
 
     assert (
         answer["TrainingJobArn"] == f"arn:aws:sagemaker:{stack.region}:{stack.account_id}:training-job/{name}"
@@ -116,6 +119,7 @@ def test_create_queues_with_tag_priority_and_the_scheduler_starts_it_unchanged(
     assert started.training_job_name == name
     real = stack.sagemaker.describe_training_job(TrainingJobName=name)
     assert real["ResourceConfig"]["KeepAlivePeriodInSeconds"] == 900
+    assert real["ResourceConfig"]["TrainingPlanArn"] == plan
     assert real["CheckpointConfig"]["S3Uri"] == f"s3://sagequeue-e2e/checkpoints/{name}"
     tags = {
         t["Key"]: t["Value"] for t in stack.sagemaker.list_tags(ResourceArn=real["TrainingJobArn"])["Tags"]
