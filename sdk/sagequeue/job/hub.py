@@ -37,6 +37,7 @@ from sagequeue.job.remote import (
     RemoteEntry,
     RemoteFile,
     combine_records,
+    registry_path_parts,
 )
 
 #: Status codes the Hub uses when the parent commit is no longer the head.
@@ -234,7 +235,10 @@ class HubCache:
     def _records_at_revision(self, model: str | None = None) -> list[RegistryRecord]:
         out = []
         for item in self._tree(REGISTRY_DIR, recursive=True):
-            if not isinstance(item, RepoFile) or not item.path.endswith(".json"):
+            if not isinstance(item, RepoFile):
+                continue
+            parts = registry_path_parts(item.path)
+            if parts is None or (model is not None and parts[1] != model):
                 continue
             try:
                 record = RegistryRecord.from_json(self.read_text(item.path))

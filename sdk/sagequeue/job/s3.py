@@ -35,6 +35,7 @@ from sagequeue.job.remote import (
     RemoteEntry,
     RemoteFile,
     combine_records,
+    registry_path_parts,
 )
 
 MANIFEST_DIR = "manifests"
@@ -234,20 +235,25 @@ class S3Cache:
 
     def records(self, model: str | None = None) -> list[RegistryRecord]:
         keys = [
-            item["Key"] for item in self._list(f"{REGISTRY_DIR}/") if item.get("Key", "").endswith(".json")
+            item["Key"]
+            for item in self._list(f"{REGISTRY_DIR}/")
+            if (parts := registry_path_parts(self._relative(item.get("Key", "")))) is not None
+            and (model is None or parts[1] == model)
         ]
-        out = []
-        for key in keys:
+
+        def read(key: str) -> RegistryRecord | None:
             try:
                 body = self._client.get_object(Bucket=self.bucket, Key=key)["Body"].read()
-                record = RegistryRecord.from_json(body)
             except ClientError as exc:
                 raise self._error(f"read {key}", exc) from exc
+            try:
+                return RegistryRecord.from_json(body)
             except ValueError:
-                continue  # a record someone wrote by hand and broke: not ours to fail on
-            if model is None or record.model == model:
-                out.append(record)
-        return combine_records(out)
+                return None  # a record someone wrote by hand and broke: not ours to fail on
+
+        with ThreadPoolExecutor(max_workers=self.max_workers) as pool:
+            found = [r for r in pool.map(read, keys) if r is not None]
+        return combine_records([r for r in found if model is None or r.model == model])
 
     def delete(self, entries: Sequence[RemoteEntry]) -> None:
         for entry in entries:

@@ -252,3 +252,26 @@ def test_without_a_neuron_compiler_the_command_still_runs(base_env: dict[str, st
     )
     assert result.returncode == 3
     assert "NEFF cache disabled" in result.stderr
+
+
+def test_a_missing_remote_cache_costs_a_compile_not_the_job(base_env: dict[str, str], tmp_path: Path) -> None:
+    result = run_wrapper(
+        [
+            "run",
+            "--cache",
+            "s3://sagequeue-no-such-bucket/neff",
+            "--cache-dir",
+            str(tmp_path / "cache"),
+            "--no-progress",
+            "--",
+            str(STANDINS / "standin-train"),
+            "--report",
+            str(tmp_path / "r.json"),
+        ],
+        base_env,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "restore failed" in result.stderr
+    assert "upload failed" in result.stderr
+    assert "sagequeue-no-such-bucket does not exist" in result.stderr
+    assert json.loads((tmp_path / "r.json").read_text())["compiled"] == ["forward", "backward"]
