@@ -10,7 +10,7 @@ Test hooks: `fail_next_commits` (statuses to answer the next commits with), `com
 commits until N have arrived, to force a race), `commit_gate` and `lfs_gate` (Events that commits and LFS
 uploads wait for), counters, a request log, and an optional required token.
 
-Run standalone: `python -m tests.support.hub_server --port 8080 --storage /tmp/hub`.
+Run standalone: `PYTHONPATH=tests python -m support.hub_server --port 8080 --storage /tmp/hub`.
 """
 
 from __future__ import annotations
