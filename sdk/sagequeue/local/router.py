@@ -85,8 +85,12 @@ def current_function() -> str | None:
 class FunctionHost:
     """The stack's functions, loaded once and invoked in this process."""
 
-    def __init__(self, functions: dict[str, FunctionSpec]) -> None:
+    def __init__(
+        self, functions: dict[str, FunctionSpec], on_error: Callable[[FunctionSpec], None] | None = None
+    ) -> None:
         self.functions = functions
+        #: Called after each invocation that raised, as Lambda counts it in the AWS/Lambda Errors metric.
+        self.on_error = on_error
         self._handlers: dict[str, Callable[[Any, Any], Any]] = {}
         self._load_lock = threading.Lock()
         self._limits: dict[str, threading.BoundedSemaphore] = {
@@ -150,11 +154,23 @@ class FunctionHost:
         try:
             with self._count_lock:
                 self.invocations[logical_id] += 1
-            return handler(event, context)
+            try:
+                return handler(event, context)
+            except Exception:
+                if self.on_error is not None:
+                    self._report_error(spec)
+                raise
         finally:
             _invocation.function = outer
             if limit is not None:
                 limit.release()
+
+    def _report_error(self, spec: FunctionSpec) -> None:
+        assert self.on_error is not None
+        try:
+            self.on_error(spec)
+        except Exception:  # counting an error must not hide the error itself
+            logger.exception("could not record the error of function %s", spec.logical_id)
 
 
 def _identifier(text: str) -> str:

@@ -335,7 +335,7 @@ class LocalStack:
 
         from sagequeue.local.router import EventRouter, FunctionHost
 
-        self._host = FunctionHost(spec.functions)
+        self._host = FunctionHost(spec.functions, on_error=self._count_error)
         self._host.load_all()
         self._router = EventRouter(
             self._host,
@@ -388,6 +388,22 @@ class LocalStack:
                 target=self._pump_forever, name="sagequeue-local-events", daemon=True
             )
             self._pump.start()
+
+    def _count_error(self, function: Any) -> None:
+        """The AWS/Lambda Errors datapoint Lambda records for a failed invocation, so the template's error
+        alarms see it."""
+        self.aws_client("cloudwatch").put_metric_data(
+            Namespace="AWS/Lambda",
+            MetricData=[
+                {
+                    "MetricName": "Errors",
+                    "Dimensions": [{"Name": "FunctionName", "Value": function.name}],
+                    "Timestamp": self.clock.now(),
+                    "Value": 1.0,
+                    "Unit": "Count",
+                }
+            ],
+        )
 
     def stop(self) -> None:
         """Stop serving and forget the stack's state; safe to call twice."""
