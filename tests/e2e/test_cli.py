@@ -288,3 +288,16 @@ def test_no_queue_anywhere_is_exit_3_with_every_way_to_name_one(tmp_path: Path) 
     assert "--endpoint" in run.err
     assert "sagequeue local" in run.err
     no_traceback(run)
+
+
+def test_a_wrong_secret_is_refused_by_the_gateway(stack: Any, tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    save_local_connection(
+        replace(stack.connection(), secret_access_key="not-the-secret"), tmp_path / "local.json"
+    )
+    run = sagequeue("whoami", home=tmp_path)
+    assert run.code == 1
+    assert run.err.startswith("error: ")
+    assert "signature" in run.err.lower()
+    no_traceback(run)
