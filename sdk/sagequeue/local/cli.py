@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
 import threading
@@ -45,6 +46,14 @@ def _settings(
     if admins:
         settings["admin_role_arns"] = list(admins)
     return settings
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Write a file only its owner can read (it holds secret keys), never readable by others meanwhile."""
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+        handle.write(text)
+    path.chmod(0o600)
 
 
 def _fail(message: str) -> None:
@@ -140,8 +149,7 @@ def local(
         connection = stack.connection()
         saved = save_local_connection(connection)
         identities_file = saved.parent / "local-identities.json"
-        identities_file.write_text(json.dumps(stack.identities.to_dict(), indent=2) + "\n", encoding="utf-8")
-        identities_file.chmod(0o600)
+        _write_private(identities_file, json.dumps(stack.identities.to_dict(), indent=2) + "\n")
         click.echo(_banner(stack, saved, identities_file))
         while not stopping.wait(0.5):
             pass
