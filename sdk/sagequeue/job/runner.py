@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sagequeue.job import neuron, sync
+from sagequeue.job import neuron, settings, sync
 from sagequeue.job.host import INSTANCE_TYPE_ENV, HostIdentityError
 from sagequeue.job.host import resolve as resolve_host
 from sagequeue.job.process import SignalForwarder, StopWatch
@@ -198,8 +198,15 @@ class JobRunner:
         if not self.options.cache_url:
             log.info("no remote NEFF cache configured: compiling locally only")
             return None
+        options = dict(self.options.remote_options)
+        secret = self.env.get(settings.HF_TOKEN_SECRET_ENV)
+        if self.options.cache_url.startswith("hf://") and secret and "token" not in options:
+            try:
+                options["token"] = settings.hub_token_from_secret(secret)
+            except settings.SecretError as exc:
+                log.warning("using the default Hub credentials: %s", exc)
         try:
-            return open_remote(self.options.cache_url, **self.options.remote_options)
+            return open_remote(self.options.cache_url, **options)
         except ValueError as exc:
             log.warning("ignoring the remote cache: %s", exc)
             return None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from sagequeue_core.defaults import NEFF_CACHE_ENV
 
@@ -40,3 +41,37 @@ def cache_url(explicit: str | None, env: Mapping[str, str] | None = None) -> str
     """The remote cache: the option, else SAGEQUEUE_NEFF_CACHE, else the one `sagequeue cache set` saved."""
     environment = os.environ if env is None else env
     return explicit or environment.get(NEFF_CACHE_ENV) or saved_cache_url(environment)
+
+
+#: Secrets Manager secret (name or ARN) holding the Hub token, so the token stays out of the training
+#: job's environment, which DescribeTrainingJob shows to anyone allowed to describe it.
+HF_TOKEN_SECRET_ENV = "SAGEQUEUE_HF_TOKEN_SECRET"  # noqa: S105 - a variable name, not a secret
+_TOKEN_KEYS = ("HF_TOKEN", "hf_token", "token")
+
+
+class SecretError(RuntimeError):
+    """The Hub token secret could not be read or holds no token."""
+
+
+def hub_token_from_secret(secret_id: str, client: Any = None) -> str:
+    """The token in a secret: the whole SecretString, or its HF_TOKEN/token key when it is JSON."""
+    import json
+
+    import boto3
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    secrets = client or boto3.client("secretsmanager")
+    try:
+        value = secrets.get_secret_value(SecretId=secret_id)
+    except (BotoCoreError, ClientError) as exc:
+        raise SecretError(f"cannot read secret {secret_id}: {exc}") from exc
+    text = str(value.get("SecretString") or "").strip()
+    if text.startswith("{"):
+        try:
+            data = json.loads(text)
+        except ValueError as exc:
+            raise SecretError(f"secret {secret_id} looks like JSON but does not parse") from exc
+        text = next((str(data[k]) for k in _TOKEN_KEYS if isinstance(data, dict) and data.get(k)), "")
+    if not text:
+        raise SecretError(f"secret {secret_id} holds no token (a plain string, or JSON with HF_TOKEN)")
+    return text

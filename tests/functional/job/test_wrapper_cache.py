@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
+import uuid
 from pathlib import Path
 
-from conftest import STANDINS, VERSION, Cache, run_wrapper
+import boto3
+from conftest import HUB_TOKEN, STANDINS, VERSION, Cache, make_cache, run_wrapper
+from support.hub_server import HubServer
 
 from sagequeue.job import neuron
 
@@ -110,3 +113,33 @@ def test_a_failed_compile_is_cleaned_and_never_uploaded(cache: Cache, tmp_path: 
     )
     assert "Got a cached failed neff" not in retry.stderr
     assert "compilation failed" in retry.stderr
+
+
+def test_the_hub_token_can_come_from_secrets_manager(
+    base_env: dict[str, str], hub_server: HubServer, tmp_path: Path
+) -> None:
+    cache = make_cache("hub", base_env, hub_server)
+    secret = f"sagequeue/hub-token-{uuid.uuid4().hex[:8]}"
+    boto3.client("secretsmanager").create_secret(
+        Name=secret, SecretString=json.dumps({"HF_TOKEN": HUB_TOKEN})
+    )
+    # GIVEN no token in the job's environment, only the secret's name
+    env = {k: v for k, v in base_env.items() if k != "HF_TOKEN"}
+    env["SAGEQUEUE_HF_TOKEN_SECRET"] = secret
+    result = run_wrapper(
+        [
+            "run",
+            "--cache",
+            cache.url,
+            "--cache-dir",
+            str(tmp_path / "cache"),
+            "--no-progress",
+            "--",
+            *_train(tmp_path, "r.json"),
+        ],
+        env,
+    )
+    # THEN the wrapper reached the (token-protected) Hub and published
+    assert result.returncode == 0, result.stderr
+    assert "uploaded 2 entries" in result.stderr
+    assert len(cache.remote.entries(VERSION)) == 2
