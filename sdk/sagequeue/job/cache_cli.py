@@ -349,7 +349,9 @@ def _local_files(entry: neuron.LocalEntry) -> list[RemoteFile]:
 
 @cache.command()
 @_dir_option
-@click.option("--clean", is_flag=True, help="Remove failed entries so they compile again.")
+@click.option(
+    "--clean", is_flag=True, help="Remove failed entries (so they compile again) and partial downloads."
+)
 def status(cache_dir: Path | None, clean: bool) -> None:
     """Local entries by compiler version: complete, failed, locked (compiling), incomplete."""
     root = _local_root(cache_dir)
@@ -368,6 +370,16 @@ def status(cache_dir: Path | None, clean: bool) -> None:
         for entry in entries:
             if entry.state is not neuron.EntryState.COMPLETE:
                 click.echo(f"    {entry.state.value:<10} {entry.module}")
+    staging = root / sync.STAGING_DIR
+    if staging.exists():
+        click.echo(f"  partial downloads kept for resuming: {human(_tree_size(staging))}")
     if clean:
         removed = neuron.remove_failed(root)
         click.echo(f"removed {len(removed)} failed entries")
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+            click.echo("removed partial downloads")
+
+
+def _tree_size(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())

@@ -52,9 +52,12 @@ def test_create_sync_list_lookup_prune_and_status(cache: Cache, cli: CliRunner, 
     assert created.exit_code == 0, created.output
     assert settings.saved_cache_url() == cache.url
 
+    (root / sync.STAGING_DIR / "x").mkdir(parents=True)
+    (root / sync.STAGING_DIR / "x" / "model.neff.part").write_bytes(b"0" * 2048)
     status = cli.invoke(main, ["cache", "status", "--cache-dir", str(root)])
     assert status.exit_code == 0, status.output
     assert f"neuronxcc-{VERSION}: 2 complete, 1 failed, 1 locked, 0 incomplete" in status.output
+    assert "partial downloads kept for resuming: 2.0 KiB" in status.output
 
     # sync uses the saved default cache, uploads complete entries only and removes the failed one
     synced = cli.invoke(main, ["cache", "sync", "--cache-dir", str(root)])
@@ -126,6 +129,11 @@ def test_prune_local_by_age_keeps_entries_being_compiled(cli: CliRunner, tmp_pat
     assert result.exit_code == 0, result.output
     assert not old.exists()
     assert (root / neuron.version_dir(VERSION) / "MODULE_2+aaaaaaaa").exists()
+    _entry(root, VERSION, "MODULE_3+aaaaaaaa", state="failed")
+    (root / sync.STAGING_DIR).mkdir()
+    cleaned = cli.invoke(main, ["cache", "status", "--cache-dir", str(root), "--clean"])
+    assert "removed 1 failed entries" in cleaned.output
+    assert not (root / sync.STAGING_DIR).exists()
 
 
 def test_a_missing_cache_is_named_in_the_error(cli: CliRunner, base_env: dict[str, str]) -> None:
