@@ -114,6 +114,7 @@ class QueueWorld:
     scheduler_module: ModuleType
     sqs: Any
     queue_url: str
+    audit_url: str
     sagemaker_events: list[dict[str, Any]] = field(default_factory=list)
     published: list[dict[str, Any]] = field(default_factory=list)
     reports: list[dict[str, Any]] = field(default_factory=list)
@@ -210,6 +211,21 @@ class QueueWorld:
                 self.published.append(event)
                 self.schedule(event)
 
+    def audit(self) -> list[tuple[str, dict[str, Any]]]:
+        """(detail-type, detail) of every event sagequeue published since the last call, in order."""
+        seen: list[dict[str, Any]] = []
+        while True:
+            messages = self.sqs.receive_message(QueueUrl=self.audit_url, MaxNumberOfMessages=10).get(
+                "Messages", []
+            )
+            if not messages:
+                break
+            for message in messages:
+                self.sqs.delete_message(QueueUrl=self.audit_url, ReceiptHandle=message["ReceiptHandle"])
+                seen.append(json.loads(message["Body"]))
+        seen.sort(key=lambda e: e["time"])  # stable: equal times keep the order they were put in
+        return [(e["detail-type"], e["detail"]) for e in seen]
+
     def take_sagemaker_events(self) -> list[dict[str, Any]]:
         taken, self.sagemaker_events[:] = list(self.sagemaker_events), []
         return taken
@@ -278,6 +294,15 @@ def make_world(
     events.put_targets(
         Rule=f"queue-changed-{suffix}", EventBusName=bus, Targets=[{"Id": "scheduler", "Arn": queue_arn}]
     )
+    # Everything sagequeue publishes, as a user's rule on the bus would see it.
+    audit_url = sqs.create_queue(QueueName=f"audit-{suffix}")["QueueUrl"]
+    audit_arn = sqs.get_queue_attributes(QueueUrl=audit_url, AttributeNames=["QueueArn"])["Attributes"][
+        "QueueArn"
+    ]
+    events.put_rule(
+        Name=f"audit-{suffix}", EventBusName=bus, EventPattern=json.dumps({"source": ["sagequeue"]})
+    )
+    events.put_targets(Rule=f"audit-{suffix}", EventBusName=bus, Targets=[{"Id": "audit", "Arn": audit_arn}])
     clock = VirtualClock(START)
     collected: list[dict[str, Any]] = []
     emulator = SageMakerEmulator(
@@ -312,6 +337,7 @@ def make_world(
         scheduler_module=load_handler("scheduler"),
         sqs=sqs,
         queue_url=queue_url,
+        audit_url=audit_url,
         sagemaker_events=collected,
     )
     try:

@@ -72,6 +72,12 @@ def test_article_scenario_preempts_resumes_and_completes_every_job(world: QueueW
         "running",
         "completed",
     ]
+    published = world.audit()
+    about_job1 = [kind for kind, detail in published if detail.get("name") == "job1"]
+    assert about_job1 == ["JobQueued", "JobStarted", "JobPreempted", "JobResumed", "JobFinished"]
+    assert [kind for kind, _ in published].count("JobFinished") == 4
+    assert ("JobPreempted", {"name": "job1", "training_job_name": "job1", "for_job": "job4"}) in published
+
     status, pools = world.api("GET", "/pools")
     assert status == 200
     assert pools["pools"] == [{"instance_type": TRN1, "capacity": 2, "used": 0, "queued": 0, "warm": 0}]

@@ -32,6 +32,8 @@ def test_a_finished_jobs_warm_pool_is_reused_rather_than_a_cold_start(world: Que
     assert prep["WarmPoolStatus"].get("ReusedByJob") == "train"
     job = world.job("train")
     assert job["history"][-1]["reason"] == "on warm pool of prep"
+    reused = [detail for kind, detail in world.audit() if kind == "WarmPoolReused"]
+    assert reused == [{"name": "train", "attempt": 1, "training_job_name": "train", "warm_pool_of": "prep"}]
     status, pools = world.api("GET", "/pools")
     assert status == 200
     assert pools["pools"][0]["used"] == 1
