@@ -97,8 +97,17 @@ def job_record(options: JobOptions, env: Mapping[str, str], version: str) -> Reg
     )
 
 
-def _bounded(fn: Callable[[], T], timeout: float, watch: StopWatch | None = None) -> tuple[bool, T | None]:
-    """Run `fn` in a daemon thread for at most `timeout` seconds (less if a stop arrives)."""
+def _bounded(
+    fn: Callable[[], T],
+    timeout: float,
+    watch: StopWatch | None = None,
+    stop_end: Callable[[], float] | None = None,
+) -> tuple[bool, T | None]:
+    """Run `fn` in a daemon thread for at most `timeout` seconds.
+
+    When a stop arrives meanwhile, waiting ends at once (`watch`), or at the monotonic time `stop_end()`
+    gives (a stop's grace), whichever the caller chose.
+    """
     box: dict[str, Any] = {}
 
     def target() -> None:
@@ -110,10 +119,15 @@ def _bounded(fn: Callable[[], T], timeout: float, watch: StopWatch | None = None
     thread = threading.Thread(target=target, name="neff-cache-transfer", daemon=True)
     thread.start()
     end = time.monotonic() + timeout
-    while thread.is_alive() and time.monotonic() < end:
-        thread.join(timeout=0.2)
+    while thread.is_alive():
+        limit = end
         if watch is not None and watch.stopped:
+            if stop_end is None:
+                break
+            limit = min(end, stop_end())
+        if time.monotonic() >= limit:
             break
+        thread.join(timeout=0.2)
     if thread.is_alive():
         return False, None
     if "error" in box:
@@ -310,11 +324,16 @@ class JobRunner:
         outcome: JobOutcome,
     ) -> None:
         options = self.options
+        margin = min(options.exit_margin, max(2.0, 0.15 * options.grace_seconds))
         if self.watch.stopped:
-            margin = min(options.exit_margin, max(2.0, 0.15 * options.grace_seconds))
             budget = options.grace_seconds - self.watch.seconds_since() - margin
         else:
             budget = options.upload_timeout
+
+        def grace_end() -> float:
+            # a stop that arrives during a normal-end upload shortens it to the stop's grace
+            return (self.watch.received_at or time.monotonic()) + options.grace_seconds - margin
+
         if budget <= 1:
             log.warning("no time left to upload (%.0fs of the stop grace remain)", budget)
             return
@@ -324,7 +343,10 @@ class JobRunner:
         started = time.monotonic()
         try:
             finished, report = _bounded(
-                lambda: sync.upload(remote, root, version, records=records, deadline=deadline), budget
+                lambda: sync.upload(remote, root, version, records=records, deadline=deadline),
+                budget,
+                self.watch,
+                grace_end,
             )
         except Exception as exc:  # noqa: BLE001 - the training result matters more than the cache
             log.warning("upload failed; entries stay local and go next time: %s", exc)

@@ -275,3 +275,48 @@ def test_a_missing_remote_cache_costs_a_compile_not_the_job(base_env: dict[str, 
     assert "upload failed" in result.stderr
     assert "sagequeue-no-such-bucket does not exist" in result.stderr
     assert json.loads((tmp_path / "r.json").read_text())["compiled"] == ["forward", "backward"]
+
+
+def test_a_stop_during_the_final_upload_cuts_it_to_the_grace(
+    base_env: dict[str, str], hub_server: HubServer, tmp_path: Path
+) -> None:
+    cache = make_cache("hub", base_env, hub_server)
+    tag = uuid.uuid4().hex[:8]
+    arrivals = hub_server.state.lfs_arrivals
+    hub_server.state.lfs_gate = threading.Event()
+    try:
+        # GIVEN the command ended normally and its upload is stuck on a slow Hub
+        job = subprocess.Popen(
+            [
+                str(BIN / "sagequeue-job"),
+                "run",
+                "--cache",
+                cache.url,
+                "--cache-dir",
+                str(tmp_path / "cache"),
+                "--grace",
+                "5",
+                "--no-progress",
+                "--",
+                str(STANDINS / "standin-train"),
+                "--graphs",
+                f"a-{tag},b-{tag}",
+            ],
+            env=cache.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        _wait(lambda: hub_server.state.lfs_arrivals > arrivals)
+        # WHEN SageMaker stops the job now
+        stopped_at = time.monotonic()
+        job.send_signal(signal.SIGTERM)
+        _, stderr = job.communicate(timeout=30)
+        elapsed = time.monotonic() - stopped_at
+    finally:
+        hub_server.state.lfs_gate.set()
+        hub_server.state.lfs_gate = None
+    # THEN the wrapper leaves within the grace, with the command's own status
+    assert elapsed < 5, stderr
+    assert job.returncode == 0, stderr
+    assert "upload abandoned" in stderr
