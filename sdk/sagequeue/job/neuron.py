@@ -46,9 +46,6 @@ NEFF_FILE = "model.neff"
 DONE_FILE = "model.done"
 FAILURE_LOG_FILE = "model.log"
 LOCK_SUFFIX = ".lock"
-#: The graph the compiler was given; the older layout named it model.hlo.pb.
-HLO_FILES = ("model.hlo_module.pb", "model.hlo.pb")
-FLAGS_FILES = ("compile_flags.json", "compile_flags.txt")
 
 _VERSION_RE = re.compile(r"(\d+\.\d+\.\d+\.\d+(?:\+[0-9A-Za-z.]+)?)")
 _ENTRY_RE = re.compile(r"^MODULE_[0-9A-Za-z_]+\+[0-9A-Za-z]+$")
