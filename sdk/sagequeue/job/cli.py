@@ -55,6 +55,7 @@ def main(verbose: bool) -> None:
 @click.option(
     "--model",
     envvar="SAGEQUEUE_MODEL",
+    show_envvar=True,
     help="Model id recorded in the cache registry (e.g. meta-llama/Llama-3.1-8B).",
 )
 @click.option(
@@ -62,12 +63,14 @@ def main(verbose: bool) -> None:
     "config",
     multiple=True,
     envvar="SAGEQUEUE_JOB_CONFIG",
+    show_envvar=True,
     metavar="KEY=VALUE",
     help="Job configuration for the registry (precision, batch_size, sequence_length, ...). Repeatable.",
 )
 @click.option(
     "--restore",
     envvar="SAGEQUEUE_RESTORE",
+    show_envvar=True,
     type=click.Choice(["auto", "all", "registry", "none"]),
     default="auto",
     show_default=True,
@@ -82,12 +85,14 @@ def main(verbose: bool) -> None:
 @click.option(
     "--precompile-steps",
     envvar="SAGEQUEUE_PRECOMPILE_ON_MISS",
+    show_envvar=True,
     type=click.IntRange(min=1),
     help="On a cache miss, first run the command under neuron_parallel_compile with this step limit.",
 )
 @click.option(
     "--metrics",
     envvar="SAGEQUEUE_METRICS",
+    show_envvar=True,
     type=click.Choice(["auto", "on", "off"]),
     default="auto",
     show_default=True,
