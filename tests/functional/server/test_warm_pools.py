@@ -95,3 +95,22 @@ def test_an_idle_warm_pool_is_released_for_a_job_that_needs_its_instance(one_ins
     assert sagemaker.describe_training_job(TrainingJobName="prep")["WarmPoolStatus"]["Status"] == "Terminated"
     assert world.state("other") in ("starting", "running")
     world.run_until(lambda: world.state("other") == "completed")
+
+
+def test_a_release_that_fails_holds_back_the_start_it_was_for(one_instance: QueueWorld) -> None:
+    world = one_instance
+    world.submit("prep", duration=120, keep_alive=1800)
+    world.run_until(lambda: world.state("prep") == "completed")
+    world.run(30)
+
+    # WHEN SageMaker fails the release (keep-alive 0) once
+    world.emulator.fail_next("UpdateTrainingJob", "InternalFailure")
+    world.submit("other", duration=120, volume=500)
+
+    # THEN the job does not start over the pool's capacity, and the next pass releases and starts it
+    assert world.state("other") == "queued"
+    assert world.reports[-1]["waiting"]["other"] == "waiting for a warm pool to be released"
+    world.timer()
+    assert world.state("other") == "starting"
+    sagemaker = world.sagemaker()
+    assert sagemaker.describe_training_job(TrainingJobName="prep")["WarmPoolStatus"]["Status"] == "Terminated"

@@ -8,7 +8,6 @@ that is not the job's current one, or asks for a move the job's state does not a
 
 from __future__ import annotations
 
-import contextlib
 import copy
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -313,7 +312,11 @@ def reconcile(deps: Dependencies) -> PassReport:
             continue
         change = parse_description(described)
         if job.state in (JobState.PREEMPTING, JobState.STOPPING) and change.status == "InProgress":
-            deps.sagemaker.stop(job.training_job_name)
+            try:
+                deps.sagemaker.stop(job.training_job_name)
+            except SageMakerError as exc:
+                logger.warning("stop failed again", extra={"job": job.name, "error": str(exc)})
+                continue
             report.applied.append(f"{job.training_job_name}: stop repeated")
             continue
         report.applied.append(f"{job.training_job_name}: {_apply_described(deps, job.name, change)}")
@@ -429,12 +432,17 @@ def run_pass(deps: Dependencies) -> PassReport:
         ),
     )
     report.waiting.update(decided.waiting)
+    blocked: set[str] = set()  # jobs whose capacity a failed release did not free
     for action in decided.actions:
         if isinstance(action, Preempt):
             _preempt(deps, action, report)
         elif isinstance(action, ReleaseWarmPool):
-            _release(deps, action, report)
+            if not _release(deps, action, report):
+                blocked.add(action.for_job)
         elif isinstance(action, Start):
+            if action.job_name in blocked:
+                report.waiting[action.job_name] = "waiting for a warm pool to be released"
+                continue
             _start(deps, queued[action.job_name], action, report)
     logger.info(
         "pass done",
@@ -487,6 +495,12 @@ def _start(deps: Dependencies, job: Job, action: Start, report: PassReport) -> N
         outcome = _with_retries(deps, job.name, lambda fresh: _refused(deps, fresh, message))
         report.failed.append(job.name)
         logger.warning("create refused", extra={"job": job.name, "attempt": attempt, "outcome": outcome})
+        return
+    except SageMakerError as exc:
+        # An error sagequeue has no rule for: nothing is known to be created, so the job keeps its place
+        # and the rest of the plan still runs; the next pass tries again (ResourceInUse if it was).
+        report.waiting[job.name] = f"SageMaker {exc.code or type(exc).__name__}: {exc}"
+        logger.exception("create failed", extra={"job": job.name, "attempt": attempt, "code": exc.code})
         return
     outcome = _with_retries(
         deps,
@@ -586,13 +600,22 @@ def _preempt(deps: Dependencies, action: Preempt, report: PassReport) -> None:
     )
 
 
-def _release(deps: Dependencies, action: ReleaseWarmPool, report: PassReport) -> None:
-    # A pool no longer Available is refused; it is gone either way.
-    with contextlib.suppress(SageMakerValidationError, TrainingJobNotFound):
+def _release(deps: Dependencies, action: ReleaseWarmPool, report: PassReport) -> bool:
+    """Release a warm pool's instances; False when it could not be, and still holds them."""
+    try:
         deps.sagemaker.set_keep_alive(action.training_job_name, 0)
+    except (SageMakerValidationError, TrainingJobNotFound):
+        pass  # no longer Available: it is gone either way
+    except SageMakerError as exc:
+        # Still held: keep tracking it, and let the job it was released for wait for the next pass.
+        logger.warning(
+            "warm pool release failed", extra={"warm_pool": action.training_job_name, "error": str(exc)}
+        )
+        return False
     deps.store.forget_warm_pool(action.training_job_name)
     report.released.append(action.training_job_name)
     count(WARM_POOL_RELEASES)
+    return True
 
 
 __all__ = [
