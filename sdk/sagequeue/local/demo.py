@@ -22,7 +22,7 @@ POOL = "ml.trn1.32xlarge"
 CAPACITY = 2
 IMAGE = "763104351884.dkr.ecr.us-east-1.amazonaws.com/pytorch-training-neuronx:2.1.2-neuronx-py310-sdk2.20.0"
 #: Emulated SageMaker phases, shortened so the demo spans minutes of virtual time (seconds).
-TIMINGS = {"provisioning_seconds": 60, "download_seconds": 10, "upload_seconds": 10, "stop_grace_seconds": 30}
+TIMINGS = {"provisioning_seconds": 30, "download_seconds": 5, "upload_seconds": 5, "stop_grace_seconds": 15}
 #: Settings of the demo's stack: preemption allowed at once (the article's), a 3-minute idle window.
 SETTINGS: dict[str, Any] = {
     "capacity": {POOL: CAPACITY},
@@ -228,9 +228,9 @@ class Demo:
 
     def article(self) -> None:
         self.out(f"Part 1: the article's scenario, {CAPACITY} x {POOL}")
-        self.submit("job1", 1, self.seconds(300))
-        self.submit("job2", 2, self.seconds(180))
-        self.submit("job3", 1, self.seconds(120))
+        self.submit("job1", 1, self.seconds(180))
+        self.submit("job2", 2, self.seconds(90))
+        self.submit("job3", 1, self.seconds(60))
         self.settle()
         self.wait_until(
             "job1 and job2 start",
@@ -241,7 +241,7 @@ class Demo:
             "job1 (priority 1), job2 (2), job3 (1) submitted: two run, job3 waits",
             {"job2": "running", "job1": "running", "job3": "queued"},
         )
-        self.submit("job4", 3, self.seconds(300))
+        self.submit("job4", 3, self.seconds(180))
         self.settle()
         self.wait_until("job4 starts", lambda s: s.get("job4") == "running", limit=600)
         self.expect(
@@ -272,7 +272,7 @@ class Demo:
     def warm_and_idle(self) -> None:
         self.out("")
         self.out("Part 2: warm instances reused, an idle job stopped")
-        self.submit("warm-1", 1, self.seconds(120), keep_alive=self.seconds(600))
+        self.submit("warm-1", 1, self.seconds(60), keep_alive=self.seconds(600))
         # A different volume size: the idle job never matches warm-1's warm pool.
         self.submit("idle-1", 1, self.seconds(3600), outcome="Idle", volume_gb=128)
         self.settle()
@@ -286,7 +286,7 @@ class Demo:
         )
         if pool.get("Status") != "Available":
             raise DemoFailed(f"warm-1 should have left an Available warm pool, got {pool or 'none'}")
-        self.submit("warm-2", 1, self.seconds(480))
+        self.submit("warm-2", 1, self.seconds(240))
         self.settle()
         self.wait_until("warm-2 starts", lambda s: s.get("warm-2") == "running", limit=600)
         reused = (
