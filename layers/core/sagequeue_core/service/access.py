@@ -13,8 +13,9 @@ _ROLE = re.compile(r"arn:(aws[a-z-]*):iam::(\d{12}):role/(?:.*/)?([^/]+)")
 
 
 def principal(arn: str) -> str:
-    """The identity behind an ARN: a role's sessions are the role (`account:role/name`), anything else
-    itself. A user who submits with one session and cancels with another is the same owner."""
+    """The role behind an ARN: a role's sessions are the role (`account:role/name`), anything else itself.
+    Used for admins, named by role; owners are compared by their exact ARN, so people sharing a role
+    through their own sessions cannot change each other's jobs."""
     assumed = _ASSUMED_ROLE.fullmatch(arn)
     if assumed:
         return f"{assumed.group(1)}:{assumed.group(2)}:role/{assumed.group(3)}"
@@ -39,7 +40,7 @@ def require_caller(caller: str | None) -> str:
 
 
 def require_owner_or_admin(job: Job, caller: str, admin_arns: Iterable[str]) -> None:
-    if same_principal(job.owner, caller) or is_admin(caller, admin_arns):
+    if job.owner == caller or is_admin(caller, admin_arns):
         return
     raise Forbidden(f"only the owner of job {job.name!r} or an admin may change it")
 
