@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlencode, urlsplit
 
 from sagequeue.config import (
+    API_ID_ENV,
     API_URL_OUTPUT,
     ENDPOINT_ENV,
     STACK_NAME_ENV,
@@ -324,7 +325,8 @@ class QueueClient:
     The endpoint comes from, in order: `endpoint`, `stack_name` (the stack's ApiUrl output), the
     SAGEQUEUE_ENDPOINT and SAGEQUEUE_STACK_NAME variables, and the stack `sagequeue local` saved. Requests
     are signed with `credentials` if given, else the `profile`'s or `boto_session`'s, else the saved local
-    stack's when talking to it, else the default AWS credential chain.
+    stack's when talking to it, else the default AWS credential chain. A private API reached through a
+    VPC endpoint's own DNS name needs `api_id` (or SAGEQUEUE_API_ID). HTTP(S)_PROXY and NO_PROXY apply.
 
     Throttling (429) and gateway errors (502-504) are retried with exponential backoff and jitter,
     `max_attempts` tries in all; connection failures are retried a few times, then raise
@@ -340,6 +342,7 @@ class QueueClient:
         profile: str | None = None,
         boto_session: boto3.Session | None = None,
         credentials: Credentials | tuple[str, str] | tuple[str, str, str | None] | None = None,
+        api_id: str | None = None,
         timeout: float = 30.0,
         max_attempts: int = 5,
         backoff_base: float = 0.2,
@@ -351,6 +354,12 @@ class QueueClient:
         self._profile = profile
         self._boto_session = boto_session
         self._resolved = self._resolve(endpoint, stack_name, region)
+        self.api_id = api_id or os.environ.get(API_ID_ENV) or None
+        if self.api_id is None and _VPCE_HOST.search(urlsplit(self.endpoint).hostname or ""):
+            raise ConfigurationError(
+                f"{self.endpoint} is a VPC endpoint's own name: API Gateway needs the API's id to route "
+                f"the request; pass api_id= (CLI: --api-id) or set {API_ID_ENV}"
+            )
         self._credentials_source = self._pick_credentials(credentials)
         self.timeout = timeout
         self.max_attempts = max_attempts
@@ -466,9 +475,14 @@ class QueueClient:
             import urllib3
 
             # a few connections per host: a session waiting in one thread while the caller works in another
-            self._http = urllib3.PoolManager(
-                num_pools=4, maxsize=8, headers={"User-Agent": _USER_AGENT}, retries=False
-            )
+            options: dict[str, Any] = {
+                "num_pools": 4,
+                "maxsize": 8,
+                "headers": {"User-Agent": _USER_AGENT},
+                "retries": False,
+            }
+            proxy = _proxy_for(self.endpoint)
+            self._http = urllib3.ProxyManager(proxy, **options) if proxy else urllib3.PoolManager(**options)
         return self._http
 
     def _signed_headers(self, method: str, url: str, body: bytes | None) -> dict[str, str]:
@@ -476,6 +490,8 @@ class QueueClient:
         from botocore.awsrequest import AWSRequest
 
         headers = {"Accept": "application/json"}
+        if self.api_id:
+            headers["x-apigw-api-id"] = self.api_id
         if body is not None:
             headers["Content-Type"] = "application/json"
         request = AWSRequest(method=method, url=url, data=body or b"", headers=headers)
@@ -704,6 +720,18 @@ def _reason(exc: BaseException) -> str:
             tail = text.partition(marker)[2]
             return (marker.strip() + " " + tail) if marker.startswith("Failed to resolve") else tail
     return text
+
+
+def _proxy_for(endpoint: str) -> str | None:
+    """The proxy the environment names for this endpoint (HTTPS_PROXY, HTTP_PROXY), unless NO_PROXY
+    exempts its host, as boto3 and curl behave."""
+    from urllib.request import getproxies, proxy_bypass
+
+    parts = urlsplit(endpoint)
+    proxy = getproxies().get(parts.scheme)
+    if not proxy or proxy_bypass(parts.netloc):
+        return None
+    return proxy
 
 
 def _load_local_quietly() -> LocalConnection | None:

@@ -25,6 +25,8 @@ from sagequeue.exceptions import ConfigurationError
 ENDPOINT_ENV = "SAGEQUEUE_ENDPOINT"
 #: Names a deployed stack whose `ApiUrl` output is the endpoint.
 STACK_NAME_ENV = "SAGEQUEUE_STACK_NAME"
+#: The API's id, sent as `x-apigw-api-id` when a private API is called through a VPC endpoint's own DNS name.
+API_ID_ENV = "SAGEQUEUE_API_ID"
 #: Directory of sagequeue's per-user files; default ~/.sagequeue.
 HOME_ENV = "SAGEQUEUE_HOME"
 

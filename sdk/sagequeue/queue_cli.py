@@ -60,18 +60,28 @@ class Target:
     """Where to send requests, from the common options; the client is made on first use."""
 
     def __init__(
-        self, endpoint: str | None, stack_name: str | None, region: str | None, profile: str | None
+        self,
+        endpoint: str | None,
+        stack_name: str | None,
+        region: str | None,
+        profile: str | None,
+        api_id: str | None = None,
     ) -> None:
         self.endpoint = endpoint
         self.stack_name = stack_name
         self.region = region
         self.profile = profile
+        self.api_id = api_id
         self._client: QueueClient | None = None
 
     def client(self) -> QueueClient:
         if self._client is None:
             self._client = QueueClient(
-                self.endpoint, stack_name=self.stack_name, region=self.region, profile=self.profile
+                self.endpoint,
+                stack_name=self.stack_name,
+                region=self.region,
+                profile=self.profile,
+                api_id=self.api_id,
             )
         return self._client
 
@@ -87,10 +97,11 @@ def _queue_command(name: str, *, json_output: bool = True) -> Callable[[F], clic
             stack_name: str | None,
             region: str | None,
             profile: str | None,
+            api_id: str | None,
             as_json: bool = False,
             **kwargs: Any,
         ) -> None:
-            target = Target(endpoint, stack_name, region, profile)
+            target = Target(endpoint, stack_name, region, profile, api_id)
             try:
                 func(target=target, as_json=as_json, **kwargs)
             except SageQueueError as exc:
@@ -103,6 +114,12 @@ def _queue_command(name: str, *, json_output: bool = True) -> Callable[[F], clic
             command = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")(
                 command
             )
+        command = click.option(
+            "--api-id",
+            metavar="ID",
+            envvar="SAGEQUEUE_API_ID",
+            help="API id, for a private API called through a VPC endpoint's own DNS name.",
+        )(command)
         command = click.option(
             "--profile", metavar="NAME", help="AWS profile whose credentials sign requests."
         )(command)

@@ -394,3 +394,47 @@ def test_wait_polls_until_the_job_ends_and_reports_each_change() -> None:
 def test_job_from_api_needs_a_name() -> None:
     with pytest.raises(ServerError):
         Job.from_api({"state": "queued"})
+
+
+def test_the_api_id_is_sent_and_signed_for_a_private_api() -> None:
+    pool = RecordingPool(Answer(200, {"pools": []}))
+    vpce = "https://vpce-0a1b2c3d4e5f6a7b8-abcdefgh.execute-api.eu-west-1.vpce.amazonaws.com/v1"
+    client = QueueClient(vpce, api_id="a1b2c3d4e5", credentials=("AKIDEXAMPLE", "secret"), http=pool)  # type: ignore[arg-type]
+
+    client.pools()
+
+    sent = pool.sent[0]
+    assert sent.headers["x-apigw-api-id"] == "a1b2c3d4e5"
+    signed = sent.headers["Authorization"].split("SignedHeaders=")[1].split(",")[0].split(";")
+    assert "x-apigw-api-id" in signed
+    assert client.region == "eu-west-1"
+
+
+def test_a_vpc_endpoint_name_without_the_api_id_is_a_configuration_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from sagequeue.exceptions import ConfigurationError
+
+    monkeypatch.delenv("SAGEQUEUE_API_ID", raising=False)
+    vpce = "https://vpce-0a1b2c3d4e5f6a7b8-abcdefgh.execute-api.eu-west-1.vpce.amazonaws.com/v1"
+    with pytest.raises(ConfigurationError, match="SAGEQUEUE_API_ID"):
+        QueueClient(vpce, credentials=("AKIDEXAMPLE", "secret"))
+    monkeypatch.setenv("SAGEQUEUE_API_ID", "a1b2c3d4e5")
+    assert QueueClient(vpce, credentials=("AKIDEXAMPLE", "secret")).api_id == "a1b2c3d4e5"
+
+
+def test_the_environments_proxy_is_used_unless_no_proxy_exempts_the_host(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.corp.example:3128")
+
+    proxied = QueueClient(ENDPOINT, credentials=("AKIDEXAMPLE", "secret"))._pool()
+    assert isinstance(proxied, urllib3.ProxyManager)
+    assert proxied.proxy is not None
+    assert proxied.proxy.host == "proxy.corp.example"
+
+    monkeypatch.setenv("NO_PROXY", ".amazonaws.com")
+    direct = QueueClient(ENDPOINT, credentials=("AKIDEXAMPLE", "secret"))._pool()
+    assert not isinstance(direct, urllib3.ProxyManager)

@@ -84,4 +84,4 @@ def test_pools_table_shows_free_instances() -> None:
 )
 def test_every_queue_command_takes_the_endpoint_options(name: str) -> None:
     options = {opt for param in COMMANDS[name].params for opt in getattr(param, "opts", [])}
-    assert {"--endpoint", "--stack-name", "--region", "--profile", "--json"} <= options
+    assert {"--endpoint", "--stack-name", "--region", "--profile", "--api-id", "--json"} <= options
