@@ -444,6 +444,8 @@ class LocalStack:
     def _quiet_functions(self) -> None:
         """Keep the functions' INFO logs and EMF documents (Lambda sends both to CloudWatch Logs) out of
         this process's output; warnings and errors still show."""
+        import sagequeue_core.observability  # noqa: F401 - creates the functions' logger and its handler
+
         self._log_filter = _BelowWarning()
         # On the handlers, not the logger: records of child loggers reach them by propagation.
         for handler in logging.getLogger(_FUNCTION_LOGGER).handlers:
