@@ -3,10 +3,23 @@ authorization by the caller's IAM identity, listing, cancel, hold, priority and 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
-from conftest import ADMIN, ALICE, BOB, ROLE, TRN1, TRN2, QueueWorld, make_world, training_request
+from conftest import (
+    ADMIN,
+    ALICE,
+    BOB,
+    ROLE,
+    TRN1,
+    TRN2,
+    LambdaContext,
+    QueueWorld,
+    make_world,
+    training_request,
+)
 
 
 @pytest.fixture
@@ -174,3 +187,16 @@ def test_an_unknown_job_is_404(world: QueueWorld) -> None:
     assert (status, answer["code"]) == (404, "NotFound")
     assert "nobody" in answer["message"]
     assert ROLE  # the allowed role is the one the requests use
+
+
+def test_a_real_shaped_api_gateway_event_is_served(world: QueueWorld) -> None:
+    event = json.loads(
+        (Path(__file__).resolve().parents[2] / "events" / "apigw-rest-post-jobs.json").read_text()
+    )
+
+    answer = world.api_module.handler(event, LambdaContext())
+
+    assert answer["statusCode"] == 201
+    job = json.loads(answer["body"])
+    assert (job["name"], job["priority"], job["state"]) == ("llama-ft-0412", 50, "queued")
+    assert job["owner"] == "arn:aws:sts::123456789012:assumed-role/ResearchTeam/alice"
