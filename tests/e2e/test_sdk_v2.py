@@ -333,3 +333,45 @@ def test_fit_without_reachable_logs_follows_the_status_only(
     assert "following the job's status only" in printed
     assert "Completed - Completed" in printed
     assert queue.job(est.latest_training_job.name).state == "completed"
+
+
+def test_a_pytorch_estimator_uploads_its_code_and_runs_from_the_queue(
+    stack: Any, queue: QueueClient, monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    from sagemaker.pytorch import PyTorch
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", stack.moto_endpoint)  # the code goes to the stack's S3
+    (tmp_path / "train.py").write_text("print('training on Trainium')\n")
+    session = QueueSession(
+        boto_session=boto3.Session(region_name=stack.region),
+        sagemaker_client=stack.emulator.client(),
+        queue_client=queue,
+        poll_seconds=0.2,
+        logs_client=stack.aws_client("logs"),
+        default_bucket="sagequeue-e2e-code",
+    )
+    est = PyTorch(
+        entry_point="train.py",
+        source_dir=str(tmp_path),
+        image_uri="763104351884.dkr.ecr.us-east-1.amazonaws.com/pytorch-training-neuronx:2.1.2-neuronx-py310-sdk2.20.0-ubuntu20.04",
+        role=stack.training_role_arn,
+        instance_count=1,
+        instance_type=POOL,
+        sagemaker_session=session,
+        tags=[{"Key": "priority", "Value": "300"}],
+        hyperparameters={"epochs": 3},
+        environment={"SAGEQUEUE_SIM_DURATION": "120"},
+        disable_profiler=True,
+    )
+
+    run_while_time_passes(stack, queue, est.fit)
+
+    name = est.latest_training_job.name
+    assert queue.job(name).priority == 300
+    assert queue.job(name).state == "completed"
+    real = stack.sagemaker.describe_training_job(TrainingJobName=name)
+    assert real["HyperParameters"]["epochs"] == "3"
+    assert real["HyperParameters"]["sagemaker_program"] == '"train.py"'
+    code = real["HyperParameters"]["sagemaker_submit_directory"].strip('"')
+    bucket, _, key = code.removeprefix("s3://").partition("/")
+    assert stack.aws_client("s3").head_object(Bucket=bucket, Key=key)["ContentLength"] > 0
