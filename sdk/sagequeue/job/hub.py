@@ -288,7 +288,6 @@ class HubCache:
                     self.api.preupload_lfs_files(
                         self.repo_id,
                         additions=[op for ops in batch_ops.values() for op in ops],
-                        revision=parent,
                         num_threads=self.upload_threads,
                     )
                 except HfHubHTTPError as exc:
