@@ -258,8 +258,8 @@ class Credentials:
     """Static credentials to sign with (the local stack's, or ones the caller passes)."""
 
     access_key: str
-    secret_key: str
-    token: str | None = None
+    secret_key: str = field(repr=False)
+    token: str | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +42,7 @@ class LocalConnection:
     endpoint: str
     region: str
     access_key_id: str
-    secret_access_key: str
+    secret_access_key: str = field(repr=False)
 
     @classmethod
     def from_dict(cls, data: Any, *, source: str = "local connection") -> LocalConnection:

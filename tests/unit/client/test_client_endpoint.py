@@ -138,3 +138,11 @@ def test_an_endpoint_that_is_not_a_url_is_refused(monkeypatch: pytest.MonkeyPatc
 )
 def test_region_from_endpoint(endpoint: str, region: str | None) -> None:
     assert region_from_endpoint(endpoint) == region
+
+
+def test_secrets_stay_out_of_reprs() -> None:
+    from sagequeue.client import Credentials
+
+    assert "sk-local" not in repr(LOCAL)
+    assert "s3cr3t" not in repr(Credentials("AKID", "s3cr3t", "t0ken"))
+    assert "t0ken" not in repr(Credentials("AKID", "s3cr3t", "t0ken"))
