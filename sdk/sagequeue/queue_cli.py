@@ -117,8 +117,7 @@ def _queue_command(name: str, *, json_output: bool = True) -> Callable[[F], clic
         command = click.option(
             "--api-id",
             metavar="ID",
-            envvar="SAGEQUEUE_API_ID",
-            help="API id, for a private API called through a VPC endpoint's own DNS name.",
+            help="API id, for a private API called through a VPC endpoint's own DNS name (SAGEQUEUE_API_ID).",
         )(command)
         command = click.option(
             "--profile", metavar="NAME", help="AWS profile whose credentials sign requests."
@@ -129,13 +128,11 @@ def _queue_command(name: str, *, json_output: bool = True) -> Callable[[F], clic
         command = click.option(
             "--stack-name",
             metavar="STACK",
-            envvar="SAGEQUEUE_STACK_NAME",
-            help="Deployed sagequeue stack whose ApiUrl output is the endpoint.",
+            help="Deployed sagequeue stack whose ApiUrl output is the endpoint (default: SAGEQUEUE_STACK_NAME).",
         )(command)
         command = click.option(
             "--endpoint",
             metavar="URL",
-            envvar="SAGEQUEUE_ENDPOINT",
             help="API base URL (default: SAGEQUEUE_ENDPOINT, then the saved local stack).",
         )(command)
         return click.command(name)(command)

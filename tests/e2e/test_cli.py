@@ -301,3 +301,9 @@ def test_a_wrong_secret_is_refused_by_the_gateway(stack: Any, tmp_path: Path) ->
     assert run.err.startswith("error: ")
     assert "signature" in run.err.lower()
     no_traceback(run)
+
+
+def test_the_endpoint_variable_is_named_as_the_source(stack: Any, user_home: Path) -> None:
+    run = sagequeue("whoami", "--json", home=user_home, env={"SAGEQUEUE_ENDPOINT": stack.endpoint})
+    assert run.code == 0, run.err
+    assert run.json["endpoint_from"] == "SAGEQUEUE_ENDPOINT"
