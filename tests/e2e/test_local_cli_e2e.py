@@ -128,6 +128,7 @@ def test_the_cli_says_when_no_stack_runs(tmp_path: Path) -> None:
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 def test_the_demo_passes() -> None:
     result = CliRunner().invoke(demo, [])
     assert result.exit_code == 0, result.output
@@ -138,6 +139,7 @@ def test_the_demo_passes() -> None:
     assert "Demo passed" in result.output
 
 
+@pytest.mark.slow
 def test_the_demo_fails_loudly_when_the_scheduler_misbehaves() -> None:
     # GIVEN a stack that holds one instance where the scenario needs two
     settings = {**SETTINGS, "capacity": {POOL: 1}}

@@ -81,6 +81,7 @@ def advance_until(
         assert len(live) <= capacity, f"{len(live)} live jobs on {capacity} instances: {live}"
 
 
+@pytest.mark.slow
 def test_the_article_scenario_step_by_step(stack: LocalStack) -> None:
     queue = stack.client()
     # GIVEN capacity 2: job1 (priority 1), job2 (2), job3 (1) are submitted
