@@ -122,6 +122,12 @@ class UtilizationPublisher:
             sample = sum(values) / len(values) if values else 0.0
             with self._lock:
                 self._samples.append(sample)
+        if not self._stop.is_set():
+            # the idle alarm will see missing data, not an idle host: say why
+            log.warning(
+                "neuron-monitor exited (status %s): no NeuronCore utilization from now on",
+                self._monitor.wait(),
+            )
 
     def _publish_loop(self) -> None:
         while not self._stop.wait(self.period):
