@@ -366,3 +366,23 @@ def test_each_change_of_a_waiting_jobs_place_is_reported_once(sagemaker: Any, qu
     assert len(lines) == 2
     assert "position 2" in lines[0]
     assert "position 1" in lines[1]
+
+
+def test_arns_follow_the_submitters_partition_and_account() -> None:
+    from sagequeue.hook import training_job_arn
+
+    assert (
+        training_job_arn("Bert-1", "arn:aws-cn:iam::210987654321:user/li", "cn-north-1")
+        == "arn:aws-cn:sagemaker:cn-north-1:210987654321:training-job/bert-1"
+    )
+    assert (
+        training_job_arn("x", "not-an-arn", None) == "arn:aws:sagemaker:us-east-1:000000000000:training-job/x"
+    )
+
+
+def test_a_held_job_says_how_to_release_it(sagemaker: Any, queue: MemoryQueue) -> None:
+    sagequeue.install(sagemaker, client=queue)  # type: ignore[arg-type]
+    queue.put("bert-1", state="held", position=None)
+    description = sagemaker.describe_training_job(TrainingJobName="bert-1")
+    assert description["SecondaryStatus"] == "Pending"
+    assert "sagequeue release bert-1" in description["SecondaryStatusTransitions"][0]["StatusMessage"]
