@@ -9,7 +9,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import click
 
@@ -56,7 +56,7 @@ def _write_private(path: Path, text: str) -> None:
     path.chmod(0o600)
 
 
-def _fail(message: str) -> None:
+def _fail(message: str) -> NoReturn:
     click.echo(f"error: {message}", err=True)
     sys.exit(1)
 
@@ -127,14 +127,17 @@ def local(
     from sagequeue.local.stack import LocalStack, LocalStackError
 
     settings = _settings(capacity, allowed_roles, admins, extra)
-    stack = LocalStack(
-        settings=settings,
-        clock="real",
-        speed=speed,
-        port=port,
-        template=template,
-        function_logs=function_logs,
-    )
+    try:
+        stack = LocalStack(
+            settings=settings,
+            clock="real",
+            speed=speed,
+            port=port,
+            template=template,
+            function_logs=function_logs,
+        )
+    except (LocalStackError, ValueError) as exc:
+        _fail(str(exc))
     stopping = threading.Event()
 
     def on_signal(signum: int, frame: Any) -> None:
@@ -232,15 +235,15 @@ def demo(speed: float | None, function_logs: bool) -> None:
     # On a real clock the queue's own latency (about a second of wall time per step) must stay small beside
     # the jobs' durations, so faster clocks get longer jobs.
     scale = 1.0 if speed is None else max(1.0, speed / 10)
-    stack = LocalStack(
-        settings=settings(scale),
-        clock=clock,
-        speed=speed or 1.0,
-        emulator=timings(scale),
-        function_logs=function_logs,
-        raise_function_errors=True,
-    )
     try:
+        stack = LocalStack(
+            settings=settings(scale),
+            clock=clock,
+            speed=speed or 1.0,
+            emulator=timings(scale),
+            function_logs=function_logs,
+            raise_function_errors=True,
+        )
         stack.start()
     except (LocalStackError, ValueError, OSError) as exc:
         _fail(f"the local stack did not start: {exc}")
