@@ -122,12 +122,17 @@ def _put_rule(events: Any, rule: Any, out: Provisioned, stack_name: str, sqs: An
         else:
             continue
         entry: dict[str, Any] = {"Id": target.target_id[:64], "Arn": arn}
+        # moto applies only InputTransformer to what it delivers, so a constant Input or an InputPath is
+        # given to it as the transformer that means the same.
         if target.input_transformer:
             entry["InputTransformer"] = target.input_transformer
         elif target.input is not None:
-            entry["Input"] = target.input
+            entry["InputTransformer"] = {"InputTemplate": target.input}
         elif target.input_path is not None:
-            entry["InputPath"] = target.input_path
+            entry["InputTransformer"] = {
+                "InputPathsMap": {"value": target.input_path},
+                "InputTemplate": "<value>",
+            }
         targets.append(entry)
     if targets:
         events.put_targets(Rule=rule.name, EventBusName=rule.bus, Targets=targets)

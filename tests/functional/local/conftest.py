@@ -181,6 +181,16 @@ Resources:
           TrainingJobStatus: [Completed]
       Targets:
         - {Arn: !GetAtt Serial.Arn, Id: serial}
+  Pongs:
+    Type: AWS::Events::Rule
+    Properties:
+      EventBusName: !Ref Bus
+      EventPattern:
+        source: [test]
+        detail-type: [Pong]
+      Targets:
+        - {Arn: !GetAtt Parallel.Arn, Id: pong-detail, InputPath: $.detail}
+        - {Arn: !GetAtt Serial.Arn, Id: pong-constant, Input: '{"constant": true}'}
   Nightly:
     Type: AWS::Events::Rule
     Properties:

@@ -89,7 +89,7 @@ def test_a_matching_event_reaches_its_function_and_others_do_not(
     aws("events").put_events(
         Entries=[
             {"Source": "test", "DetailType": "Ping", "Detail": json.dumps({"n": 1}), "EventBusName": bus},
-            {"Source": "test", "DetailType": "Pong", "Detail": json.dumps({"n": 2}), "EventBusName": bus},
+            {"Source": "test", "DetailType": "Pang", "Detail": json.dumps({"n": 2}), "EventBusName": bus},
             {"Source": "other", "DetailType": "Ping", "Detail": json.dumps({"n": 3}), "EventBusName": bus},
         ]
     )
@@ -99,6 +99,20 @@ def test_a_matching_event_reaches_its_function_and_others_do_not(
     assert event["detail-type"] == "Ping"
     assert event["account"] == wired.router.account_id
     assert wired.events("Serial") == []
+
+
+def test_targets_input_and_input_path_shape_what_is_delivered(
+    wired: Wired, aws: Callable[[str], Any]
+) -> None:
+    bus = f"{wired.stack_name}-bus"
+    aws("events").put_events(
+        Entries=[
+            {"Source": "test", "DetailType": "Pong", "Detail": json.dumps({"n": 7}), "EventBusName": bus}
+        ]
+    )
+    wired.router.drain()
+    assert wired.events("Parallel") == [{"n": 7}]  # InputPath: $.detail
+    assert wired.events("Serial") == [{"constant": True}]  # a constant Input replaces the event
 
 
 def test_content_filters_in_patterns_are_moto_s(wired: Wired, aws: Callable[[str], Any]) -> None:
