@@ -32,16 +32,6 @@ from sagequeue.local.template import FunctionSpec
 logger = logging.getLogger("sagequeue.local.router")
 
 
-class FunctionError(RuntimeError):
-    """A function raised while handling an event; carries the function and the event."""
-
-    def __init__(self, function: str, event: Any, error: BaseException) -> None:
-        super().__init__(f"function {function} failed: {type(error).__name__}: {error}")
-        self.function = function
-        self.event = event
-        self.error = error
-
-
 class RunawayEvents(RuntimeError):
     """Events kept coming after the stack's drain limit: functions are probably triggering each other."""
 
@@ -385,17 +375,12 @@ class EventRouter:
 
     # --- delivery ---------------------------------------------------------------------------------------------
 
-    def drain(self, before_round: Callable[[], object] | None = None) -> int:
-        """Deliver until every queue is empty; returns the number of events delivered.
-
-        `before_round` runs at the start of each round (the stack uses it to let a real-clock emulator
-        catch up). One caller at a time: a second waits, so the functions see the events in order.
-        """
+    def drain(self) -> int:
+        """Deliver until every queue is empty; returns the number of events delivered. One caller at a
+        time: a second waits, so the functions see the events in order."""
         total = 0
         with self._drain_lock:
             for _ in range(self.max_rounds):
-                if before_round is not None:
-                    before_round()
                 delivered = self._round()
                 total += delivered
                 if delivered == 0:
@@ -437,7 +422,7 @@ class EventRouter:
         except json.JSONDecodeError:
             return body
         if isinstance(payload, dict) and payload.get("Type") == "Notification" and "TopicArn" in payload:
-            return _sns_event(payload, self.region)
+            return _sns_event(payload)
         if isinstance(payload, dict) and "detail-type" in payload:
             # moto's rule delivery drops `account`; EventBridge always sets it.
             payload.setdefault("account", self.account_id)
@@ -520,7 +505,7 @@ class EventRouter:
         return len(messages)
 
 
-def _sns_event(notification: dict[str, Any], region: str) -> dict[str, Any]:
+def _sns_event(notification: dict[str, Any]) -> dict[str, Any]:
     """The Lambda event SNS delivers for one notification."""
     topic = str(notification.get("TopicArn", ""))
     return {
