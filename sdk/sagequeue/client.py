@@ -328,9 +328,9 @@ class QueueClient:
     stack's when talking to it, else the default AWS credential chain. A private API reached through a
     VPC endpoint's own DNS name needs `api_id` (or SAGEQUEUE_API_ID). HTTP(S)_PROXY and NO_PROXY apply.
 
-    Throttling (429) and gateway errors (502-504) are retried with exponential backoff and jitter,
-    `max_attempts` tries in all; connection failures are retried a few times, then raise
-    EndpointUnreachable.
+    Throttling (429) is retried with exponential backoff and jitter, `max_attempts` tries in all, and so
+    are gateway errors (502-504) of requests that are harmless to repeat (not a submit, which may have
+    gone through); connection failures are retried a few times, then raise EndpointUnreachable.
     """
 
     def __init__(
@@ -551,7 +551,10 @@ class QueueClient:
                 self._sleep(self._backoff(attempt, None))
                 continue
             status = response.status
-            if status in _RETRYABLE_STATUS and attempt + 1 < self.max_attempts:
+            # 429 means refused before any work; a gateway error on a submit may hide one that went through,
+            # so only requests that are harmless to repeat are repeated for those
+            retryable = status == 429 or (status in _RETRYABLE_STATUS and method in _IDEMPOTENT_METHODS)
+            if retryable and attempt + 1 < self.max_attempts:
                 self._sleep(self._backoff(attempt, response.headers.get("Retry-After")))
                 continue
             return self._decode(status, response.data, method, path)

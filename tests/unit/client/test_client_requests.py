@@ -438,3 +438,12 @@ def test_the_environments_proxy_is_used_unless_no_proxy_exempts_the_host(
     monkeypatch.setenv("NO_PROXY", ".amazonaws.com")
     direct = QueueClient(ENDPOINT, credentials=("AKIDEXAMPLE", "secret"))._pool()
     assert not isinstance(direct, urllib3.ProxyManager)
+
+
+def test_a_gateway_error_on_submit_is_not_repeated() -> None:
+    pool = RecordingPool(Answer(504, {"message": "Endpoint request timed out"}), Answer(201, job_body()))
+    client, sleeps = make_client(pool)
+    with pytest.raises(ServerError, match="Endpoint request timed out"):
+        client.submit({"TrainingJobName": "bert-1"})
+    assert len(pool.sent) == 1
+    assert sleeps == []
