@@ -110,6 +110,8 @@ def _put_rule(events: Any, rule: Any, out: Provisioned, stack_name: str, sqs: An
     if rule.schedule is not None:
         arguments["ScheduleExpression"] = rule.schedule
     events.put_rule(**arguments)
+    if not rule.enabled:
+        return  # a disabled rule delivers nothing: without targets, neither moto nor the clock can
     targets = []
     for target in rule.targets:
         if target.function is not None:

@@ -152,6 +152,11 @@ Resources:
           Type: Schedule
           Properties:
             Schedule: rate(5 minutes)
+        Paused:
+          Type: Schedule
+          Properties:
+            Schedule: rate(1 minute)
+            Enabled: false
         Alerts:
           Type: SNS
           Properties:

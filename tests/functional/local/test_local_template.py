@@ -106,6 +106,8 @@ def test_every_event_source_is_read(mini_template: Path) -> None:
     assert rules["RecorderCustom"].bus == "unit-stack-bus"
     assert rules["RecorderCustom"].pattern == {"source": ["test"], "detail-type": ["Ping"]}
     assert rules["RecorderTick"].schedule == "rate(5 minutes)"
+    assert rules["RecorderTick"].enabled
+    assert not rules["RecorderPaused"].enabled
     assert rules["CompletedJobs"].bus == "default"
     assert rules["CompletedJobs"].targets[0].function == "Serial"
     assert rules["Nightly"].schedule == "cron(30 2 * * ? *)"
