@@ -21,7 +21,7 @@ import re
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, urlencode, urlsplit
 
@@ -367,6 +367,8 @@ class QueueClient:
         self.backoff_cap = backoff_cap
         self._http = http
         self._sleep: Callable[[float], None] = time.sleep
+        #: The server's clock at its last answer (its Date header), so durations shown are on its time.
+        self.server_time: datetime | None = None
 
     # -- configuration ------------------------------------------------------------------------------------
 
@@ -557,8 +559,20 @@ class QueueClient:
             if retryable and attempt + 1 < self.max_attempts:
                 self._sleep(self._backoff(attempt, response.headers.get("Retry-After")))
                 continue
+            self._note_server_time(response.headers.get("Date"))
             return self._decode(status, response.data, method, path)
         raise AssertionError("unreachable: the loop returns or raises")  # pragma: no cover
+
+    def _note_server_time(self, header: str | None) -> None:
+        if not header:
+            return
+        from email.utils import parsedate_to_datetime
+
+        try:
+            when = parsedate_to_datetime(header)
+        except (TypeError, ValueError):
+            return
+        self.server_time = when if when.tzinfo else when.replace(tzinfo=UTC)
 
     def _decode(self, status: int, data: bytes, method: str, path: str) -> Any:
         text = data.decode("utf-8", errors="replace") if data else ""

@@ -370,7 +370,7 @@ def ls(
     try:
         while True:
             jobs = _list(client, wanted, pool, owner, limit)
-            now = datetime.now(UTC)
+            now = client.server_time or datetime.now(UTC)
             if as_json:
                 document = {"jobs": [j.to_dict() for j in jobs]}
                 click.echo(
@@ -397,11 +397,12 @@ def ls(
 @click.argument("name")
 def show(target: Target, as_json: bool, name: str) -> None:
     """A job in detail: state, position, attempts, history and reason."""
-    job = target.client().job(name)
+    client = target.client()
+    job = client.job(name)
     if as_json:
         _print_json(job.to_dict())
         return
-    now = datetime.now(UTC)
+    now = client.server_time or datetime.now(UTC)
     fields: list[tuple[str, Any]] = [
         ("name", job.name),
         ("state", job.state),

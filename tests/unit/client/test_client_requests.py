@@ -447,3 +447,16 @@ def test_a_gateway_error_on_submit_is_not_repeated() -> None:
         client.submit({"TrainingJobName": "bert-1"})
     assert len(pool.sent) == 1
     assert sleeps == []
+
+
+def test_the_servers_clock_is_kept_from_its_date_header() -> None:
+    pool = RecordingPool(
+        Answer(200, {"pools": []}, {"Date": "Mon, 05 Jan 2026 09:30:00 GMT"}),
+        Answer(200, {"pools": []}, {"Date": "not a date"}),
+    )
+    client, _ = make_client(pool)
+    assert client.server_time is None
+    client.pools()
+    assert client.server_time == datetime(2026, 1, 5, 9, 30, tzinfo=UTC)
+    client.pools()
+    assert client.server_time == datetime(2026, 1, 5, 9, 30, tzinfo=UTC)
