@@ -251,6 +251,17 @@ def pools_table(pools: Sequence[Pool]) -> str:
     return _table(("POOL", "CAPACITY", "USED", "FREE", "QUEUED", "WARM"), rows)
 
 
+def _progress_line(job: Job) -> str:
+    parts = [f"{job.name}: {job.state}"]
+    if job.waiting and job.position:
+        parts.append(f"position {job.position} in {job.pool}")
+    if job.training_job_name and not job.waiting:
+        parts.append(f"attempt {job.attempt} as {job.training_job_name}")
+    if job.reason and job.terminal:
+        parts.append(job.reason)
+    return ", ".join(parts)
+
+
 def _job_line(verb: str, job: Job) -> str:
     extra = f", position {job.position}" if job.position else ""
     return f"{verb} {job.name}: {job.state}, priority {job.priority}, pool {job.pool}{extra}"
@@ -290,19 +301,58 @@ def _read_request(source: str, as_json: bool) -> dict[str, Any]:
 @click.argument("file", metavar="FILE|-")
 @click.option("--priority", type=int, help="Priority of the job (default: its 'priority' tag, else 0).")
 @click.option("--name", "job_name", metavar="NAME", help="Use this TrainingJobName instead of the file's.")
-def submit(target: Target, as_json: bool, file: str, priority: int | None, job_name: str | None) -> None:
-    """Queue the CreateTrainingJob request in FILE (JSON; - reads standard input)."""
+@click.option("--wait", is_flag=True, help="Follow the job until it ends; exit 1 unless it completes.")
+@click.option(
+    "--poll", type=click.FloatRange(min=0.1), default=10.0, show_default=True, help="Seconds between checks."
+)
+def submit(
+    target: Target,
+    as_json: bool,
+    file: str,
+    priority: int | None,
+    job_name: str | None,
+    wait: bool,
+    poll: float,
+) -> None:
+    """Queue the CreateTrainingJob request in FILE (JSON; - reads standard input).
+
+    With --wait, print each change of the job's state or place until it ends (a JSON document per change
+    with --json).
+    """
     request = _read_request(file, as_json)
     if job_name:
         request["TrainingJobName"] = job_name
     if priority is None and "priority" in request:
         # a request saved from the API's body form keeps its priority
         priority = request.pop("priority")
-    job = target.client().submit(request, priority=priority)
-    if as_json:
-        _print_json(job.to_dict())
-    else:
-        click.echo(_job_line("queued", job))
+    client = target.client()
+    job = client.submit(request, priority=priority)
+    if not wait:
+        if as_json:
+            _print_json(job.to_dict())
+        else:
+            click.echo(_job_line("queued", job))
+        return
+
+    def report(change: Job) -> None:
+        if as_json:
+            click.echo(json.dumps(change.to_dict(), default=str))
+        else:
+            click.echo(_progress_line(change))
+
+    try:
+        final = client.wait(job.name, poll=poll, on_change=report)
+    except KeyboardInterrupt:
+        # the job stays queued: only the wait ends
+        click.echo(f"stopped waiting; {job.name} is still in the queue", err=True)
+        sys.exit(EXIT_REFUSED)
+    if final.state != "completed":
+        _emit_error(
+            "JobNotCompleted",
+            f"job {final.name} ended {final.state}: {final.reason or 'no reason given'}",
+            as_json,
+        )
+        sys.exit(EXIT_REFUSED)
 
 
 def _list(

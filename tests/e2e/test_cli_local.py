@@ -113,6 +113,30 @@ def test_a_job_submitted_from_the_cli_runs_on_the_local_stack(local_stack: tuple
     table = sagequeue(home, "ls")
     assert [name, "completed", "50", "1", POOL] == table.stdout.splitlines()[1].split()[:5]
 
+    # --wait follows a job to its end and says how it went in the exit code
+    followed = f"{name}-again"
+    waited = sagequeue(
+        home, "submit", "-", "--name", followed, "--wait", "--poll", "0.2", stdin=json.dumps(request)
+    )
+    assert waited.returncode == 0, waited.stderr
+    lines = waited.stdout.splitlines()
+    assert lines[0].startswith(f"{followed}: queued")
+    assert any(line.startswith(f"{followed}: running, attempt 1 as {followed}") for line in lines)
+    assert lines[-1].startswith(f"{followed}: completed")
+    failing = {
+        **request,
+        "Environment": {
+            "SAGEQUEUE_SIM_DURATION": "30",
+            "SAGEQUEUE_SIM_OUTCOME": "Failed:AlgorithmError: boom",
+        },
+    }
+    failed = sagequeue(
+        home, "submit", "-", "--name", f"{name}-fails", "--wait", "--poll", "0.2", stdin=json.dumps(failing)
+    )
+    assert failed.returncode == 1
+    assert failed.stderr.startswith(f"error: job {name}-fails ended failed")
+    assert "boom" in failed.stderr
+
     server.send_signal(signal.SIGINT)
     assert server.wait(timeout=30) == 0
     assert not (home / "local.json").exists()
