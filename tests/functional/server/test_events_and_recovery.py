@@ -206,3 +206,24 @@ def test_a_refused_create_leaves_the_job_queued_and_it_starts_later(world: Queue
 
     assert world.state("patient") == "starting"
     assert world.job("patient")["attempt"] == 1
+
+
+def test_a_preemption_whose_stop_failed_is_stopped_by_the_timer(world: QueueWorld) -> None:
+    # GIVEN the stop that preempts job1 fails on SageMaker's side
+    world.submit("job1", priority=1, duration=1200)
+    world.submit("job2", priority=1, duration=1200)
+    world.run(300)
+    world.emulator.fail_next("StopTrainingJob", "InternalFailure")
+    world.submit("job3", priority=5, duration=300)
+    assert world.state("job1") == "preempting"
+    sagemaker = world.sagemaker()
+    assert sagemaker.describe_training_job(TrainingJobName="job1")["TrainingJobStatus"] == "InProgress"
+
+    # WHEN the timer reconciles
+    report = world.timer()
+
+    # THEN the stop is repeated, and the preemption completes
+    assert "job1: stop repeated" in report["applied"]
+    world.run(60)
+    assert world.state("job1") == "queued"
+    assert world.state("job3") in ("starting", "running")
