@@ -199,6 +199,19 @@ class EventBridgePublisher:
             )
 
 
+def announce(publisher: Publisher, event_type: EventType, detail: Mapping[str, Any]) -> bool:
+    """Publish without failing the caller: the change is already stored and the event only tells others
+    about it; a lost JobQueued or JobChanged trigger is caught up by the scheduler's one-minute timer."""
+    try:
+        publisher.publish(event_type, detail)
+    except PublishError as exc:
+        from sagequeue_core.observability import logger
+
+        logger.warning("event not published", extra={"event": event_type.value, "error": str(exc)})
+        return False
+    return True
+
+
 class RecordingPublisher:
     """Keeps events in memory: for the embedded stack's inspection and for unit tests."""
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import (
@@ -200,3 +201,25 @@ def test_a_real_shaped_api_gateway_event_is_served(world: QueueWorld) -> None:
     job = json.loads(answer["body"])
     assert (job["name"], job["priority"], job["state"]) == ("llama-ft-0412", 50, "queued")
     assert job["owner"] == "arn:aws:sts::123456789012:assumed-role/ResearchTeam/alice"
+
+
+def test_a_submission_survives_eventbridge_refusing_its_trigger(world: QueueWorld) -> None:
+    # GIVEN EventBridge refuses every PutEvents call
+    from botocore.exceptions import ClientError
+
+    events = world.deps.publisher.client.meta.events
+
+    def refuse(**_: Any) -> None:
+        raise ClientError({"Error": {"Code": "InternalFailure", "Message": "unavailable"}}, "PutEvents")
+
+    events.register("before-call.events.PutEvents", refuse)
+    try:
+        status, job = world.api("POST", "/jobs", training_request("unannounced", duration=60))
+    finally:
+        events.unregister("before-call.events.PutEvents", refuse)
+
+    # THEN the job is queued all the same (the client must not retry into a 409), and the timer starts it
+    assert (status, job["state"]) == (201, "queued")
+    assert world.state("unannounced") == "queued"
+    world.timer()
+    assert world.state("unannounced") == "starting"

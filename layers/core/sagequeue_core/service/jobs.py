@@ -17,7 +17,7 @@ from sagequeue_core.domain import (
     parse_priority,
 )
 from sagequeue_core.errors import RequestInvalid, SageMakerError
-from sagequeue_core.events import EventType
+from sagequeue_core.events import EventType, announce
 from sagequeue_core.observability import logger
 from sagequeue_core.runtime import Dependencies
 from sagequeue_core.service.access import require_admin, require_caller, require_owner_or_admin
@@ -114,9 +114,9 @@ def cancel(deps: Dependencies, name: str, caller: str | None) -> Job:
         except SageMakerError:
             # The job is recorded as stopping; the scheduler's reconcile repeats the stop.
             logger.exception("stop failed; the reconcile timer will retry", extra={"job": name})
-    deps.publisher.publish(EventType.JOB_CHANGED, {"name": name, "change": "cancelled"})
+    announce(deps.publisher, EventType.JOB_CHANGED, {"name": name, "change": "cancelled"})
     if job.state.is_terminal:
-        deps.publisher.publish(EventType.JOB_FINISHED, {"name": name, "state": job.state.value})
+        announce(deps.publisher, EventType.JOB_FINISHED, {"name": name, "state": job.state.value})
     return job
 
 
@@ -150,7 +150,8 @@ def change(
     elif held is False and job.state is JobState.HELD:
         job.transition(JobState.QUEUED, now, reason=f"released by {me}")
     deps.store.save_job(job, was=was)
-    deps.publisher.publish(
+    announce(
+        deps.publisher,
         EventType.JOB_CHANGED,
         {"name": name, "change": "changed", "priority": job.priority, "state": job.state},
     )
@@ -193,8 +194,10 @@ def set_pool(deps: Dependencies, instance_type: str, capacity: Any, caller: str 
         raise RequestInvalid(str(exc)) from None
     deps.ensure_pools()
     deps.store.set_capacity(pool)
-    deps.publisher.publish(
-        EventType.JOB_CHANGED, {"pool": instance_type, "change": "capacity", "capacity": capacity}
+    announce(
+        deps.publisher,
+        EventType.JOB_CHANGED,
+        {"pool": instance_type, "change": "capacity", "capacity": capacity},
     )
     logger.info("pool capacity set", extra={"pool": instance_type, "capacity": capacity, "by": me})
     return next(view for view in pools(deps) if view.instance_type == instance_type)

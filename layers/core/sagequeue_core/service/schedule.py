@@ -40,6 +40,7 @@ from sagequeue_core.events import (
     EventType,
     MalformedEvent,
     TrainingJobChange,
+    announce,
     is_training_job_event,
     parse_description,
     parse_training_job_event,
@@ -241,7 +242,8 @@ def _announce_end(deps: Dependencies, job: Job, target: JobState) -> None:
         return
     if target.is_terminal:
         count(FINISHED)
-        deps.publisher.publish(
+        announce(
+            deps.publisher,
             EventType.JOB_FINISHED,
             {
                 "name": job.name,
@@ -551,14 +553,14 @@ def _record_start(
     detail = {"name": job.name, "attempt": job.attempt, "training_job_name": training_job_name}
     if job.attempt == 1:
         count(STARTS)
-        deps.publisher.publish(EventType.JOB_STARTED, detail)
+        announce(deps.publisher, EventType.JOB_STARTED, detail)
     else:
         count(RESUMES)
-        deps.publisher.publish(EventType.JOB_RESUMED, {**detail, "preemptions": job.preemptions})
+        announce(deps.publisher, EventType.JOB_RESUMED, {**detail, "preemptions": job.preemptions})
     if warm_pool:
         deps.store.forget_warm_pool(warm_pool)
         count(WARM_POOL_REUSES)
-        deps.publisher.publish(EventType.WARM_POOL_REUSED, {**detail, "warm_pool_of": warm_pool})
+        announce(deps.publisher, EventType.WARM_POOL_REUSED, {**detail, "warm_pool_of": warm_pool})
     return "started"
 
 
@@ -594,7 +596,8 @@ def _preempt(deps: Dependencies, action: Preempt, report: PassReport) -> None:
         logger.warning("stop failed", extra={"job": action.job_name, "error": str(exc)})
     report.preempted.append(action.training_job_name)
     count(PREEMPTIONS)
-    deps.publisher.publish(
+    announce(
+        deps.publisher,
         EventType.JOB_PREEMPTED,
         {"name": action.job_name, "training_job_name": action.training_job_name, "for_job": action.for_job},
     )

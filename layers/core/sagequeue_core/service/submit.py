@@ -17,7 +17,7 @@ from sagequeue_core.domain import (
     validate_job_name,
 )
 from sagequeue_core.errors import Forbidden, RequestInvalid
-from sagequeue_core.events import EventType
+from sagequeue_core.events import EventType, announce
 from sagequeue_core.governance import check_policy
 from sagequeue_core.observability import SUBMISSIONS, count, logger
 from sagequeue_core.runtime import Dependencies
@@ -110,7 +110,8 @@ def submit(deps: Dependencies, body: Any, caller: str | None, body_bytes: int | 
     deps.store.create_job(job)
     logger.info("job queued", extra={"job": job.name, "pool": job.pool, "priority": job.priority})
     count(SUBMISSIONS)
-    deps.publisher.publish(
+    announce(
+        deps.publisher,
         EventType.JOB_QUEUED,
         {"name": job.name, "pool": job.pool, "priority": job.priority, "owner": job.owner},
     )
