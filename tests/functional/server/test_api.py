@@ -223,3 +223,28 @@ def test_a_submission_survives_eventbridge_refusing_its_trigger(world: QueueWorl
     assert world.state("unannounced") == "queued"
     world.timer()
     assert world.state("unannounced") == "starting"
+
+
+def test_a_cancel_racing_the_schedulers_write_is_applied_not_refused(world: QueueWorld) -> None:
+    world.submit("racing", duration=3600)
+    world.run(300)
+    store = world.deps.store
+    raced: list[str] = []
+
+    def scheduler_writes_first(**_: Any) -> None:
+        if raced:
+            return
+        raced.append("once")
+        # the scheduler records something about the job between the API's read and its write
+        job = store.get_job("racing")
+        job.reason = "Training"
+        store.save_job(job, was=job.state)
+
+    store.client.meta.events.register("before-call.dynamodb.PutItem", scheduler_writes_first)
+    try:
+        status, job = world.api("DELETE", "/jobs/racing")
+    finally:
+        store.client.meta.events.unregister("before-call.dynamodb.PutItem", scheduler_writes_first)
+
+    assert raced == ["once"]
+    assert (status, job["state"]) == (200, "stopping")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,7 +17,7 @@ from sagequeue_core.domain import (
     attempt_name,
     parse_priority,
 )
-from sagequeue_core.errors import RequestInvalid, SageMakerError
+from sagequeue_core.errors import RequestInvalid, SageMakerError, StaleVersion
 from sagequeue_core.events import EventType, announce
 from sagequeue_core.observability import logger
 from sagequeue_core.runtime import Dependencies
@@ -91,23 +92,47 @@ def list_jobs(
         raise RequestInvalid(str(exc)) from None
 
 
+#: How often a user's change is re-applied when the scheduler wrote the job in between.
+CHANGE_ATTEMPTS = 3
+
+
+def _apply(deps: Dependencies, name: str, step: Callable[[Job], bool]) -> Job:
+    """Read the job, let `step` change it (False: nothing to write), write it; read and apply again if the
+    scheduler wrote the job in between, so a user is not told 409 for the queue's own bookkeeping."""
+    for attempt in range(CHANGE_ATTEMPTS):
+        job = deps.store.get_job(name)
+        was = job.state
+        if not step(job):
+            return job
+        try:
+            deps.store.save_job(job, was=was)
+        except StaleVersion:
+            if attempt == CHANGE_ATTEMPTS - 1:
+                raise
+            continue
+        return job
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
 def cancel(deps: Dependencies, name: str, caller: str | None) -> Job:
     """Dequeue a waiting job, or stop its running attempt (the job is `stopping` until SageMaker stops it)."""
     me = require_caller(caller)
-    job = deps.store.get_job(name)
-    require_owner_or_admin(job, me, deps.settings.admin_role_arns)
-    if job.state is JobState.STOPPING and job.stop_reason is StopReason.CANCELLED:
-        return job
-    if job.state.is_terminal:
-        raise InvalidTransition(f"job {name!r} is already {job.state.value}")
-    was = job.state
-    now = deps.now()
-    if was in (JobState.QUEUED, JobState.HELD):
-        job.transition(JobState.CANCELLED, now, reason=f"cancelled by {me}")
-    else:
-        job.stop_reason = StopReason.CANCELLED
-        job.transition(JobState.STOPPING, now, reason=f"cancelled by {me}")
-    deps.store.save_job(job, was=was)
+
+    def step(job: Job) -> bool:
+        require_owner_or_admin(job, me, deps.settings.admin_role_arns)
+        if job.state is JobState.STOPPING and job.stop_reason is StopReason.CANCELLED:
+            return False
+        if job.state.is_terminal:
+            raise InvalidTransition(f"job {name!r} is already {job.state.value}")
+        now = deps.now()
+        if job.state in (JobState.QUEUED, JobState.HELD):
+            job.transition(JobState.CANCELLED, now, reason=f"cancelled by {me}")
+        else:
+            job.stop_reason = StopReason.CANCELLED
+            job.transition(JobState.STOPPING, now, reason=f"cancelled by {me}")
+        return True
+
+    job = _apply(deps, name, step)
     if job.state is JobState.STOPPING and job.training_job_name:
         try:
             deps.sagemaker.stop(job.training_job_name)
@@ -132,24 +157,27 @@ def change(
     me = require_caller(caller)
     if priority is None and held is None:
         raise RequestInvalid("nothing to change: give priority and/or held")
-    job = deps.store.get_job(name)
-    require_owner_or_admin(job, me, deps.settings.admin_role_arns)
-    was = job.state
-    now = deps.now()
-    if job.state.is_terminal:
-        raise InvalidTransition(f"job {name!r} is already {job.state.value}")
-    if priority is not None:
-        try:
-            job.priority = parse_priority(priority)
-        except DomainError as exc:
-            raise RequestInvalid(str(exc)) from None
-    if held is True and job.state is not JobState.HELD:
-        if job.state is not JobState.QUEUED:
-            raise InvalidTransition(f"only a queued job can be held; {name!r} is {job.state.value}")
-        job.transition(JobState.HELD, now, reason=f"held by {me}")
-    elif held is False and job.state is JobState.HELD:
-        job.transition(JobState.QUEUED, now, reason=f"released by {me}")
-    deps.store.save_job(job, was=was)
+    try:
+        new_priority = parse_priority(priority) if priority is not None else None
+    except DomainError as exc:
+        raise RequestInvalid(str(exc)) from None
+
+    def step(job: Job) -> bool:
+        require_owner_or_admin(job, me, deps.settings.admin_role_arns)
+        if job.state.is_terminal:
+            raise InvalidTransition(f"job {name!r} is already {job.state.value}")
+        now = deps.now()
+        if new_priority is not None:
+            job.priority = new_priority
+        if held is True and job.state is not JobState.HELD:
+            if job.state is not JobState.QUEUED:
+                raise InvalidTransition(f"only a queued job can be held; {name!r} is {job.state.value}")
+            job.transition(JobState.HELD, now, reason=f"held by {me}")
+        elif held is False and job.state is JobState.HELD:
+            job.transition(JobState.QUEUED, now, reason=f"released by {me}")
+        return True
+
+    job = _apply(deps, name, step)
     announce(
         deps.publisher,
         EventType.JOB_CHANGED,
