@@ -446,6 +446,7 @@ def run_pass(deps: Dependencies) -> PassReport:
                 report.waiting[action.job_name] = "waiting for a warm pool to be released"
                 continue
             _start(deps, queued[action.job_name], action, report)
+    _note_waiting(deps, queued, report.waiting)
     logger.info(
         "pass done",
         extra={
@@ -456,6 +457,19 @@ def run_pass(deps: Dependencies) -> PassReport:
         },
     )
     return report
+
+
+def _note_waiting(deps: Dependencies, queued: Mapping[str, Job], waiting: Mapping[str, str]) -> None:
+    """Tell users why a job waits (its `reason`), writing only jobs whose reason changed."""
+    for name, reason in waiting.items():
+        job = queued.get(name)
+        if job is None or job.reason == reason:
+            continue
+        job.reason = reason
+        try:
+            deps.store.save_job(job, was=JobState.QUEUED)
+        except StaleVersion:
+            continue  # changed since this pass read it; the next pass says why it waits
 
 
 def _queue_metrics(pool: str, window: list[Job], now: datetime) -> None:
