@@ -119,6 +119,8 @@ class QueueWorld:
     published: list[dict[str, Any]] = field(default_factory=list)
     reports: list[dict[str, Any]] = field(default_factory=list)
     last_tick: datetime | None = None
+    #: what EventBridge does to SageMaker's events on their way (reorder, duplicate, lose); None: nothing
+    mangle: Callable[[list[dict[str, Any]]], list[dict[str, Any]]] | None = None
 
     # --- the API ---------------------------------------------------------------------------------------------
 
@@ -235,10 +237,13 @@ class QueueWorld:
         its own actions may cause more, which are delivered too."""
         pending = events if events is not None else self.take_sagemaker_events()
         while pending:
+            if self.mangle is not None and events is None:
+                pending = self.mangle(pending)
             for event in pending:
                 self.schedule(event)
             self.forward_queue_events()
             pending = self.take_sagemaker_events()
+            events = None
 
     def run(self, seconds: float, step: float = 30) -> None:
         """Let `seconds` of virtual time pass, delivering events as they happen; the reconcile timer ticks
