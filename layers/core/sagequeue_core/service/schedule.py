@@ -18,7 +18,6 @@ from sagequeue_core.defaults import ATTEMPT_TAG, JOB_TAG, SAGEQUEUE_EVENT_SOURCE
 from sagequeue_core.domain import (
     PRIORITY_MAX,
     TRANSITIONS,
-    InvalidTransition,
     Job,
     JobState,
     ResourceKey,
@@ -636,7 +635,6 @@ def _release(deps: Dependencies, action: ReleaseWarmPool, report: PassReport) ->
 
 
 __all__ = [
-    "InvalidTransition",
     "PassReport",
     "apply_change",
     "attempt_request",
