@@ -208,3 +208,16 @@ def test_jobs_the_queue_never_saw_are_sagemakers_business(stack: Any, sagemaker:
     with pytest.raises(ClientError) as raised:
         sagemaker.describe_training_job(TrainingJobName=unique("never-submitted"))
     assert "not found" in raised.value.response["Error"]["Message"].lower()
+
+
+def test_a_name_already_queued_is_resource_in_use_as_on_sagemaker(stack: Any, sagemaker: Any) -> None:
+    from botocore.exceptions import ClientError
+
+    name = unique("twice")
+    sagemaker.create_training_job(**training_request(stack, name))
+
+    with pytest.raises(ClientError) as raised:
+        sagemaker.create_training_job(**training_request(stack, name))
+
+    assert raised.value.response["Error"]["Code"] == "ResourceInUse"
+    assert name in raised.value.response["Error"]["Message"]
