@@ -221,3 +221,23 @@ def test_a_name_already_queued_is_resource_in_use_as_on_sagemaker(stack: Any, sa
 
     assert raised.value.response["Error"]["Code"] == "ResourceInUse"
     assert name in raised.value.response["Error"]["Message"]
+
+
+def test_stopping_someone_elses_queued_job_is_access_denied(
+    stack: Any, queue: QueueClient, sagemaker: Any
+) -> None:
+    from botocore.exceptions import ClientError
+
+    busy, theirs = unique("busy"), unique("theirs")
+    sagemaker.create_training_job(**training_request(stack, busy, priority=500))
+    stack.run_until_idle()
+    sagemaker.create_training_job(**training_request(stack, theirs, priority=1))
+    other = stack.emulator.client()
+    sagequeue.install(other, client=stack.client("other"))
+
+    with pytest.raises(ClientError) as raised:
+        other.stop_training_job(TrainingJobName=theirs)
+
+    assert raised.value.response["Error"]["Code"] == "AccessDeniedException"
+    assert raised.value.response["Error"]["Message"].startswith("sagequeue: ")
+    assert queue.job(theirs).state == "queued"
