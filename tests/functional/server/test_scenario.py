@@ -13,6 +13,7 @@ def test_article_scenario_preempts_resumes_and_completes_every_job(world: QueueW
     world.run(300)
     assert [world.state(n) for n in ("job1", "job2", "job3")] == ["running", "running", "queued"]
     assert world.job("job3")["reason"] == "waiting for capacity: needs 1 ml.trn1.32xlarge, 0 free"
+    assert world.job("job1")["reason"] == "Downloading", "the secondary status it began running with"
 
     # WHEN a more important job arrives
     world.submit("job4", priority=3, duration=1800)

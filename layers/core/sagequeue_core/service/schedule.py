@@ -556,6 +556,7 @@ def _record_start(
     job.not_before = None
     job.reused_warm_pool_of = warm_pool
     job.keep_alive_seconds = keep_alive_seconds
+    job.reason = None  # why it waited no longer applies
     job.transition(
         JobState.STARTING, now, reason=reason or (f"on warm pool of {warm_pool}" if warm_pool else None)
     )
