@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sagequeue.exceptions import ConfigurationError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pathlib import Path
 
 #: Names the API endpoint (e.g. https://abc123.execute-api.us-east-1.amazonaws.com/prod).
 ENDPOINT_ENV = "SAGEQUEUE_ENDPOINT"
@@ -65,6 +66,9 @@ class LocalConnection:
 
 
 def sagequeue_home() -> Path:
+    # pathlib and tempfile are imported when a file is touched: importing the client stays cheap
+    from pathlib import Path
+
     value = os.environ.get(HOME_ENV)
     return Path(value).expanduser() if value else Path.home() / ".sagequeue"
 
@@ -76,6 +80,9 @@ def local_connection_path() -> Path:
 def save_local_connection(connection: LocalConnection, path: Path | None = None) -> Path:
     """Write the connection atomically (readers never see half a file), readable by the owner only,
     since it holds the local stack's secret key."""
+    import tempfile
+    from pathlib import Path
+
     target = path or local_connection_path()
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".local-", suffix=".json", dir=target.parent)
