@@ -10,7 +10,7 @@ import hashlib
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
@@ -382,6 +382,30 @@ class Job:
             "retries": self.retries,
             "instances": sum(self.demand.values()),
         }
+
+
+def parse_time(value: Any) -> datetime | None:
+    """Epoch milliseconds (real events), epoch seconds, ISO 8601 strings, or datetimes; None if unreadable."""
+    if value is None or isinstance(value, bool):
+        return None
+    if isinstance(value, datetime):
+        return value if value.tzinfo else value.replace(tzinfo=UTC)
+    if isinstance(value, int | float):
+        # Anything after 2001-09-09 in milliseconds is above 1e12; in seconds it is far below.
+        seconds = value / 1000 if value > 1e11 else value
+        return datetime.fromtimestamp(seconds, UTC)
+    if isinstance(value, str):
+        text = value.strip()
+        if not text:
+            return None
+        if text.replace(".", "", 1).isdigit():
+            return parse_time(float(text))
+        try:
+            parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
+        except ValueError:
+            return None
+        return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+    return None
 
 
 def _iso(value: datetime | None) -> str | None:

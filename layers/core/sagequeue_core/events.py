@@ -29,14 +29,14 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from enum import StrEnum
 from typing import Any, Protocol
 
 from botocore.exceptions import ClientError
 
 from sagequeue_core.defaults import SAGEMAKER_EVENT_SOURCE, SAGEQUEUE_EVENT_SOURCE, TRAINING_JOB_STATE_CHANGE
-from sagequeue_core.domain import DomainError, demand_of, tags_to_dict
+from sagequeue_core.domain import DomainError, demand_of, parse_time, tags_to_dict
 from sagequeue_core.errors import SageQueueError
 
 
@@ -81,30 +81,6 @@ class TrainingJobChange:
     @property
     def ended(self) -> bool:
         return self.status in ("Completed", "Failed", "Stopped")
-
-
-def parse_time(value: Any) -> datetime | None:
-    """Epoch milliseconds (real events), epoch seconds, ISO 8601 strings, or datetimes; None if unreadable."""
-    if value is None or isinstance(value, bool):
-        return None
-    if isinstance(value, datetime):
-        return value if value.tzinfo else value.replace(tzinfo=UTC)
-    if isinstance(value, int | float):
-        # Anything after 2001-09-09 in milliseconds is above 1e12; in seconds it is far below.
-        seconds = value / 1000 if value > 1e11 else value
-        return datetime.fromtimestamp(seconds, UTC)
-    if isinstance(value, str):
-        text = value.strip()
-        if not text:
-            return None
-        if text.replace(".", "", 1).isdigit():
-            return parse_time(float(text))
-        try:
-            parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
-        except ValueError:
-            return None
-        return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
-    return None
 
 
 def is_training_job_event(event: Mapping[str, Any]) -> bool:

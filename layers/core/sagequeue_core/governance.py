@@ -16,7 +16,7 @@ import copy
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
@@ -34,7 +34,7 @@ from sagequeue_core.defaults import (
     is_gpu_instance,
     is_neuron_instance,
 )
-from sagequeue_core.domain import DomainError, attempt_name, demand_of, tags_to_dict
+from sagequeue_core.domain import DomainError, attempt_name, demand_of, parse_time, tags_to_dict
 
 #: What SageMaker uses when StoppingCondition.MaxRuntimeInSeconds is absent (one day).
 SAGEMAKER_DEFAULT_MAX_RUNTIME_SECONDS = 86_400
@@ -419,27 +419,6 @@ def idle_alarm_specs(
 # --- Times in events --------------------------------------------------------------------------------------
 
 
-def as_datetime(value: Any) -> datetime | None:
-    """A time as events carry it: epoch milliseconds (real events), an ISO 8601 string (the documented
-    example), or a datetime (boto3 responses). None when absent or unreadable."""
-    if value is None or isinstance(value, bool):
-        return None
-    if isinstance(value, datetime):
-        return value if value.tzinfo else value.replace(tzinfo=UTC)
-    if isinstance(value, int | float):
-        return datetime.fromtimestamp(value / 1000, tz=UTC)
-    if isinstance(value, str):
-        text = value.strip()
-        if re.fullmatch(r"\d+(\.\d+)?", text):
-            return datetime.fromtimestamp(float(text) / 1000, tz=UTC)
-        try:
-            parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
-        except ValueError:
-            return None
-        return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
-    return None
-
-
 def _transitions(job: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     raw = job.get("SecondaryStatusTransitions") or []
     return [t for t in raw if isinstance(t, Mapping)] if isinstance(raw, list) else []
@@ -448,11 +427,11 @@ def _transitions(job: Mapping[str, Any]) -> list[Mapping[str, Any]]:
 def training_phase_start(job: Mapping[str, Any]) -> datetime | None:
     """When the job's current Training phase began: the last Training transition (a spot job trains again
     after each interruption), else TrainingStartTime."""
-    starts = [as_datetime(t.get("StartTime")) for t in _transitions(job) if t.get("Status") == "Training"]
+    starts = [parse_time(t.get("StartTime")) for t in _transitions(job) if t.get("Status") == "Training"]
     known = [s for s in starts if s is not None]
     if known:
         return max(known)
-    return as_datetime(job.get("TrainingStartTime"))
+    return parse_time(job.get("TrainingStartTime"))
 
 
 # --- Recovery: resume after transient failures, leave spot after repeated interruptions ------------------
@@ -491,8 +470,8 @@ def is_transient_failure(reason: str | None) -> bool:
 def runtime_seconds(job: Mapping[str, Any]) -> float | None:
     """How long the attempt ran: its training time when it reached training, else its whole life (a job
     that failed on capacity never trains, yet may have waited long for it)."""
-    end = as_datetime(job.get("TrainingEndTime")) or as_datetime(job.get("LastModifiedTime"))
-    start = as_datetime(job.get("TrainingStartTime")) or as_datetime(job.get("CreationTime"))
+    end = parse_time(job.get("TrainingEndTime")) or parse_time(job.get("LastModifiedTime"))
+    start = parse_time(job.get("TrainingStartTime")) or parse_time(job.get("CreationTime"))
     if end is None or start is None:
         return None
     return max(0.0, (end - start).total_seconds())
