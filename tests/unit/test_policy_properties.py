@@ -190,7 +190,9 @@ def test_victims_are_a_minimal_cover(case: tuple[Snapshot, PolicySettings]) -> N
         for name, held in result.held.items():
             if name != job_name:
                 others_held.update(held)
-        bound = {pool: need - (left[pool] - others_held[pool]) for pool, need in jobs[job_name].demand.items()}
+        bound = {
+            pool: need - (left[pool] - others_held[pool]) for pool, need in jobs[job_name].demand.items()
+        }
         # never more than the deficit: each victim is needed
         for victim in victims:
             rest = [v for v in victims if v is not victim]

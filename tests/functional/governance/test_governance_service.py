@@ -120,7 +120,7 @@ def fail_after(
 def test_a_transient_failure_is_resumed_as_a_clone_at_most_max_resumes_times(world_factory: Any) -> None:
     world = world_factory(max_resumes=2, resume_after_failure_min_runtime_seconds=600)
     root = unique("flaky")
-    start(world, root, env=fail_after(900), tags={"team": "nlp", "owner": "carol"})
+    start(world, root, env=fail_after(900), tags={"team": "nlp", "owner": "ml-platform"})
     lineage = [root]
     for _ in range(4):
         world.advance(1200)
@@ -134,7 +134,7 @@ def test_a_transient_failure_is_resumed_as_a_clone_at_most_max_resumes_times(wor
     assert all(world.status(n)[0] == "Failed" for n in lineage)
     last = tags_of(world, f"{root}-3")
     assert (last[CLONE_OF_TAG], last[CLONE_ATTEMPT_TAG], last[RESUMES_TAG]) == (root, "3", "2")
-    assert last["owner"] == "carol"
+    assert last["owner"] == "ml-platform"
     clone = world.sagemaker.describe_training_job(TrainingJobName=f"{root}-2")
     assert clone["CheckpointConfig"] == {"S3Uri": f"s3://bucket/checkpoints/{root}"}
     assert len(world.publisher.of_type(EventType.JOB_RESUMED)) == 2

@@ -79,13 +79,13 @@ def echoed(answer: dict[str, Any]) -> dict[str, Any]:
 
 def test_a_signed_request_becomes_the_proxy_event(gateway: LocalApiGateway) -> None:
     user = gateway.identities["user"]
-    status, answer = call(gateway, "GET", "/hello/ada%20lovelace?verbose=1&tag=a&tag=b", identity=user)
+    status, answer = call(gateway, "GET", "/hello/model%20card?verbose=1&tag=a&tag=b", identity=user)
     assert status == 200
     event = echoed(answer)
     assert event["resource"] == "/hello/{name}"
-    assert event["path"] == "/hello/ada lovelace"
+    assert event["path"] == "/hello/model card"
     assert event["httpMethod"] == "GET"
-    assert event["pathParameters"] == {"name": "ada lovelace"}
+    assert event["pathParameters"] == {"name": "model card"}
     assert event["queryStringParameters"] == {"verbose": "1", "tag": "b"}
     assert event["multiValueQueryStringParameters"] == {"verbose": ["1"], "tag": ["a", "b"]}
     assert event["body"] is None
@@ -94,7 +94,7 @@ def test_a_signed_request_becomes_the_proxy_event(gateway: LocalApiGateway) -> N
     context = event["requestContext"]
     assert context["resourcePath"] == "/hello/{name}"
     assert context["stage"] == "v1"
-    assert context["path"] == "/v1/hello/ada lovelace"
+    assert context["path"] == "/v1/hello/model card"
     assert context["apiId"] == "abc123"
     assert context["accountId"] == ACCOUNT
     assert context["requestTimeEpoch"] == int(NOW.timestamp() * 1000)

@@ -32,8 +32,8 @@ ROOT = Path(__file__).resolve().parents[3]
 START = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
 ACCOUNT = "123456789012"
 ROLE = f"arn:aws:iam::{ACCOUNT}:role/SageMakerTraining"
-ALICE = f"arn:aws:sts::{ACCOUNT}:assumed-role/ResearchTeam/alice"
-BOB = f"arn:aws:iam::{ACCOUNT}:user/bob"
+SUBMITTER = f"arn:aws:sts::{ACCOUNT}:assumed-role/ResearchTeam/research-session"
+OTHER_USER = f"arn:aws:iam::{ACCOUNT}:user/other-user"
 ADMIN = f"arn:aws:iam::{ACCOUNT}:role/QueueAdmin"
 TRN1 = "ml.trn1.32xlarge"
 TRN2 = "ml.trn2.48xlarge"
@@ -130,7 +130,7 @@ class QueueWorld:
         path: str,
         body: Any = None,
         *,
-        caller: str | None = ALICE,
+        caller: str | None = SUBMITTER,
         query: dict[str, str] | None = None,
         raw_body: str | None = None,
     ) -> tuple[int, Any]:

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 from conftest import (
     ADMIN,
-    ALICE,
-    BOB,
+    OTHER_USER,
     ROLE,
+    SUBMITTER,
     TRN1,
     TRN2,
     LambdaContext,
@@ -54,7 +54,7 @@ def test_submission_answers_201_with_the_job_and_a_duplicate_is_409(world: Queue
     assert job["name"] == "twice"
     assert job["priority"] == 7
     assert job["pool"] == TRN1
-    assert job["owner"] == ALICE, "the owner is the caller, from the request context"
+    assert job["owner"] == SUBMITTER, "the owner is the caller, from the request context"
     assert job["instances"] == 1
 
     status, answer = world.api("POST", "/jobs", training_request("twice", priority=1))
@@ -78,10 +78,10 @@ def test_only_the_owner_or_an_admin_may_cancel_or_change_a_job(world: QueueWorld
     world.submit("mine", duration=60)
     assert world.state("mine") == "queued"
 
-    assert world.api("DELETE", "/jobs/mine", caller=BOB)[0] == 403
-    assert world.api("PATCH", "/jobs/mine", {"priority": 9}, caller=BOB)[0] == 403
+    assert world.api("DELETE", "/jobs/mine", caller=OTHER_USER)[0] == 403
+    assert world.api("PATCH", "/jobs/mine", {"priority": 9}, caller=OTHER_USER)[0] == 403
     # someone else's session of the same role is not the owner
-    colleague = ALICE.replace("/alice", "/carol")
+    colleague = SUBMITTER.replace("/research-session", "/ml-platform")
     assert world.api("PATCH", "/jobs/mine", {"priority": 9}, caller=colleague)[0] == 403
     status, job = world.api("PATCH", "/jobs/mine", {"priority": 9})
     assert (status, job["priority"]) == (200, 9)
@@ -137,7 +137,7 @@ def test_raising_a_priority_moves_the_job_ahead_in_its_pool(world: QueueWorld) -
 def test_listing_filters_by_state_pool_and_owner_and_pages(world: QueueWorld) -> None:
     for name in ("a1", "a2", "a3"):
         world.submit(name, duration=3600)
-    world.api("POST", "/jobs", training_request("b1", duration=3600), caller=BOB)
+    world.api("POST", "/jobs", training_request("b1", duration=3600), caller=OTHER_USER)
 
     status, page = world.api("GET", "/jobs", query={"state": "queued"})
     assert status == 200
@@ -146,7 +146,7 @@ def test_listing_filters_by_state_pool_and_owner_and_pages(world: QueueWorld) ->
     status, page = world.api("GET", "/jobs")  # no filter: the caller's own jobs
     assert [j["name"] for j in page["jobs"]] == ["a1", "a2", "a3"]
 
-    status, page = world.api("GET", "/jobs", query={"owner": BOB})
+    status, page = world.api("GET", "/jobs", query={"owner": OTHER_USER})
     assert [j["name"] for j in page["jobs"]] == ["b1"]
 
     status, first = world.api("GET", "/jobs", query={"pool": TRN1, "limit": "2"})
@@ -179,7 +179,7 @@ def test_pools_capacity_is_set_by_admins_and_frees_room_at_once(world: QueueWorl
 
 
 def test_whoami_names_the_caller_and_whether_it_is_an_admin(world: QueueWorld) -> None:
-    assert world.api("GET", "/whoami") == (200, {"arn": ALICE, "admin": False})
+    assert world.api("GET", "/whoami") == (200, {"arn": SUBMITTER, "admin": False})
     assert world.api("GET", "/whoami", caller=ADMIN) == (200, {"arn": ADMIN, "admin": True})
 
 
@@ -200,7 +200,7 @@ def test_a_real_shaped_api_gateway_event_is_served(world: QueueWorld) -> None:
     assert answer["statusCode"] == 201
     job = json.loads(answer["body"])
     assert (job["name"], job["priority"], job["state"]) == ("llama-ft-0412", 50, "queued")
-    assert job["owner"] == "arn:aws:sts::123456789012:assumed-role/ResearchTeam/alice"
+    assert job["owner"] == "arn:aws:sts::123456789012:assumed-role/ResearchTeam/research-session"
 
 
 def test_a_submission_survives_eventbridge_refusing_its_trigger(world: QueueWorld) -> None:

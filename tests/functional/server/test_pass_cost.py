@@ -14,7 +14,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from conftest import ALICE, START, TRN1, TRN2, QueueWorld, make_world, training_request
+from conftest import START, SUBMITTER, TRN1, TRN2, QueueWorld, make_world, training_request
 
 from sagequeue_core.domain import Job
 
@@ -76,7 +76,7 @@ def queue_of(world: QueueWorld, queued: int) -> None:
                 name=body["TrainingJobName"],
                 request=body,
                 priority=n % 7,
-                owner=ALICE,
+                owner=SUBMITTER,
                 submitted_at=START + timedelta(milliseconds=n),
             )
         )

@@ -8,7 +8,7 @@ from datetime import timedelta
 
 import boto3
 import pytest
-from conftest import ALICE, BOB, START, TRN1, TRN2, training_request
+from conftest import OTHER_USER, START, SUBMITTER, TRN1, TRN2, training_request
 from support.cfn_template import create_table
 
 from sagequeue_core.domain import Job, JobState, Pool, ResourceKey
@@ -26,7 +26,7 @@ def store(moto_endpoint: str) -> Iterator[Repository]:
     client.delete_table(TableName=table)
 
 
-def job(name: str, priority: int = 0, minutes: int = 0, owner: str = ALICE, pool: str = TRN1) -> Job:
+def job(name: str, priority: int = 0, minutes: int = 0, owner: str = SUBMITTER, pool: str = TRN1) -> Job:
     request = training_request(name, instance_type=pool)
     return Job(
         name=name,
@@ -103,15 +103,15 @@ def test_seeding_keeps_capacity_changed_at_runtime(store: Repository) -> None:
 def test_listing_by_owner_state_and_pool_pages_with_a_token(store: Repository) -> None:
     for n in range(5):
         store.create_job(job(f"a{n}", minutes=n))
-    store.create_job(job("b0", owner=BOB, minutes=9))
-    page = store.list_jobs(owner=ALICE, limit=3)
+    store.create_job(job("b0", owner=OTHER_USER, minutes=9))
+    page = store.list_jobs(owner=SUBMITTER, limit=3)
     assert [j.name for j in page.jobs] == ["a0", "a1", "a2"]
-    rest = store.list_jobs(owner=ALICE, limit=3, next_token=page.next_token)
+    rest = store.list_jobs(owner=SUBMITTER, limit=3, next_token=page.next_token)
     assert [j.name for j in rest.jobs] == ["a3", "a4"]
     assert [j.name for j in store.list_jobs(state=JobState.QUEUED, limit=10).jobs][-1] == "b0"
     assert len(store.list_jobs(pool=TRN1, limit=10).jobs) == 6
     with pytest.raises(ValueError, match="next_token"):
-        store.list_jobs(owner=ALICE, next_token="garbage!")
+        store.list_jobs(owner=SUBMITTER, next_token="garbage!")
 
 
 def test_external_attempts_and_warm_pools_are_listed_from_the_live_index(store: Repository) -> None:

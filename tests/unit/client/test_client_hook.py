@@ -20,7 +20,7 @@ from sagequeue.client import Job
 from sagequeue.exceptions import NotFound, ValidationError
 from sagequeue.hook import passthrough
 
-OWNER = "arn:aws:iam::123456789012:user/ada"
+OWNER = "arn:aws:iam::123456789012:user/data-scientist"
 
 
 def request(name: str = "bert-1", **extra: Any) -> dict[str, Any]:
@@ -257,7 +257,9 @@ def test_a_job_cancelled_before_it_started_describes_as_stopped(
     sagemaker: Any, queue: MemoryQueue, stub: SageMakerDouble
 ) -> None:
     sagequeue.install(sagemaker, client=queue)  # type: ignore[arg-type]
-    queue.put("bert-1", state="cancelled", ended_at="2026-11-22T05:00:00+00:00", reason="cancelled by ada")
+    queue.put(
+        "bert-1", state="cancelled", ended_at="2026-11-22T05:00:00+00:00", reason="cancelled by its owner"
+    )
     description = sagemaker.describe_training_job(TrainingJobName="bert-1")
     assert (description["TrainingJobStatus"], description["SecondaryStatus"]) == ("Stopped", "Stopped")
 

@@ -78,7 +78,7 @@ def job_body(name: str = "bert-1", **extra: Any) -> dict[str, Any]:
         "pool": "ml.trn1.32xlarge",
         "attempt": 0,
         "training_job_name": None,
-        "owner": "arn:aws:iam::123456789012:user/ada",
+        "owner": "arn:aws:iam::123456789012:user/data-scientist",
         "submitted_at": "2026-11-22T04:00:00+00:00",
         "started_at": None,
         "ended_at": None,
@@ -99,13 +99,15 @@ def make_client(pool: RecordingPool, **kwargs: Any) -> tuple[QueueClient, list[f
 
 
 def test_requests_are_signed_for_execute_api_in_the_endpoints_region() -> None:
-    pool = RecordingPool(Answer(200, {"arn": "arn:aws:iam::123456789012:user/ada", "admin": False}))
+    pool = RecordingPool(
+        Answer(200, {"arn": "arn:aws:iam::123456789012:user/data-scientist", "admin": False})
+    )
     client, _ = make_client(pool)
 
     identity = client.whoami()
 
     sent = pool.sent[0]
-    assert identity.arn.endswith("user/ada")
+    assert identity.arn.endswith("user/data-scientist")
     assert identity.account == "123456789012"
     assert client.region == "eu-west-1"
     assert sent.url == ENDPOINT + "/whoami"

@@ -107,9 +107,9 @@ def test_the_adhoc_sample_breaks_each_rule_once_and_names_it() -> None:
 
 def test_owner_is_the_submitter_then_an_owner_tag_then_the_role() -> None:
     training = detail("training-state-change-training.json")
-    assert owner_of(training, tags_to_dict(training["Tags"])).endswith("assumed-role/ml/alice")
+    assert owner_of(training, tags_to_dict(training["Tags"])).endswith("assumed-role/ml/research-session")
     adhoc = detail("training-state-change-starting-list-tags.json")
-    assert owner_of(adhoc, tags_to_dict(adhoc["Tags"])) == "bob"
+    assert owner_of(adhoc, tags_to_dict(adhoc["Tags"])) == "vision-team"
     assert owner_of(adhoc, {}) == "arn:aws:iam::123456789012:role/SageMakerTraining"
 
 

@@ -56,7 +56,7 @@ def test_defaults_are_documented_values() -> None:
         ("SAGEQUEUE_CAPACITY", "trn1=2", "instance type"),
         ("SAGEQUEUE_CAPACITY", "ml.trn1.32xlarge=two", "non-negative integer"),
         ("SAGEQUEUE_CAPACITY", "ml.trn1.32xlarge=1,ml.trn1.32xlarge=2", "twice"),
-        ("SAGEQUEUE_ALLOWED_ROLE_ARNS", "arn:aws:iam::123:user/bob", "role ARN"),
+        ("SAGEQUEUE_ALLOWED_ROLE_ARNS", "arn:aws:iam::123:user/other-user", "role ARN"),
         ("SAGEQUEUE_MAX_ATTEMPTS", "0", "greater than or equal to 1"),
         ("SAGEQUEUE_QUEUE_LOOKAHEAD", "many", "integer"),
         ("SAGEQUEUE_REQUIRED_TAGS", "team=([", "invalid pattern"),
