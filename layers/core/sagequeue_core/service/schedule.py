@@ -118,6 +118,12 @@ def handle_event(deps: Dependencies, event: Mapping[str, Any]) -> PassReport:
             logger.warning("ignoring a malformed SageMaker event", extra={"problem": str(exc)})
         else:
             report.applied.append(f"{change.training_job_name}: {apply_change(deps, change)}")
+            if not change.ended:
+                # Capacity comes back only when an attempt ends. An in-progress step (Downloading,
+                # Training, ...) or a job started by hand can only hold instances the last pass already
+                # counted or leave fewer free, so no pass could start anything more; the timer's pass
+                # retries what failed and preempts what has run long enough.
+                return report
     elif event.get("source") == "aws.events" or event.get("detail-type") == "Scheduled Event":
         report.merge(reconcile(deps))
     elif event.get("source") != SAGEQUEUE_EVENT_SOURCE:
