@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.message import Message
+from email.utils import format_datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
@@ -369,6 +370,13 @@ def _make_handler(gateway: LocalApiGateway) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
         server_version = "sagequeue-local"
+
+        def date_time_string(self, timestamp: float | None = None) -> str:
+            # API Gateway's Date is the server's time; here that is the stack's clock (virtual or sped up),
+            # so clients that measure waits against it (`sagequeue ls`) agree with the jobs' own times.
+            if timestamp is not None:
+                return super().date_time_string(timestamp)
+            return format_datetime(gateway.now().astimezone(UTC), usegmt=True)
 
         def _serve(self) -> None:
             started = time.perf_counter()

@@ -8,6 +8,7 @@ import sys
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
 from pathlib import Path
 from typing import Any
 
@@ -184,3 +185,18 @@ def test_function_failures_become_gateway_errors(gateway: LocalApiGateway) -> No
     status, answer = call(gateway, "POST", "/things", identity=user, body={"malformed": True})
     assert status == 502
     assert answer["message"] == "Malformed Lambda proxy response"
+
+
+def test_the_date_header_is_the_stacks_clock(gateway: LocalApiGateway) -> None:
+    # GIVEN a gateway whose clock stands at NOW, far from the wall clock
+    user = default_identities(ACCOUNT)["user"]
+    request = AWSRequest(method="GET", url=gateway.endpoint + "/hello/x", data=b"")
+    SigV4Auth(Credentials(user.access_key_id, user.secret_access_key), "execute-api", "us-east-1").add_auth(
+        request
+    )
+    prepared = request.prepare()
+    # WHEN a client calls it
+    answer = HTTP.request("GET", prepared.url, headers=dict(prepared.headers))
+    # THEN the answer's Date is the stack's time, as clients measure waits against it
+    assert answer.status == 200
+    assert parsedate_to_datetime(answer.headers["Date"]) == NOW
