@@ -30,13 +30,11 @@ pytest.importorskip(
 import boto3
 from sagemaker.estimator import Estimator
 from sagemaker.exceptions import UnexpectedStatusException
+from sdk_world import IMAGE, POOL, advance_until, hold_the_pool
 
 from sagequeue.client import QueueClient
 from sagequeue.local import LocalStack
 from sagequeue.session import SDK_MAJOR, QueueSession
-
-POOL = "ml.trn1.32xlarge"
-IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/neuron-train:2.21"
 
 
 @pytest.fixture(scope="module")
@@ -81,16 +79,6 @@ def drained(stack: Any, queue: QueueClient) -> Iterator[None]:
     advance_until(stack, lambda: all(j.terminal for j in queue.jobs()))
 
 
-def advance_until(stack: Any, done: Callable[[], bool], *, step: float = 30, limit: float = 7200) -> None:
-    stack.run_until_idle()
-    waited = 0.0
-    while not done():
-        if waited >= limit:
-            raise AssertionError(f"condition not reached after {limit:g} simulated seconds")
-        stack.advance(step)
-        waited += step
-
-
 def estimator(stack: Any, session: QueueSession, *, seconds: int = 300, **extra: Any) -> Estimator:
     options: dict[str, Any] = {
         "image_uri": IMAGE,
@@ -109,25 +97,6 @@ def estimator(stack: Any, session: QueueSession, *, seconds: int = 300, **extra:
     }
     options.update(extra)
     return Estimator(**options)
-
-
-def hold_the_pool(stack: Any, queue: QueueClient, seconds: int = 240) -> str:
-    """Start a job that keeps the pool's one instance busy for `seconds`."""
-    name = f"blocker-{uuid.uuid4().hex[:6]}"
-    queue.submit(
-        {
-            "TrainingJobName": name,
-            "RoleArn": stack.training_role_arn,
-            "AlgorithmSpecification": {"TrainingImage": IMAGE, "TrainingInputMode": "File"},
-            "OutputDataConfig": {"S3OutputPath": "s3://sagequeue-e2e/output"},
-            "ResourceConfig": {"InstanceType": POOL, "InstanceCount": 1, "VolumeSizeInGB": 64},
-            "StoppingCondition": {"MaxRuntimeInSeconds": 7200},
-            "Environment": {"SAGEQUEUE_SIM_DURATION": str(seconds)},
-        },
-        priority=900,
-    )
-    advance_until(stack, lambda: queue.job(name).state == "running")
-    return name
 
 
 def run_while_time_passes(

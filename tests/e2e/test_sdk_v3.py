@@ -17,7 +17,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import boto3
@@ -34,13 +34,11 @@ from sagemaker.train.configs import (
     OutputDataConfig,
     StoppingCondition,
 )
+from sdk_world import IMAGE, POOL, advance_until, hold_the_pool
 
 from sagequeue.client import QueueClient
 from sagequeue.local import LocalStack
 from sagequeue.session import SDK_MAJOR, QueueSession
-
-POOL = "ml.trn1.32xlarge"
-IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/neuron-train:2.21"
 
 
 @pytest.fixture(scope="module")
@@ -75,16 +73,6 @@ def drained(stack: Any, queue: QueueClient) -> Iterator[None]:
     advance_until(stack, lambda: all(j.terminal for j in queue.jobs()))
 
 
-def advance_until(stack: Any, done: Callable[[], bool], *, step: float = 60, limit: float = 7200) -> None:
-    stack.run_until_idle()
-    waited = 0.0
-    while not done():
-        if waited >= limit:
-            raise AssertionError(f"condition not reached after {limit:g} simulated seconds")
-        stack.advance(step)
-        waited += step
-
-
 def trainer(stack: Any, session: QueueSession, *, priority: str = "100", seconds: int = 120) -> ModelTrainer:
     return ModelTrainer(
         training_image=IMAGE,
@@ -100,24 +88,6 @@ def trainer(stack: Any, session: QueueSession, *, priority: str = "100", seconds
         tags=[Tag(key="priority", value=priority), Tag(key="team", value="nlp")],
         sagemaker_session=session,
     )
-
-
-def hold_the_pool(stack: Any, queue: QueueClient, seconds: int = 240) -> str:
-    name = f"blocker-{uuid.uuid4().hex[:6]}"
-    queue.submit(
-        {
-            "TrainingJobName": name,
-            "RoleArn": stack.training_role_arn,
-            "AlgorithmSpecification": {"TrainingImage": IMAGE, "TrainingInputMode": "File"},
-            "OutputDataConfig": {"S3OutputPath": "s3://sagequeue-e2e/output"},
-            "ResourceConfig": {"InstanceType": POOL, "InstanceCount": 1, "VolumeSizeInGB": 64},
-            "StoppingCondition": {"MaxRuntimeInSeconds": 7200},
-            "Environment": {"SAGEQUEUE_SIM_DURATION": str(seconds)},
-        },
-        priority=900,
-    )
-    advance_until(stack, lambda: queue.job(name).state == "running")
-    return name
 
 
 def test_train_waits_in_the_queue_and_returns_when_the_job_completes(
