@@ -137,29 +137,35 @@ def handle_event(deps: Dependencies, event: Mapping[str, Any]) -> PassReport:
 
 def apply_change(deps: Dependencies, change: TrainingJobChange) -> str:
     """Bring the job that owns `change`'s training job up to date; returns what happened, in words."""
-    job = _owner_of(deps, change)
+
+    def step(fresh: Job) -> str:
+        return _apply_to_job(deps, fresh, change)
+
+    tagged = change.tags.get(JOB_TAG)
+    job = deps.store.find_job(tagged) if tagged else None
+    if job is not None:
+        # a consistent read by key: as fresh as the one a retry makes, so it serves as the first try
+        return _with_retries(deps, job.name, step, first=job)
+    # an index read may lag behind the table: decide on a fresh read of the job
+    job = deps.store.find_job_by_training_job(change.training_job_name)
     if job is None:
         return _apply_external(deps, change)
-    return _with_retries(deps, job.name, lambda fresh: _apply_to_job(deps, fresh, change))
+    return _with_retries(deps, job.name, step)
 
 
-def _owner_of(deps: Dependencies, change: TrainingJobChange) -> Job | None:
-    tagged = change.tags.get(JOB_TAG)
-    if tagged:
-        job = deps.store.find_job(tagged)
-        if job is not None:
-            return job
-    return deps.store.find_job_by_training_job(change.training_job_name)
-
-
-def _with_retries(deps: Dependencies, name: str, step: Callable[[Job], str]) -> str:
-    """Run `step` on a freshly read job, again if someone else wrote it in between."""
+def _with_retries(
+    deps: Dependencies, name: str, step: Callable[[Job], str], *, first: Job | None = None
+) -> str:
+    """Run `step` on a freshly read job (`first`, if the caller just read it), again if someone else
+    wrote it in between."""
+    job = first
     for _ in range(_WRITE_ATTEMPTS):
-        job = deps.store.get_job(name)
+        if job is None:
+            job = deps.store.get_job(name)
         try:
             return step(job)
         except StaleVersion:
-            continue
+            job = None
     return "gave up: the job kept changing"
 
 
