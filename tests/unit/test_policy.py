@@ -51,6 +51,8 @@ def running(
         priority=priority,
         started_at=T0 + timedelta(minutes=started_minute),
         demand={pool: count},
+        # min runtime counts from the first Training status; these attempts train from their start
+        training_started_at=kw.pop("training_started_at", T0 + timedelta(minutes=started_minute)),  # type: ignore[arg-type]
         **kw,  # type: ignore[arg-type]
     )
 
@@ -111,7 +113,8 @@ def test_article_scenario_step_by_step() -> None:
 
 def test_no_preemption_for_equal_priority() -> None:
     result = plan(
-        Snapshot(now=at(60), capacity={TRN1: 1}, queued=[queued("b", 5, 1)], running=[running("a", 5)])
+        Snapshot(now=at(60), capacity={TRN1: 1}, queued=[queued("b", 5, 1)], running=[running("a", 5)]),
+        PolicySettings(reserve_after_seconds=0),
     )
     assert result.actions == []
     assert result.waiting["b"].startswith("waiting for capacity")
@@ -317,5 +320,5 @@ def test_instances_returning_to_an_over_capacity_pool_first_pay_back_the_overrun
     result = plan(snap)
     # THEN "wide" cannot be promised the returning instances and holds nothing; "narrow" starts
     assert result.starts == [Start("narrow")]
-    assert result.waiting["wide"].startswith("waiting for capacity")
+    assert result.waiting["wide"] == f"pool drained: {TRN2} has capacity 0"
     assert "wide" not in result.held

@@ -18,12 +18,15 @@ from sagequeue_core.policy import (
     PolicySettings,
     QueuedJob,
     ReleaseWarmPool,
+    Reservation,
+    ReservationKind,
     RunningAttempt,
     Snapshot,
     Start,
     WarmPool,
     covers,
     minimal_cover,
+    pass_order,
     plan,
 )
 
@@ -51,6 +54,11 @@ def snapshots(draw: st.DrawFn) -> tuple[Snapshot, PolicySettings]:
                 started_at=now - timedelta(minutes=draw(st.integers(0, 120))),
                 demand={pool: draw(st.integers(1, 3))},
                 stopping=draw(st.integers(0, 7)) == 0,
+                training_started_at=None
+                if draw(st.integers(0, 5)) == 0
+                else now - timedelta(minutes=draw(st.integers(0, 100))),
+                preemptions=draw(st.integers(0, 4)),
+                checkpointed=draw(st.booleans()),
             )
         )
     warm: list[WarmPool] = []
@@ -75,11 +83,21 @@ def snapshots(draw: st.DrawFn) -> tuple[Snapshot, PolicySettings]:
                 demand=demand,
                 resource_key=key,
                 not_before=now + timedelta(minutes=5) if draw(st.integers(0, 9)) == 0 else None,
+                reservation=Reservation(
+                    instances={p: draw(st.integers(0, n)) for p, n in demand.items()},
+                    since=now - timedelta(minutes=draw(st.integers(0, 60))),
+                    kind=draw(st.sampled_from(list(ReservationKind))),
+                )
+                if draw(st.integers(0, 4)) == 0
+                else None,
+                queued_since=now - timedelta(minutes=draw(st.integers(0, 90))),
             )
         )
     policy_settings = PolicySettings(
         min_runtime_before_preemption_seconds=draw(st.sampled_from([0, 600, 3600])),
         default_keep_alive_seconds=draw(st.sampled_from([0, 600])),
+        max_preemptions_per_job=draw(st.sampled_from([0, 3])),
+        reserve_after_seconds=draw(st.sampled_from([0, 1800])),
     )
     return Snapshot(
         now=now, capacity=capacity, queued=queued, running=running, warm_pools=warm
@@ -162,9 +180,61 @@ def test_preemption_only_for_strictly_higher_priority_and_only_ripe_victims(
         victim = attempts[preempt.training_job_name]
         assert victim.preemptible
         assert victim.priority < jobs[preempt.for_job].priority
-        ran = (snapshot.now - victim.started_at).total_seconds()
-        assert ran >= policy_settings.min_runtime_before_preemption_seconds
+        # the minimum runtime counts from the first Training status, not from CreateTrainingJob
+        if victim.training_started_at is None:
+            assert policy_settings.min_runtime_before_preemption_seconds == 0
+        else:
+            trained = (snapshot.now - victim.training_started_at).total_seconds()
+            assert trained >= policy_settings.min_runtime_before_preemption_seconds
         assert preempt.for_job not in {s.job_name for s in result.starts}
+
+
+@PROPERTY_SETTINGS
+@given(snapshots())
+def test_no_job_is_preempted_beyond_its_budget(case: tuple[Snapshot, PolicySettings]) -> None:
+    snapshot, policy_settings = case
+    result = plan(snapshot, policy_settings)
+    attempts = {a.training_job_name: a for a in snapshot.running}
+    budget = policy_settings.max_preemptions_per_job
+    for preempt in result.preemptions:
+        assert budget == 0 or attempts[preempt.training_job_name].preemptions < budget
+
+
+@PROPERTY_SETTINGS
+@given(snapshots())
+def test_reserved_capacity_never_goes_to_a_job_of_lower_or_equal_priority(
+    case: tuple[Snapshot, PolicySettings],
+) -> None:
+    snapshot, policy_settings = case
+    result = plan(snapshot, policy_settings)
+    jobs = {j.name: j for j in snapshot.queued}
+    started = {s.job_name for s in result.starts}
+    eligible = {j.name for j in _eligible(snapshot)}
+    warm = {w.training_job_name: w for w in snapshot.warm_pools}
+    for job in snapshot.queued:
+        fits = all(0 < need <= snapshot.capacity.get(p, 0) for p, need in job.demand.items())
+        if job.reservation is not None and job.name in eligible and job.name not in started and fits:
+            # a promise outlives the pass: a reservation ends only when the job starts (or cannot fit)
+            assert job.name in result.reservations, f"{job.name} lost its reservation"
+    for name, reservation in result.reservations.items():
+        holder = jobs[name]
+        assert name not in started
+        short = {p for p, need in holder.demand.items() if reservation.instances.get(p, 0) < need}
+        for p, held in reservation.instances.items():
+            assert 0 <= held <= holder.demand[p]
+        for action in result.actions:
+            if isinstance(action, Start) and action.warm_pool is None:
+                other = jobs[action.job_name]
+            elif isinstance(action, ReleaseWarmPool) and action.for_job != name:
+                other = jobs[action.for_job]
+                if warm[action.training_job_name].pool not in short:
+                    continue
+            else:
+                continue
+            if not set(other.demand) & short:
+                continue
+            outranks = pass_order(other) < pass_order(holder)
+            assert outranks, f"{other.name} took capacity reserved for {name} ({reservation})"
 
 
 @PROPERTY_SETTINGS
@@ -221,8 +291,8 @@ def test_no_job_is_passed_over_by_a_less_important_one_unless_it_cannot_fit(
     released = {r.training_job_name for r in result.releases}
     remaining_warm = [w for name, w in warm.items() if name not in reused | released]
 
-    def rank(job: QueuedJob) -> tuple[int, datetime, str]:
-        return (-job.priority, job.submitted_at, job.name)
+    def rank(job: QueuedJob) -> tuple[int, bool, datetime, str]:
+        return pass_order(job)
 
     for higher in _eligible(snapshot):
         if higher.name in started:
@@ -289,7 +359,8 @@ def test_generated_snapshots_exercise_every_action() -> None:
             if isinstance(action, Start) and action.warm_pool:
                 kind = "Reuse"
             seen[kind] += 1
+        seen["Reservation"] += len(result.reservations)
 
     collect()
-    for kind in ("Start", "Reuse", "Preempt", "ReleaseWarmPool"):
+    for kind in ("Start", "Reuse", "Preempt", "ReleaseWarmPool", "Reservation"):
         assert seen[kind] > 0, f"no {kind} in 400 random snapshots: the strategy is too narrow"

@@ -79,6 +79,11 @@ class Settings(BaseModel):
     admin_role_arns: tuple[str, ...] = ()
     #: A running attempt is not preempted before it has run this long, so preemption cannot thrash.
     min_runtime_before_preemption_seconds: int = Field(default=600, ge=0)
+    #: Past this many preemptions a job is not preempted again until it ends (0: no limit).
+    max_preemptions_per_job: int = Field(default=3, ge=0, le=1000)
+    #: A job waiting at the head of its pool this long reserves the instances it needs, so smaller jobs
+    #: behind it stop overtaking it (drain; 0 never reserves).
+    reserve_after_seconds: int = Field(default=1800, ge=0)
     #: Keep-alive set on a start when a queued job would reuse its instances next (0 disables it).
     default_keep_alive_seconds: int = Field(default=600, ge=0, le=21_600)
     #: Attempts per job before capacity or internal failures fail it for good.

@@ -236,6 +236,11 @@ def _instance_count(value: Any, where: str) -> int:
     return value
 
 
+def has_checkpoints(request: Mapping[str, Any]) -> bool:
+    config = request.get("CheckpointConfig")
+    return isinstance(config, Mapping) and bool(config.get("S3Uri"))
+
+
 def primary_pool(demand: Mapping[str, int]) -> str:
     """The pool a job is queued in: its only instance type, or the first group's."""
     return next(iter(demand))
@@ -300,6 +305,43 @@ class ResourceKey:
         )
 
 
+class ReservationKind(StrEnum):
+    """Why a job holds capacity between passes."""
+
+    PREEMPTED = "preempted"  # it stopped lower-priority work for itself
+    RELEASED = "released"  # it released warm pools or waits for stopping attempts' instances
+    DRAIN = "drain"  # it waited at the head of its pool long enough: nothing smaller may overtake it
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """Capacity promised to a waiting job, stored with the job so that it outlives the pass."""
+
+    instances: Mapping[str, int]  # pool -> instances the job holds (free, returning or released)
+    since: datetime
+    kind: ReservationKind
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"instances": dict(self.instances), "since": self.since.isoformat(), "kind": self.kind.value}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Reservation:
+        since = parse_time(data.get("since"))
+        if since is None:
+            raise DomainError(f"reservation without a time: {data!r}")
+        return cls(
+            instances={str(k): int(v) for k, v in dict(data.get("instances") or {}).items()},
+            since=since,
+            kind=ReservationKind(data.get("kind", ReservationKind.DRAIN.value)),
+        )
+
+    def describe(self, demand: Mapping[str, int]) -> str:
+        held = ", ".join(
+            f"{self.instances.get(pool, 0)} of {need} {pool}" for pool, need in sorted(demand.items())
+        )
+        return f"reserved ({self.kind.value}) since {self.since:%Y-%m-%dT%H:%M:%SZ}: holds {held}"
+
+
 @dataclass(frozen=True)
 class Pool:
     """A set of interchangeable instances the queue may fill: one instance type, a capacity in instances."""
@@ -334,6 +376,13 @@ class Job:
     not_before: datetime | None = None  # backoff: not started again before this time
     reused_warm_pool_of: str | None = None  # training job whose warm pool the current attempt reuses
     keep_alive_seconds: int = 0  # keep-alive the scheduler set on the current attempt
+    #: when the current attempt first reached SageMaker's Training phase; the minimum runtime before
+    #: preemption counts from here, so a slow provisioning cannot make a victim of a job that never trained
+    training_started_at: datetime | None = None
+    #: when the job last entered the queue (submission or requeue): how long it has waited at its place
+    queued_since: datetime | None = None
+    #: capacity promised to the job by an earlier pass; kept until it starts, is held, cancelled or outranked
+    reservation: Reservation | None = None
     version: int = 0  # optimistic-locking counter, owned by the store
     history: list[dict[str, Any]] = field(default_factory=list)  # [{at, state, attempt, reason}]
 
@@ -349,6 +398,11 @@ class Job:
     def resource_key(self) -> ResourceKey | None:
         return ResourceKey.from_request(self.request)
 
+    @property
+    def checkpointed(self) -> bool:
+        """It resumes from checkpoints after a preemption (CheckpointConfig.S3Uri), or restarts from zero."""
+        return has_checkpoints(self.request)
+
     def next_attempt_name(self) -> str:
         return attempt_name(self.name, self.attempt + 1)
 
@@ -356,6 +410,10 @@ class Job:
         """Move to `target`, recording when and why; refuses moves not in TRANSITIONS."""
         check_transition(self.state, target)
         self.state = target
+        if target is JobState.QUEUED:
+            self.queued_since = now
+        else:
+            self.reservation = None  # a promise to a waiting job ends when it leaves the queue
         if reason is not None:
             self.reason = reason
         if target.is_terminal:
@@ -380,6 +438,8 @@ class Job:
             "reason": self.reason,
             "preemptions": self.preemptions,
             "retries": self.retries,
+            "reservation": self.reservation.to_dict() if self.reservation else None,
+            "training_started_at": _iso(self.training_started_at),
             "instances": sum(self.demand.values()),
         }
 

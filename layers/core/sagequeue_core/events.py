@@ -48,6 +48,7 @@ class EventType(StrEnum):
     JOB_PREEMPTED = "JobPreempted"
     JOB_FINISHED = "JobFinished"
     WARM_POOL_REUSED = "WarmPoolReused"
+    JOB_RESERVED = "JobReserved"  # a waiting job was promised capacity, or its promise ended
     POLICY_VIOLATION = "PolicyViolation"
     IDLE_STOPPED = "IdleStopped"
 
@@ -76,6 +77,8 @@ class TrainingJobChange:
     training_start_time: datetime | None = None
     training_end_time: datetime | None = None
     last_modified_time: datetime | None = None
+    #: when the job entered the Training phase (its SecondaryStatusTransitions), if it has
+    training_phase_started_at: datetime | None = None
     detail: Mapping[str, Any] = field(default_factory=dict)  # the whole detail, for the resource key
 
     @property
@@ -132,8 +135,18 @@ def parse_description(detail: Mapping[str, Any]) -> TrainingJobChange:
         training_start_time=parse_time(detail.get("TrainingStartTime")),
         training_end_time=parse_time(detail.get("TrainingEndTime")),
         last_modified_time=parse_time(detail.get("LastModifiedTime")),
+        training_phase_started_at=_phase_start(detail.get("SecondaryStatusTransitions"), "Training"),
         detail=detail,
     )
+
+
+def _phase_start(transitions: Any, phase: str) -> datetime | None:
+    if not isinstance(transitions, list):
+        return None
+    for transition in transitions:
+        if isinstance(transition, Mapping) and transition.get("Status") == phase:
+            return parse_time(transition.get("StartTime"))
+    return None
 
 
 # --- publishing -----------------------------------------------------------------------------------------------

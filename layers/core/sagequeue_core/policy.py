@@ -3,18 +3,28 @@
 It knows nothing of AWS, DynamoDB or clocks: the scheduler service reads the snapshot, calls `plan`, and
 carries the actions out. One pass, in named phases:
 
-1. count   - used capacity per pool: live attempts (stopping ones too, until SageMaker lets go) plus the
-             Available warm pools, whose instances are retained and billed.
-2. order   - queued jobs by priority (high first), then submission time, then name; jobs in backoff wait.
-3. admit   - each job in order: start it on a matching warm pool (reuse); else start it in free capacity;
-             else free capacity held by warm pools nobody more important needs; else preempt.
-4. preempt - for a job that outranks running work: the fewest, lowest-priority attempts that have run
-             long enough and together cover the deficit, no more. The job claims the capacity they free.
+1. count   - the ledger of each pool: free instances (capacity minus live attempts minus Available warm
+             pools, whose instances are retained and billed), instances returning from attempts being
+             stopped, warm pools, and the running attempts that could be preempted.
+2. order   - queued jobs by priority (high first); within a priority, jobs holding a reservation first;
+             then submission time, then name. Jobs in backoff wait.
+3. admit   - each job in order: start it on a matching warm pool (reuse); else in free capacity; else
+             cover its deficit from the ledger, cheapest first: instances returning from stopping
+             attempts, then warm pools nobody at least as important wants (released), then the fewest
+             lower-priority attempts that have trained long enough and are within their preemption
+             budget (preempted). The cover is minimal: each kind is used only for what the cheaper ones
+             leave, and the victims are the fewest that cover the rest.
+4. reserve - a job that preempts or releases for itself, or that has waited at the head of its pool for
+             `reserve_after_seconds`, holds a reservation. The plan returns it and the service stores it
+             with the job, so it outlives the pass: in every later pass the job claims, before any job of
+             lower or equal priority, every free, returning or releasable instance it still needs.
+             Reserved capacity goes to no job of lower or equal priority; backfill uses what is left.
 5. keep    - a started job whose resource key matches another queued job is kept warm when it ends.
 
 Invariants (tested with hypothesis in tests/unit/test_policy_properties.py): capacity is never exceeded by
-the actions; a queued job is never passed over for a lower-priority one in the same pool unless it cannot
-fit; nothing is preempted for equal or lower priority; the victims are a minimal cover of the deficit.
+the actions; reserved capacity never goes to a job of lower or equal priority; nothing is preempted for
+equal or lower priority, before its minimum training time or beyond its preemption budget; the victims are
+a minimal cover of the deficit; every workload with finite arrivals drains.
 """
 
 from __future__ import annotations
@@ -25,7 +35,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from sagequeue_core.domain import ResourceKey
+from sagequeue_core.domain import Reservation, ReservationKind, ResourceKey
 
 #: Above this many preemption candidates in a pool, the exact fewest-victims search gives way to a
 #: greedy cover that is then pruned to a minimal one (the search is combinatorial).
@@ -43,6 +53,12 @@ class QueuedJob:
     demand: Mapping[str, int]  # instances per pool
     resource_key: ResourceKey | None = None  # None: cannot use a warm pool (spot, instance groups)
     not_before: datetime | None = None  # backoff after a transient failure
+    reservation: Reservation | None = None  # what an earlier pass promised it
+    queued_since: datetime | None = None  # when it last entered the queue; None: submitted_at
+
+    @property
+    def waiting_since(self) -> datetime:
+        return self.queued_since or self.submitted_at
 
 
 @dataclass(frozen=True)
@@ -55,6 +71,11 @@ class RunningAttempt:
     started_at: datetime
     job_name: str | None = None  # the queue entry; None for jobs started by hand
     stopping: bool = False  # already being stopped: its instances come back soon, nothing to decide
+    #: when the attempt first reached the Training phase; None while it is still provisioning. The minimum
+    #: runtime before preemption counts from here, not from CreateTrainingJob.
+    training_started_at: datetime | None = None
+    preemptions: int = 0  # times its queue entry was preempted already
+    checkpointed: bool = True  # it resumes from checkpoints (CheckpointConfig); else it restarts from zero
 
     @property
     def preemptible(self) -> bool:
@@ -90,6 +111,10 @@ class Snapshot:
 class PolicySettings:
     min_runtime_before_preemption_seconds: int = 0
     default_keep_alive_seconds: int = 0
+    #: past this many preemptions a job is not preempted again until it ends; 0: no limit
+    max_preemptions_per_job: int = 3
+    #: a job waiting at the head of its pool this long reserves what it needs (drain); 0: never
+    reserve_after_seconds: int = 1800
 
 
 # --- Actions -------------------------------------------------------------------------------------------------
@@ -122,8 +147,11 @@ Action = Start | Preempt | ReleaseWarmPool
 class Plan:
     actions: list[Action] = field(default_factory=list)
     waiting: dict[str, str] = field(default_factory=dict)  # job name -> why it did not start
-    #: free instances set aside for a waiting job (pool -> instances), so lower-priority jobs cannot take them
+    #: instances set aside in this pass for a waiting job (pool -> instances), so lower-priority jobs
+    #: cannot take them
     held: dict[str, dict[str, int]] = field(default_factory=dict)
+    #: the reservations waiting jobs hold after this pass; a queued job absent here holds none
+    reservations: dict[str, Reservation] = field(default_factory=dict)
 
     @property
     def starts(self) -> list[Start]:
@@ -146,9 +174,29 @@ def queue_order(job: QueuedJob) -> tuple[int, datetime, str]:
     return (-job.priority, job.submitted_at, job.name)
 
 
+def pass_order(job: QueuedJob) -> tuple[int, bool, datetime, str]:
+    """The order a pass admits jobs in: the queue's, except that within a priority a job holding a
+    reservation goes first, so nothing of equal priority takes what it was promised."""
+    return (-job.priority, job.reservation is None, job.submitted_at, job.name)
+
+
 def plan(snapshot: Snapshot, settings: PolicySettings | None = None) -> Plan:
     settings = settings or PolicySettings()
     return _Pass(snapshot, settings).run()
+
+
+@dataclass
+class _Cover:
+    """How a waiting job's deficit is met from the ledger, cheapest first."""
+
+    returning: Counter[str] = field(default_factory=Counter)
+    releases: list[WarmPool] = field(default_factory=list)
+    victims: list[RunningAttempt] = field(default_factory=list)
+    short: dict[str, int] = field(default_factory=dict)  # what none of it covers
+
+    @property
+    def complete(self) -> bool:
+        return not self.short
 
 
 class _Pass:
@@ -178,9 +226,10 @@ class _Pass:
                 for pool in attempt.demand:
                     self.preemptible_by_pool.setdefault(pool, []).append(attempt)
         # 2. order
-        self.order = sorted(snapshot.queued, key=queue_order)
+        self.order = sorted(snapshot.queued, key=pass_order)
         self.eligible = [j for j in self.order if j.not_before is None or j.not_before <= snapshot.now]
         self.started: set[str] = set()
+        self.blocked_pools: set[str] = set()  # pools where a job already waits in this pass
         # Resource keys of queued jobs, kept up to date as the pass walks the queue, so that asking "who
         # else would reuse this warm pool" costs the same for the first job and the ten-thousandth.
         self.open_keys: Counter[ResourceKey] = Counter(j.resource_key for j in self.order if j.resource_key)
@@ -203,76 +252,57 @@ class _Pass:
                 self.unadmitted_keys[job.resource_key] -= 1
                 self.unadmitted_by_priority[job.priority][job.resource_key] -= 1
             self._admit(job)
-            if job.resource_key and job.name not in self.started:
-                self.waiting_keys[job.resource_key] += 1
+            if job.name not in self.started:
+                self.blocked_pools.update(job.demand)
+                if job.resource_key:
+                    self.waiting_keys[job.resource_key] += 1
         return self.result
 
     # 3. admit
     def _admit(self, job: QueuedJob) -> None:
+        never = self._never_fits(job)
+        if never is not None:
+            self.result.waiting[job.name] = never
+            return
         warm = self._matching_warm_pool(job)
         if warm is not None:
             self.warm.remove(warm)  # its instances are counted as used already: they become the job's
             self._start(job, warm_pool=warm.training_job_name)
             return
-        if self._fits(job.demand):
-            self._take(job.demand)
-            self._start(job)
-            return
-        releasable = self._releasable_warm_pools(job)
-        if self._fits(job.demand, extra=_instances(releasable)):
-            for warm in self._fewest_to_release(job, releasable):
-                self.warm.remove(warm)
-                self.free[warm.pool] += warm.instances
-                self.result.actions.append(ReleaseWarmPool(warm.training_job_name, for_job=job.name))
-            self._take(job.demand)
-            self._start(job)
-            return
-        self._wait_or_preempt(job)
-
-    def _start(self, job: QueuedJob, warm_pool: str | None = None) -> None:
-        self.started.add(job.name)
-        if job.resource_key:
-            self.open_keys[job.resource_key] -= 1
-        self.result.actions.append(
-            Start(job.name, warm_pool=warm_pool, keep_alive_seconds=self._keep_alive_for(job))
-        )
-
-    # 4. preempt
-    def _wait_or_preempt(self, job: QueuedJob) -> None:
         deficit = self._deficit(job.demand)
-        # capacity already on its way back from stopping attempts is promised to the first job that needs it
-        promised = {pool: min(self.returning[pool], need) for pool, need in deficit.items()}
-        remaining = {pool: need - promised[pool] for pool, need in deficit.items() if need > promised[pool]}
-        if not remaining:
-            self.returning.subtract(promised)
-            self._claim(job)
-            self.result.waiting[job.name] = "waiting for stopping jobs to release their instances"
+        if not deficit:
+            self._take(job.demand)
+            self._start(job)
             return
-        candidates: dict[str, RunningAttempt] = {}
-        for pool in remaining:
-            for attempt in self.preemptible_by_pool.get(pool, ()):
-                if attempt.priority >= job.priority:
-                    break  # sorted by priority: the rest are at least as important
-                if attempt.training_job_name not in self.victims:
-                    candidates[attempt.training_job_name] = attempt
-        ready = [a for a in candidates.values() if self._ran_long_enough(a)]
-        victims = minimal_cover(ready, remaining)
-        if victims is not None:
-            self.returning.subtract(promised)
-            for victim in victims:
-                self.victims.add(victim.training_job_name)
-                assert victim.job_name is not None  # preemptible attempts belong to the queue
-                self.result.actions.append(
-                    Preempt(victim.job_name, victim.training_job_name, for_job=job.name)
-                )
-            self._claim(job)
-            self.result.waiting[job.name] = "waiting for preempted jobs to stop: " + ", ".join(
-                v.training_job_name for v in victims
+        cover = self._cover(job, deficit)
+        if cover.complete and not cover.returning and not cover.victims:
+            # released warm pools alone make room: start now
+            self._release(job, cover.releases)
+            self._take(job.demand)
+            self._start(job)
+            return
+        if cover.complete:
+            holds = self._commit(job, cover)
+            kind = ReservationKind.PREEMPTED if cover.victims else ReservationKind.RELEASED
+            if job.reservation is not None and not cover.victims:
+                kind = job.reservation.kind
+            self._reserve(job, kind, holds)
+            self.result.waiting[job.name] = self._waiting_reason(job, cover)
+            return
+        if job.reservation is not None or self._drain_due(job):
+            # Promised earlier, or waited at the head long enough: hold whatever it can get, so that
+            # capacity coming back accumulates for it instead of going to smaller, later work.
+            partial = _Cover(returning=cover.returning, releases=cover.releases)
+            holds = self._commit(job, partial)
+            kind = job.reservation.kind if job.reservation is not None else ReservationKind.DRAIN
+            self._reserve(job, kind, holds)
+            self.result.waiting[job.name] = (
+                self.result.reservations[job.name].describe(job.demand) + "; waiting for running jobs to end"
             )
             return
-        if minimal_cover(list(candidates.values()), remaining) is not None:
-            # It will outrank enough running work once that work has run its minimum time: hold the free
-            # capacity for it rather than start lower-priority work that would be preempted right after.
+        if self._coverable_later(job, cover):
+            # It will outrank enough running work once that work has trained its minimum time: hold the
+            # free capacity for it rather than start lower-priority work that would be preempted right after.
             self._claim(job)
             self.result.waiting[job.name] = (
                 "waiting for lower-priority jobs to reach the minimum runtime before preemption"
@@ -283,9 +313,114 @@ class _Pass:
             for pool in sorted(job.demand)
         )
 
+    def _never_fits(self, job: QueuedJob) -> str | None:
+        for pool, need in sorted(job.demand.items()):
+            capacity = self.snapshot.capacity.get(pool, 0)
+            if capacity == 0:
+                return f"pool drained: {pool} has capacity 0"
+            if need > capacity:
+                return f"can never fit: needs {need} {pool}, the pool's capacity is {capacity}"
+        return None
+
+    def _drain_due(self, job: QueuedJob) -> bool:
+        after = self.settings.reserve_after_seconds
+        if after <= 0 or any(pool in self.blocked_pools for pool in job.demand):
+            return False
+        return (self.snapshot.now - job.waiting_since).total_seconds() >= after
+
+    def _start(self, job: QueuedJob, warm_pool: str | None = None) -> None:
+        self.started.add(job.name)
+        if job.resource_key:
+            self.open_keys[job.resource_key] -= 1
+        self.result.actions.append(
+            Start(job.name, warm_pool=warm_pool, keep_alive_seconds=self._keep_alive_for(job))
+        )
+
+    # the ledger
+    def _cover(self, job: QueuedJob, deficit: Mapping[str, int]) -> _Cover:
+        """Meet `deficit` from the ledger, cheapest first: returning instances, releasable warm pools,
+        then the fewest preemptible lower-priority attempts. `short` is what remains uncovered."""
+        cover = _Cover()
+        remaining = dict(deficit)
+        for pool, need in list(remaining.items()):
+            take = min(self.returning[pool], need)
+            if take > 0:
+                cover.returning[pool] = take
+                remaining[pool] = need - take
+        remaining = {pool: need for pool, need in remaining.items() if need > 0}
+        if remaining:
+            cover.releases = self._fewest_to_release(job, remaining)
+            for warm in cover.releases:
+                remaining[warm.pool] = remaining.get(warm.pool, 0) - warm.instances
+            remaining = {pool: need for pool, need in remaining.items() if need > 0}
+        if remaining:
+            ready = [a for a in self._candidates(job, remaining) if self._ran_long_enough(a)]
+            victims = minimal_cover(ready, remaining)
+            if victims is None:
+                cover.short = remaining
+            else:
+                cover.victims = victims
+        return cover
+
+    def _candidates(self, job: QueuedJob, remaining: Mapping[str, int]) -> list[RunningAttempt]:
+        budget = self.settings.max_preemptions_per_job
+        candidates: dict[str, RunningAttempt] = {}
+        for pool in remaining:
+            for attempt in self.preemptible_by_pool.get(pool, ()):
+                if attempt.priority >= job.priority:
+                    continue  # nothing is preempted for equal or lower priority
+                if attempt.training_job_name in self.victims:
+                    continue
+                if budget > 0 and attempt.preemptions >= budget:
+                    continue  # preempted enough: it runs to its end
+                candidates[attempt.training_job_name] = attempt
+        return list(candidates.values())
+
+    def _coverable_later(self, job: QueuedJob, cover: _Cover) -> bool:
+        if not cover.short:
+            return False
+        return minimal_cover(self._candidates(job, cover.short), cover.short) is not None
+
+    def _commit(self, job: QueuedJob, cover: _Cover) -> dict[str, int]:
+        """Carry out a cover for `job`: promise the returning instances, release the warm pools, preempt
+        the victims, and hold the free capacity, all for it. Returns what it now holds, per pool."""
+        self.returning.subtract(cover.returning)
+        self._release(job, cover.releases)
+        for victim in cover.victims:
+            self.victims.add(victim.training_job_name)
+            assert victim.job_name is not None  # preemptible attempts belong to the queue
+            self.result.actions.append(Preempt(victim.job_name, victim.training_job_name, for_job=job.name))
+        held = self._claim(job)
+        promised: Counter[str] = Counter(held)
+        promised.update(cover.returning)
+        for victim in cover.victims:
+            promised.update({pool: n for pool, n in victim.demand.items() if pool in job.demand})
+        return {pool: min(promised[pool], need) for pool, need in job.demand.items()}
+
+    def _reserve(self, job: QueuedJob, kind: ReservationKind, holds: Mapping[str, int]) -> None:
+        since = job.reservation.since if job.reservation is not None else self.snapshot.now
+        self.result.reservations[job.name] = Reservation(instances=dict(holds), since=since, kind=kind)
+
+    def _release(self, job: QueuedJob, warm_pools: Sequence[WarmPool]) -> None:
+        for warm in warm_pools:
+            self.warm.remove(warm)
+            self.free[warm.pool] += warm.instances
+            self.result.actions.append(ReleaseWarmPool(warm.training_job_name, for_job=job.name))
+
+    def _waiting_reason(self, job: QueuedJob, cover: _Cover) -> str:
+        if cover.victims:
+            return "waiting for preempted jobs to stop: " + ", ".join(
+                v.training_job_name for v in cover.victims
+            )
+        if cover.returning:
+            return "waiting for stopping jobs to release their instances"
+        return "waiting for released warm pools to end"
+
     def _ran_long_enough(self, attempt: RunningAttempt) -> bool:
-        ran = (self.snapshot.now - attempt.started_at).total_seconds()
-        return ran >= self.settings.min_runtime_before_preemption_seconds
+        if attempt.training_started_at is None:
+            return self.settings.min_runtime_before_preemption_seconds <= 0
+        trained = (self.snapshot.now - attempt.training_started_at).total_seconds()
+        return trained >= self.settings.min_runtime_before_preemption_seconds
 
     # 5. keep
     def _keep_alive_for(self, job: QueuedJob) -> int | None:
@@ -296,15 +431,11 @@ class _Pass:
         return None
 
     # capacity bookkeeping
-    def _fits(self, demand: Mapping[str, int], extra: Mapping[str, int] | None = None) -> bool:
-        extra = extra or {}
-        return all(self.free.get(pool, 0) + extra.get(pool, 0) >= need for pool, need in demand.items())
-
     def _take(self, demand: Mapping[str, int]) -> None:
         for pool, need in demand.items():
             self.free[pool] = self.free.get(pool, 0) - need
 
-    def _claim(self, job: QueuedJob) -> None:
+    def _claim(self, job: QueuedJob) -> dict[str, int]:
         """Set aside the free capacity a waiting job will use, so lower-priority jobs cannot take it."""
         held: dict[str, int] = {}
         for pool, need in job.demand.items():
@@ -314,6 +445,7 @@ class _Pass:
                 held[pool] = take
         if held:
             self.result.held[job.name] = held
+        return held
 
     def _deficit(self, demand: Mapping[str, int]) -> dict[str, int]:
         """Instances that must come back before `demand` fits. A pool over capacity (capacity lowered, jobs
@@ -349,33 +481,33 @@ class _Pass:
                 releasable.append(warm)
         return releasable
 
-    def _fewest_to_release(self, job: QueuedJob, releasable: Sequence[WarmPool]) -> list[WarmPool]:
+    def _fewest_to_release(self, job: QueuedJob, deficit: Mapping[str, int]) -> list[WarmPool]:
         # Pools nobody queued would reuse go first; then those only less important jobs match.
         wanted_by_anyone = self.waiting_keys + self.unadmitted_keys
         ranked = sorted(
-            releasable, key=lambda w: (w.resource_key in wanted_by_anyone, -w.instances, w.training_job_name)
+            self._releasable_warm_pools(job),
+            key=lambda w: (w.resource_key in wanted_by_anyone, -w.instances, w.training_job_name),
         )
-        deficit = self._deficit(job.demand)
+        remaining = dict(deficit)
         chosen: list[WarmPool] = []
         for warm in ranked:
-            if not any(need > 0 for need in deficit.values()):
+            if not any(need > 0 for need in remaining.values()):
                 break
-            if deficit.get(warm.pool, 0) > 0:
+            if remaining.get(warm.pool, 0) > 0:
                 chosen.append(warm)
-                deficit[warm.pool] -= warm.instances
+                remaining[warm.pool] -= warm.instances
         return chosen
 
 
-def _instances(warm_pools: Iterable[WarmPool]) -> dict[str, int]:
-    total: Counter[str] = Counter()
-    for warm in warm_pools:
-        total[warm.pool] += warm.instances
-    return dict(total)
-
-
-def victim_order(attempt: RunningAttempt) -> tuple[int, float, str]:
-    """Least important first; among equals the most recently started, which loses the least work."""
-    return (attempt.priority, -attempt.started_at.timestamp(), attempt.training_job_name)
+def victim_order(attempt: RunningAttempt) -> tuple[bool, int, float, str]:
+    """Jobs that resume from checkpoints before those that would restart from zero; then the least
+    important; among equals the most recently started, which loses the least work."""
+    return (
+        not attempt.checkpointed,
+        attempt.priority,
+        -attempt.started_at.timestamp(),
+        attempt.training_job_name,
+    )
 
 
 def covers(attempts: Iterable[RunningAttempt], deficit: Mapping[str, int]) -> bool:
@@ -388,7 +520,8 @@ def covers(attempts: Iterable[RunningAttempt], deficit: Mapping[str, int]) -> bo
 def minimal_cover(
     candidates: Sequence[RunningAttempt], deficit: Mapping[str, int]
 ) -> list[RunningAttempt] | None:
-    """The fewest candidates that together free `deficit`, preferring the least important; None if none do.
+    """The fewest candidates that together free `deficit`, preferring the cheapest to stop (victim_order);
+    None if none do.
 
     The result is always minimal: dropping any victim leaves the deficit uncovered, so no job is stopped
     that the waiting job does not need.
@@ -398,7 +531,7 @@ def minimal_cover(
         return None
     if len(ordered) <= EXACT_VICTIM_SEARCH_LIMIT:
         # Combinations come out in lexicographic order of `ordered`, so the first cover of the smallest size
-        # is also the one made of the least important jobs.
+        # is also the one made of the cheapest jobs to stop.
         for size in range(1, len(ordered) + 1):
             for combo in itertools.combinations(ordered, size):
                 if covers(combo, deficit):
@@ -408,7 +541,7 @@ def minimal_cover(
         chosen.append(attempt)
         if covers(chosen, deficit):
             break
-    # prune: drop the most important victims the cover does not need
+    # prune: drop the most expensive victims the cover does not need
     for attempt in sorted(chosen, key=victim_order, reverse=True):
         rest = [a for a in chosen if a is not attempt]
         if covers(rest, deficit):

@@ -49,6 +49,7 @@ from sagequeue_core.domain import (
     Job,
     JobState,
     Pool,
+    Reservation,
     ResourceKey,
     StopReason,
 )
@@ -170,6 +171,9 @@ def _model_classes(table_name: str, host: str | None, region: str | None) -> Any
         not_before = UTCDateTimeAttribute(null=True)
         reused_warm_pool_of = UnicodeAttribute(null=True)
         keep_alive_seconds = NumberAttribute(null=True)
+        training_started_at = UTCDateTimeAttribute(null=True)
+        queued_since = UTCDateTimeAttribute(null=True)
+        reservation = UnicodeAttribute(null=True)  # JSON {instances, since, kind}
         history = UnicodeAttribute(null=True)  # JSON list
         # index keys
         queued_pool = UnicodeAttribute(null=True)
@@ -525,6 +529,9 @@ class Repository:
             not_before=job.not_before,
             reused_warm_pool_of=job.reused_warm_pool_of,
             keep_alive_seconds=job.keep_alive_seconds,
+            training_started_at=job.training_started_at,
+            queued_since=job.queued_since,
+            reservation=json.dumps(job.reservation.to_dict()) if job.reservation else None,
             history=json.dumps(job.history, separators=(",", ":")),
             queued_pool=job.pool if queued else None,
             queue_order=queue_order(job.priority, job.submitted_at, job.name) if queued else None,
@@ -556,6 +563,9 @@ class Repository:
             not_before=item.not_before,
             reused_warm_pool_of=item.reused_warm_pool_of,
             keep_alive_seconds=int(item.keep_alive_seconds or 0),
+            training_started_at=item.training_started_at,
+            queued_since=item.queued_since,
+            reservation=Reservation.from_dict(json.loads(item.reservation)) if item.reservation else None,
             version=int(item.version or 0),
             history=json.loads(item.history or "[]"),
         )

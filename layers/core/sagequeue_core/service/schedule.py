@@ -20,6 +20,7 @@ from sagequeue_core.domain import (
     TRANSITIONS,
     Job,
     JobState,
+    Reservation,
     ResourceKey,
     StopReason,
     attempt_name,
@@ -76,6 +77,8 @@ from sagequeue_core.store import ExternalAttempt, TrackedWarmPool
 
 #: SecondaryStatus values under InProgress before the instances are the job's.
 _NOT_YET_RUNNING = frozenset({"", "Starting", "Pending", "LaunchingMLInstances"})
+#: SecondaryStatus values under InProgress once the job has begun to train.
+_TRAINING_OR_LATER = frozenset({"Training", "Uploading"})
 #: SecondaryStatus values under Stopped that SageMaker chose, not anyone's StopTrainingJob.
 _SAGEMAKER_STOPS = frozenset({"MaxRuntimeExceeded", "MaxWaitTimeExceeded"})
 #: How often a write is retried after another writer changed the job in between.
@@ -187,11 +190,17 @@ def _apply_to_job(deps: Dependencies, job: Job, change: TrainingJobChange) -> st
         return "ignored: not the job's current attempt"
     was = job.state
     if change.status == "InProgress":
+        outcome = "no change"
         if was is JobState.STARTING and change.secondary_status not in _NOT_YET_RUNNING:
             job.transition(JobState.RUNNING, now, reason=change.secondary_status)
+            outcome = "running"
+        trained = _training_since(change, now)
+        if job.training_started_at is None and trained is not None and job.state.is_live:
+            job.training_started_at = trained
+            outcome = "training" if outcome == "no change" else outcome
+        if outcome != "no change":
             deps.store.save_job(job, was=was)
-            return "running"
-        return "no change"
+        return outcome
     if not change.ended:
         return "no change"
     if not was.is_live:
@@ -216,6 +225,15 @@ def _apply_to_job(deps: Dependencies, job: Job, change: TrainingJobChange) -> st
         extra={"job": job.name, "attempt": job.attempt, "status": change.status, "state": target.value},
     )
     return target.value
+
+
+def _training_since(change: TrainingJobChange, now: datetime) -> datetime | None:
+    """When the attempt began to train, if it has: the minimum runtime before preemption counts from here."""
+    if change.training_phase_started_at is not None:
+        return change.training_phase_started_at
+    if change.secondary_status in _TRAINING_OR_LATER:
+        return now
+    return None
 
 
 def _end_state(deps: Dependencies, job: Job, change: TrainingJobChange) -> tuple[JobState, str]:
@@ -412,6 +430,8 @@ def run_pass(deps: Dependencies) -> PassReport:
                 demand=job.demand,
                 resource_key=job.resource_key,
                 not_before=job.not_before,
+                reservation=job.reservation,
+                queued_since=job.queued_since,
             )
             for job in queued.values()
         ],
@@ -423,6 +443,9 @@ def run_pass(deps: Dependencies) -> PassReport:
                 started_at=job.started_at or now,
                 job_name=job.name,
                 stopping=job.state in (JobState.PREEMPTING, JobState.STOPPING),
+                training_started_at=job.training_started_at,
+                preemptions=job.preemptions,
+                checkpointed=job.checkpointed,
             )
             for job in live.values()
         ]
@@ -442,6 +465,8 @@ def run_pass(deps: Dependencies) -> PassReport:
         PolicySettings(
             min_runtime_before_preemption_seconds=settings.min_runtime_before_preemption_seconds,
             default_keep_alive_seconds=settings.default_keep_alive_seconds,
+            max_preemptions_per_job=settings.max_preemptions_per_job,
+            reserve_after_seconds=settings.reserve_after_seconds,
         ),
     )
     report.waiting.update(decided.waiting)
@@ -457,7 +482,7 @@ def run_pass(deps: Dependencies) -> PassReport:
                 report.waiting[action.job_name] = "waiting for a warm pool to be released"
                 continue
             _start(deps, queued[action.job_name], action, report)
-    _note_waiting(deps, queued, report.waiting)
+    _note_waiting(deps, queued, report.waiting, decided.reservations)
     logger.info(
         "pass done",
         extra={
@@ -470,17 +495,39 @@ def run_pass(deps: Dependencies) -> PassReport:
     return report
 
 
-def _note_waiting(deps: Dependencies, queued: Mapping[str, Job], waiting: Mapping[str, str]) -> None:
-    """Tell users why a job waits (its `reason`), writing only jobs whose reason changed."""
-    for name, reason in waiting.items():
-        job = queued.get(name)
-        if job is None or job.reason == reason:
+def _note_waiting(
+    deps: Dependencies,
+    queued: Mapping[str, Job],
+    waiting: Mapping[str, str],
+    reservations: Mapping[str, Reservation],
+) -> None:
+    """Store why each job waits (its `reason`) and what it was promised (its reservation), writing only
+    the jobs where either changed."""
+    for name, job in queued.items():
+        if name not in waiting and job.reservation is None:
+            continue  # started in this pass, or outside the window: nothing to say
+        reason = waiting.get(name, job.reason)
+        reservation = reservations.get(name)
+        if job.reason == reason and job.reservation == reservation:
             continue
+        if job.reservation != reservation:
+            _announce_reservation(deps, job, reservation)
         job.reason = reason
+        job.reservation = reservation
         try:
             deps.store.save_job(job, was=JobState.QUEUED)
         except StaleVersion:
             continue  # changed since this pass read it; the next pass says why it waits
+
+
+def _announce_reservation(deps: Dependencies, job: Job, reservation: Reservation | None) -> None:
+    detail: dict[str, Any] = {"name": job.name, "pool": job.pool}
+    if reservation is None:
+        detail["reservation"] = None
+        detail["ended"] = job.reservation.kind.value if job.reservation else None
+    else:
+        detail["reservation"] = reservation.to_dict()
+    announce(deps.publisher, EventType.JOB_RESERVED, detail)
 
 
 def _queue_metrics(pool: str, window: list[Job], now: datetime) -> None:
