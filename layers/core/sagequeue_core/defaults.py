@@ -42,6 +42,13 @@ TRAINING_JOB_STATE_CHANGE = "SageMaker Training Job State Change"
 #: Source of the events sagequeue publishes (JobQueued, JobStarted, ...).
 SAGEQUEUE_EVENT_SOURCE = "sagequeue"
 
+# --- Scheduling -------------------------------------------------------------------------------------------
+
+#: How long a quota learned from ResourceLimitExceeded limits a pool. SageMaker's answer is the only word
+#: on the account's quota sagequeue gets; after this long the pool's configured capacity is tried again,
+#: so a raised quota is noticed without anyone telling the stack.
+QUOTA_MEMORY_SECONDS = 600
+
 # --- Tags --------------------------------------------------------------------------------------------------
 
 #: A job's priority may come from this tag (an integer) when the request carries no explicit priority.

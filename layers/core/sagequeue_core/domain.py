@@ -355,6 +355,15 @@ class Pool:
             raise DomainError(f"capacity of {self.instance_type} must be a non-negative integer")
 
 
+def active_quota(
+    quota: int | None, seen_at: datetime | None, now: datetime, memory_seconds: int
+) -> int | None:
+    """An account quota learned from a refusal, while it is recent enough to plan with; else None."""
+    if quota is None or seen_at is None or (now - seen_at).total_seconds() >= memory_seconds:
+        return None
+    return quota
+
+
 @dataclass
 class Job:
     """One queue entry and the state of its current attempt."""

@@ -8,8 +8,9 @@ carries the actions out. One pass, in named phases:
              stopped, warm pools, and the running attempts that could be preempted.
 2. order   - queued jobs by priority (high first); within a priority, jobs holding a reservation first;
              then submission time, then name. Jobs in backoff wait.
-3. admit   - each job in order: start it on a matching warm pool (reuse); else in free capacity; else
-             cover its deficit from the ledger, cheapest first: instances returning from stopping
+3. admit   - each job in order: start it on a matching warm pool (reuse); else in free capacity, with
+             warm pools nobody at least as important wants released if that is all it lacks; else cover
+             its deficit from the ledger, cheapest first: instances returning from stopping
              attempts, then warm pools nobody at least as important wants (released), then the fewest
              lower-priority attempts that have trained long enough and are within their preemption
              budget (preempted). The cover is minimal: each kind is used only for what the cheaper ones
@@ -102,6 +103,8 @@ class WarmPool:
 class Snapshot:
     now: datetime
     capacity: Mapping[str, int]
+    #: what the account's quota lets SageMaker hold, where it is below the capacity (learned from a refusal)
+    quota: Mapping[str, int] = field(default_factory=dict)
     queued: Sequence[QueuedJob] = ()
     running: Sequence[RunningAttempt] = ()
     warm_pools: Sequence[WarmPool] = ()
@@ -211,7 +214,7 @@ class _Pass:
         for warm in snapshot.warm_pools:
             used[warm.pool] += warm.instances
         self.free: dict[str, int] = {
-            pool: snapshot.capacity.get(pool, 0) - used[pool] for pool in set(snapshot.capacity) | set(used)
+            pool: self._limit(pool) - used[pool] for pool in set(snapshot.capacity) | set(used)
         }
         # capacity that attempts already being stopped will return, not yet promised to anyone
         self.returning: Counter[str] = Counter()
@@ -274,13 +277,14 @@ class _Pass:
             self._take(job.demand)
             self._start(job)
             return
-        cover = self._cover(job, deficit)
-        if cover.complete and not cover.returning and not cover.victims:
-            # released warm pools alone make room: start now
-            self._release(job, cover.releases)
+        releases = self._fewest_to_release(job, deficit)
+        if _covered_by(releases, deficit):
+            # released warm pools make room now: start rather than wait for anything to come back
+            self._release(job, releases)
             self._take(job.demand)
             self._start(job)
             return
+        cover = self._cover(job, deficit)
         if cover.complete:
             holds = self._commit(job, cover)
             kind = ReservationKind.PREEMPTED if cover.victims else ReservationKind.RELEASED
@@ -309,9 +313,18 @@ class _Pass:
             )
             return
         self.result.waiting[job.name] = "waiting for capacity: " + ", ".join(
-            f"needs {job.demand[pool]} {pool}, {max(self.free.get(pool, 0), 0)} free"
+            f"needs {job.demand[pool]} {pool}, {max(self.free.get(pool, 0), 0)} free" + self._quota_note(pool)
             for pool in sorted(job.demand)
         )
+
+    def _quota_note(self, pool: str) -> str:
+        if pool not in self.snapshot.quota:
+            return ""
+        return f" (the account's quota allows {self.snapshot.quota[pool]} of the pool's {self.snapshot.capacity.get(pool, 0)})"
+
+    def _limit(self, pool: str) -> int:
+        capacity = self.snapshot.capacity.get(pool, 0)
+        return min(capacity, self.snapshot.quota.get(pool, capacity))
 
     def _never_fits(self, job: QueuedJob) -> str | None:
         for pool, need in sorted(job.demand.items()):
@@ -497,6 +510,13 @@ class _Pass:
                 chosen.append(warm)
                 remaining[warm.pool] -= warm.instances
         return chosen
+
+
+def _covered_by(warm_pools: Sequence[WarmPool], deficit: Mapping[str, int]) -> bool:
+    freed: Counter[str] = Counter()
+    for warm in warm_pools:
+        freed[warm.pool] += warm.instances
+    return all(freed[pool] >= need for pool, need in deficit.items())
 
 
 def victim_order(attempt: RunningAttempt) -> tuple[bool, int, float, str]:

@@ -44,6 +44,7 @@ from pynamodb.indexes import AllProjection, GlobalSecondaryIndex
 from pynamodb.models import Model
 from pynamodb.transactions import TransactWrite
 
+from sagequeue_core.defaults import QUOTA_MEMORY_SECONDS
 from sagequeue_core.domain import (
     PRIORITY_MAX,
     Job,
@@ -52,6 +53,7 @@ from sagequeue_core.domain import (
     Reservation,
     ResourceKey,
     StopReason,
+    active_quota,
 )
 from sagequeue_core.errors import JobAlreadyExists, JobNotFound, PoolNotFound, StaleVersion
 
@@ -118,6 +120,14 @@ class TrackedWarmPool:
 class PoolStatus:
     pool: Pool
     queued: int
+    #: instances SageMaker held in this pool when it last refused a create with ResourceLimitExceeded:
+    #: the account's quota, as far as sagequeue has seen it; None when never refused
+    quota: int | None = None
+    quota_seen_at: datetime | None = None
+
+    def quota_at(self, now: datetime) -> int | None:
+        """The account quota to plan with, when SageMaker refused a start recently enough; else None."""
+        return active_quota(self.quota, self.quota_seen_at, now, QUOTA_MEMORY_SECONDS)
 
 
 @dataclass
@@ -184,6 +194,8 @@ def _model_classes(table_name: str, host: str | None, region: str | None) -> Any
         # pool
         capacity = NumberAttribute(null=True)
         queued = NumberAttribute(null=True)
+        quota = NumberAttribute(null=True)
+        quota_seen_at = UTCDateTimeAttribute(null=True)
         # external attempt, warm pool, claim
         demand = UnicodeAttribute(null=True)  # JSON {instance type: count}
         resource_key = UnicodeAttribute(null=True)  # JSON
@@ -377,17 +389,39 @@ class Repository:
     # --- pools --------------------------------------------------------------------------------------------
 
     def pools(self) -> list[PoolStatus]:
-        return [
-            PoolStatus(Pool(item.sk, int(item.capacity or 0)), max(int(item.queued or 0), 0))
-            for item in self._item.query(_POOLS_PK)
-        ]
+        return [self._to_pool(item) for item in self._item.query(_POOLS_PK)]
 
     def get_pool(self, instance_type: str) -> PoolStatus:
         try:
             item = self._item.get(_POOLS_PK, instance_type, consistent_read=True)
         except self._item.DoesNotExist:
             raise PoolNotFound(f"no pool for instance type {instance_type}") from None
-        return PoolStatus(Pool(item.sk, int(item.capacity or 0)), max(int(item.queued or 0), 0))
+        return self._to_pool(item)
+
+    def record_quota(self, instance_type: str, instances: int, at: datetime) -> None:
+        """Remember that SageMaker refused a create while holding `instances` of this pool for the account."""
+        self._item(_POOLS_PK, instance_type).update(
+            actions=[self._item.quota.set(instances), self._item.quota_seen_at.set(at)],
+            condition=self._item.pk.exists(),
+            add_version_condition=False,
+        )
+
+    def forget_quota(self, instance_type: str) -> None:
+        """SageMaker granted more than the quota sagequeue had seen (raised, or freed elsewhere)."""
+        self._item(_POOLS_PK, instance_type).update(
+            actions=[self._item.quota.remove(), self._item.quota_seen_at.remove()],
+            condition=self._item.pk.exists(),
+            add_version_condition=False,
+        )
+
+    @staticmethod
+    def _to_pool(item: Any) -> PoolStatus:
+        return PoolStatus(
+            Pool(item.sk, int(item.capacity or 0)),
+            max(int(item.queued or 0), 0),
+            quota=None if item.quota is None else int(item.quota),
+            quota_seen_at=item.quota_seen_at,
+        )
 
     def set_capacity(self, pool: Pool) -> PoolStatus:
         """Create the pool or change its capacity (its queued counter is kept)."""

@@ -174,7 +174,19 @@ def test_pools_capacity_is_set_by_admins_and_frees_room_at_once(world: QueueWorl
     assert world.state("p3") == "starting", "the JobChanged event runs a pass"
 
     status, pool = world.api("PUT", f"/pools/{TRN2}", {"capacity": 1}, caller=ADMIN)
-    assert (status, pool) == (200, {"instance_type": TRN2, "capacity": 1, "used": 0, "queued": 0, "warm": 0})
+    assert (status, pool) == (
+        200,
+        {
+            "instance_type": TRN2,
+            "capacity": 1,
+            "used": 0,
+            "queued": 0,
+            "warm": 0,
+            "free": 1,
+            "quota": None,
+            "warning": None,
+        },
+    )
     assert world.api("PUT", f"/pools/{TRN2}", {"capacity": -1}, caller=ADMIN)[0] == 400
 
 

@@ -12,6 +12,7 @@ import pytest
 from conftest import QueueWorld, training_request
 
 from sagequeue.local.emulator.events import state_change_event
+from sagequeue_core.defaults import QUOTA_MEMORY_SECONDS
 
 
 class Crash(RuntimeError):
@@ -195,17 +196,34 @@ def test_a_training_job_of_the_same_name_not_started_by_the_queue_fails_the_job(
     assert "not started by sagequeue" in job["reason"]
 
 
-@pytest.mark.parametrize("code", ["ThrottlingException", "ResourceLimitExceeded"])
-def test_a_refused_create_leaves_the_job_queued_and_it_starts_later(world: QueueWorld, code: str) -> None:
-    world.emulator.fail_next("CreateTrainingJob", code)
+def test_a_throttled_create_leaves_the_job_queued_and_it_starts_later(world: QueueWorld) -> None:
+    world.emulator.fail_next("CreateTrainingJob", "ThrottlingException")
     world.submit("patient", duration=60)
     assert world.state("patient") == "queued"
-    assert code in world.reports[-1]["waiting"]["patient"]
+    assert "ThrottlingException" in world.reports[-1]["waiting"]["patient"]
 
     world.timer()
 
     assert world.state("patient") == "starting"
     assert world.job("patient")["attempt"] == 1
+
+
+def test_a_quota_refusal_is_learned_and_the_configured_capacity_tried_again_later(world: QueueWorld) -> None:
+    # GIVEN SageMaker refuses a start for the account's quota while the queue holds nothing in the pool
+    world.emulator.fail_next("CreateTrainingJob", "ResourceLimitExceeded")
+    world.submit("patient", duration=60)
+    assert "ResourceLimitExceeded" in world.reports[-1]["waiting"]["patient"]
+    # THEN the pool shows the quota it met, and passes plan with it instead of asking SageMaker again
+    pool = world.api("GET", "/pools")[1]["pools"][0]
+    assert pool["quota"] == 0
+    assert "ResourceLimitExceeded" in pool["warning"]
+    world.timer()
+    assert world.state("patient") == "queued"
+    assert "the account's quota allows 0" in world.job("patient")["reason"]
+    # AND once the quota is old news the configured capacity is tried again: this time SageMaker accepts
+    world.run(QUOTA_MEMORY_SECONDS + 60, step=60)
+    assert world.job("patient")["attempt"] == 1
+    assert world.api("GET", "/pools")[1]["pools"][0]["quota"] is None
 
 
 def test_a_preemption_whose_stop_failed_is_stopped_by_the_timer(world: QueueWorld) -> None:

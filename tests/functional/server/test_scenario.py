@@ -82,4 +82,15 @@ def test_article_scenario_preempts_resumes_and_completes_every_job(world: QueueW
 
     status, pools = world.api("GET", "/pools")
     assert status == 200
-    assert pools["pools"] == [{"instance_type": TRN1, "capacity": 2, "used": 0, "queued": 0, "warm": 0}]
+    assert pools["pools"] == [
+        {
+            "instance_type": TRN1,
+            "capacity": 2,
+            "used": 0,
+            "queued": 0,
+            "warm": 0,
+            "free": 2,
+            "quota": None,
+            "warning": None,
+        }
+    ]

@@ -20,7 +20,16 @@ def test_a_finished_jobs_warm_pool_is_reused_rather_than_a_cold_start(world: Que
     world.run(30)
     status, pools = world.api("GET", "/pools")
     assert status == 200
-    assert pools["pools"][0] == {"instance_type": TRN1, "capacity": 2, "used": 0, "queued": 0, "warm": 1}
+    assert pools["pools"][0] == {
+        "instance_type": TRN1,
+        "capacity": 2,
+        "used": 0,
+        "queued": 0,
+        "warm": 1,
+        "free": 1,
+        "quota": None,
+        "warning": None,
+    }
 
     # WHEN a job with the same resource key is submitted
     world.submit("train", duration=120)

@@ -61,6 +61,12 @@ class CapacityRequest(BaseModel):
 # --- answers ---------------------------------------------------------------------------------------------------
 
 
+class ReservationOut(BaseModel):
+    instances: dict[str, int] = Field(description="instances held per pool")
+    since: str
+    kind: str = Field(description="preempted, released or drain")
+
+
 class JobOut(BaseModel):
     name: str
     state: str = Field(
@@ -78,6 +84,12 @@ class JobOut(BaseModel):
     preemptions: int
     retries: int
     instances: int
+    reservation: ReservationOut | None = Field(
+        default=None, description="capacity promised to the job while it waits (kept between passes)"
+    )
+    training_started_at: str | None = Field(
+        default=None, description="when the current attempt began to train (minimum runtime counts from here)"
+    )
 
 
 class HistoryEntry(BaseModel):
@@ -104,6 +116,11 @@ class PoolOut(BaseModel):
     used: int
     queued: int
     warm: int
+    free: int | None = Field(default=None, description="instances neither used nor warm, within the quota")
+    quota: int | None = Field(
+        default=None, description="the account quota SageMaker refused a start at, while below capacity"
+    )
+    warning: str | None = None
 
 
 class PoolList(BaseModel):

@@ -47,6 +47,22 @@ class PoolView:
     used: int
     queued: int
     warm: int
+    #: the account quota SageMaker last refused a create at, while it limits the pool
+    quota: int | None = None
+
+    @property
+    def effective_capacity(self) -> int:
+        return self.capacity if self.quota is None else min(self.capacity, self.quota)
+
+    @property
+    def warning(self) -> str | None:
+        if self.quota is None or self.quota >= self.capacity:
+            return None
+        return (
+            f"SageMaker refused a start at {self.quota} {self.instance_type} (ResourceLimitExceeded): the "
+            f"account's quota is below the pool's capacity of {self.capacity}; the scheduler plans with "
+            f"{self.quota} until the quota is raised"
+        )
 
     def to_api(self) -> dict[str, Any]:
         return {
@@ -55,6 +71,9 @@ class PoolView:
             "used": self.used,
             "queued": self.queued,
             "warm": self.warm,
+            "free": max(self.effective_capacity - self.used - self.warm, 0),
+            "quota": self.quota,
+            "warning": self.warning,
         }
 
 
@@ -199,16 +218,20 @@ def pools(deps: Dependencies) -> list[PoolView]:
     for tracked in deps.store.warm_pools():
         if tracked.expires_at > now:
             warm[tracked.resource_key.instance_type] += tracked.resource_key.instance_count
-    return [
-        PoolView(
-            instance_type=status.pool.instance_type,
-            capacity=status.pool.capacity,
-            used=used[status.pool.instance_type],
-            queued=status.queued,
-            warm=warm[status.pool.instance_type],
+    views = []
+    for status in deps.store.pools():
+        quota = status.quota_at(now)
+        views.append(
+            PoolView(
+                instance_type=status.pool.instance_type,
+                capacity=status.pool.capacity,
+                used=used[status.pool.instance_type],
+                queued=status.queued,
+                warm=warm[status.pool.instance_type],
+                quota=quota if quota is not None and quota < status.pool.capacity else None,
+            )
         )
-        for status in deps.store.pools()
-    ]
+    return views
 
 
 def set_pool(deps: Dependencies, instance_type: str, capacity: Any, caller: str | None) -> PoolView:

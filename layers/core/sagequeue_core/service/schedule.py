@@ -9,12 +9,18 @@ that is not the job's current one, or asks for a move the job's state does not a
 from __future__ import annotations
 
 import copy
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from sagequeue_core.defaults import ATTEMPT_TAG, JOB_TAG, SAGEQUEUE_EVENT_SOURCE, SUBMITTED_BY_TAG
+from sagequeue_core.defaults import (
+    ATTEMPT_TAG,
+    JOB_TAG,
+    SAGEQUEUE_EVENT_SOURCE,
+    SUBMITTED_BY_TAG,
+)
 from sagequeue_core.domain import (
     PRIORITY_MAX,
     TRANSITIONS,
@@ -73,7 +79,7 @@ from sagequeue_core.policy import (
 )
 from sagequeue_core.runtime import Dependencies
 from sagequeue_core.sagemaker import FailureKind, classify_failure
-from sagequeue_core.store import ExternalAttempt, TrackedWarmPool
+from sagequeue_core.store import ExternalAttempt, PoolStatus, TrackedWarmPool
 
 #: SecondaryStatus values under InProgress before the instances are the job's.
 _NOT_YET_RUNNING = frozenset({"", "Starting", "Pending", "LaunchingMLInstances"})
@@ -404,6 +410,11 @@ def run_pass(deps: Dependencies) -> PassReport:
     report = PassReport()
     pool_statuses = deps.store.pools()
     capacity = {status.pool.instance_type: status.pool.capacity for status in pool_statuses}
+    quota = {
+        status.pool.instance_type: limit
+        for status in pool_statuses
+        if (limit := status.quota_at(now)) is not None and limit < status.pool.capacity
+    }
     queued: dict[str, Job] = {}
     for instance_type in capacity:
         window = deps.store.queued_jobs(instance_type, settings.queue_lookahead)
@@ -422,6 +433,7 @@ def run_pass(deps: Dependencies) -> PassReport:
     snapshot = Snapshot(
         now=now,
         capacity=capacity,
+        quota=quota,
         queued=[
             QueuedJob(
                 name=job.name,
@@ -470,18 +482,28 @@ def run_pass(deps: Dependencies) -> PassReport:
         ),
     )
     report.waiting.update(decided.waiting)
+    statuses = {status.pool.instance_type: status for status in pool_statuses}
+    held: Counter[str] = Counter()
+    for attempt in snapshot.running:
+        held.update(attempt.demand)
+    warm_by_name = {pool.training_job_name: pool for pool in snapshot.warm_pools}
+    for retained in snapshot.warm_pools:
+        held[retained.pool] += retained.instances
     blocked: set[str] = set()  # jobs whose capacity a failed release did not free
     for action in decided.actions:
         if isinstance(action, Preempt):
             _preempt(deps, action, report)
         elif isinstance(action, ReleaseWarmPool):
-            if not _release(deps, action, report):
+            if _release(deps, action, report):
+                released = warm_by_name[action.training_job_name]
+                held[released.pool] -= released.instances
+            else:
                 blocked.add(action.for_job)
         elif isinstance(action, Start):
             if action.job_name in blocked:
                 report.waiting[action.job_name] = "waiting for a warm pool to be released"
                 continue
-            _start(deps, queued[action.job_name], action, report)
+            _start(deps, queued[action.job_name], action, report, held, statuses)
     _note_waiting(deps, queued, report.waiting, decided.reservations)
     logger.info(
         "pass done",
@@ -493,6 +515,17 @@ def run_pass(deps: Dependencies) -> PassReport:
         },
     )
     return report
+
+
+def _learn_quota(deps: Dependencies, job: Job, held: Mapping[str, int]) -> None:
+    """SageMaker refused a create for the account's quota: what it holds for us now is that quota."""
+    if len(job.demand) != 1:
+        return  # a heterogeneous job does not say which of its types hit the limit
+    deps.store.record_quota(job.pool, held.get(job.pool, 0), deps.now())
+    logger.warning(
+        "account quota below the pool's capacity",
+        extra={"pool": job.pool, "quota": held.get(job.pool, 0), "job": job.name},
+    )
 
 
 def _note_waiting(
@@ -553,7 +586,16 @@ def attempt_request(job: Job, attempt: int, keep_alive_seconds: int | None) -> d
     return request
 
 
-def _start(deps: Dependencies, job: Job, action: Start, report: PassReport) -> None:
+def _start(
+    deps: Dependencies,
+    job: Job,
+    action: Start,
+    report: PassReport,
+    held: Counter[str],
+    quotas: Mapping[str, PoolStatus],
+) -> None:
+    """Create the attempt. `held` counts the instances SageMaker holds per pool (live attempts and warm
+    pools, updated here); `quotas` the pools, with the account quota each last met."""
     attempt = job.attempt + 1
     request = attempt_request(job, attempt, action.keep_alive_seconds)
     name = request["TrainingJobName"]
@@ -561,6 +603,8 @@ def _start(deps: Dependencies, job: Job, action: Start, report: PassReport) -> N
         result = deps.sagemaker.create_attempt(request, job_name=job.name)
     except (ResourceLimitExceeded, Throttled, SageMakerUnavailable) as exc:
         # Nothing was created: the job keeps its place and the next pass tries again.
+        if isinstance(exc, ResourceLimitExceeded):
+            _learn_quota(deps, job, held)
         report.waiting[job.name] = f"SageMaker {exc.code or type(exc).__name__}: {exc}"
         logger.warning("create deferred", extra={"job": job.name, "attempt": attempt, "code": exc.code})
         return
@@ -589,6 +633,12 @@ def _start(deps: Dependencies, job: Job, action: Start, report: PassReport) -> N
         ),
     )
     (report.adopted if result.already_started else report.started).append(name)
+    if action.warm_pool is None:
+        held.update(job.demand)
+    for pool in job.demand:
+        status = quotas.get(pool)
+        if status is not None and status.quota is not None and held[pool] > status.quota:
+            deps.store.forget_quota(pool)  # SageMaker granted more than the quota it once refused at
     if outcome != "started":
         logger.warning("start not recorded", extra={"job": job.name, "outcome": outcome})
 

@@ -83,7 +83,7 @@ def validate(deps: Dependencies, body: Any, caller: str, body_bytes: int | None 
             raise RequestInvalid(
                 f"ResourceConfig.InstanceType {instance_type} is not a pool sagequeue manages (pools: {known})"
             )
-        if need > pools[instance_type]:
+        if need > pools[instance_type] > 0:  # a drained pool (capacity 0) queues: it may come back
             raise RequestInvalid(
                 f"ResourceConfig.InstanceCount: the job needs {need} {instance_type}; "
                 f"the pool has {pools[instance_type]}"
