@@ -273,3 +273,27 @@ def test_a_drained_pool_queues_and_says_so(scenario: Callable[..., Scenario]) ->
     s.stack.run_until_idle()
     s.submit("wide", 600, priority=5, count=1)
     s.advance_until(lambda: s.states()["patient"] in ("starting", "running"), limit=600)
+
+
+def test_jobs_that_can_never_fit_do_not_fill_the_window(scenario: Callable[..., Scenario]) -> None:
+    s = scenario(4, queue_lookahead=2)
+    admin = s.stack.client("admin")
+    # GIVEN a running job and two 4-instance jobs waiting behind it, then the pool lowered to 2
+    s.submit("runner", 4 * 3600, priority=5)
+    s.submit("wide-a", 600, priority=5, count=4)
+    s.submit("wide-b", 600, priority=5, count=4)
+    admin.set_capacity(POOL, 2)
+    s.stack.run_until_idle()
+    # WHEN a small job arrives behind them (the window holds two jobs)
+    s.submit("small-a", 600, priority=5)
+    # THEN the wide jobs say they can never fit, and the small one starts in the free instance
+    assert s.states()["small-a"] in ("starting", "running")
+    assert s.job("wide-a").reason == f"can never fit: needs 4 {POOL}, the pool's capacity is 2"
+    # AND jobs beyond the window are told their position rather than nothing
+    for name in ("small-b", "small-c", "small-d"):
+        s.submit(name, 600, priority=5)
+    beyond = s.job("small-d")
+    assert beyond.position == 5
+    assert beyond.reason is not None
+    assert beyond.reason.startswith("waiting: position 5")
+    s.advance_until(lambda: s.states()["small-d"] == "completed", limit=4 * 3600)

@@ -355,6 +355,24 @@ class Pool:
             raise DomainError(f"capacity of {self.instance_type} must be a non-negative integer")
 
 
+def never_fits(demand: Mapping[str, int], capacity: Mapping[str, int]) -> str | None:
+    """Why a job cannot start whatever runs, while the pools keep their capacity; None if it can."""
+    for pool, need in sorted(demand.items()):
+        size = capacity.get(pool, 0)
+        if size == 0:
+            return f"pool drained: {pool} has capacity 0"
+        if need > size:
+            return f"can never fit: needs {need} {pool}, the pool's capacity is {size}"
+    return None
+
+
+def beyond_window(pool: str, position: int, lookahead: int) -> str:
+    return (
+        f"waiting: position {position} in the {pool} queue; each pass considers the first {lookahead} jobs "
+        "that fit"
+    )
+
+
 def active_quota(
     quota: int | None, seen_at: datetime | None, now: datetime, memory_seconds: int
 ) -> int | None:
@@ -408,6 +426,16 @@ class Job:
         return ResourceKey.from_request(self.request)
 
     @property
+    def warnings(self) -> list[str]:
+        """What the owner should know about how the queue will treat the job."""
+        if self.checkpointed:
+            return []
+        return [
+            "no CheckpointConfig: if this job is preempted it restarts from the beginning; it is preempted "
+            "only after jobs that resume from checkpoints"
+        ]
+
+    @property
     def checkpointed(self) -> bool:
         """It resumes from checkpoints after a preemption (CheckpointConfig.S3Uri), or restarts from zero."""
         return has_checkpoints(self.request)
@@ -448,6 +476,7 @@ class Job:
             "preemptions": self.preemptions,
             "retries": self.retries,
             "reservation": self.reservation.to_dict() if self.reservation else None,
+            "warnings": self.warnings,
             "training_started_at": _iso(self.training_started_at),
             "instances": sum(self.demand.values()),
         }

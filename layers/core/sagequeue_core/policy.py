@@ -36,7 +36,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from sagequeue_core.domain import Reservation, ReservationKind, ResourceKey
+from sagequeue_core.domain import Reservation, ReservationKind, ResourceKey, never_fits
 
 #: Above this many preemption candidates in a pool, the exact fewest-victims search gives way to a
 #: greedy cover that is then pruned to a minimal one (the search is combinatorial).
@@ -327,13 +327,7 @@ class _Pass:
         return min(capacity, self.snapshot.quota.get(pool, capacity))
 
     def _never_fits(self, job: QueuedJob) -> str | None:
-        for pool, need in sorted(job.demand.items()):
-            capacity = self.snapshot.capacity.get(pool, 0)
-            if capacity == 0:
-                return f"pool drained: {pool} has capacity 0"
-            if need > capacity:
-                return f"can never fit: needs {need} {pool}, the pool's capacity is {capacity}"
-        return None
+        return never_fits(job.demand, self.snapshot.capacity)
 
     def _drain_due(self, job: QueuedJob) -> bool:
         after = self.settings.reserve_after_seconds

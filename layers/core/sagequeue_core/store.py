@@ -188,6 +188,7 @@ def _model_classes(table_name: str, host: str | None, region: str | None) -> Any
         # index keys
         queued_pool = UnicodeAttribute(null=True)
         queue_order = UnicodeAttribute(null=True)
+        queued_instances = NumberAttribute(null=True)  # instances the queued job needs in queued_pool
         live_kind = UnicodeAttribute(null=True)
         live_name = UnicodeAttribute(null=True)
         submitted_order = UnicodeAttribute(null=True)
@@ -311,9 +312,18 @@ class Repository:
                 return self._to_job(item)
         return None
 
-    def queued_jobs(self, pool: str, limit: int) -> list[Job]:
-        """The first `limit` queued jobs of `pool` in queue order: one Query, whatever the queue's length."""
-        items = self._item.queued_index.query(pool, limit=limit, page_size=limit)
+    def queued_jobs(self, pool: str, limit: int, *, fitting: int | None = None) -> list[Job]:
+        """The first `limit` queued jobs of `pool` in queue order: one Query, whatever the queue's length.
+
+        With `fitting`, jobs that need more than that many instances of the pool are passed over (they can
+        never start while the capacity stays below it), so they cannot fill the window.
+        """
+        condition = None
+        if fitting is not None:
+            condition = self._item.queued_instances.does_not_exist() | (
+                self._item.queued_instances <= fitting
+            )
+        items = self._item.queued_index.query(pool, filter_condition=condition, limit=limit, page_size=limit)
         return [self._to_job(item) for item in items]
 
     def queue_position(self, job: Job) -> int | None:
@@ -569,6 +579,7 @@ class Repository:
             history=json.dumps(job.history, separators=(",", ":")),
             queued_pool=job.pool if queued else None,
             queue_order=queue_order(job.priority, job.submitted_at, job.name) if queued else None,
+            queued_instances=job.demand[job.pool] if queued else None,
             live_kind=_LIVE if live else None,
             live_name=_job_pk(job.name) if live else None,
             submitted_order=f"{_stamp(job.submitted_at)}#{job.name}",

@@ -90,6 +90,7 @@ class JobOut(BaseModel):
     training_started_at: str | None = Field(
         default=None, description="when the current attempt began to train (minimum runtime counts from here)"
     )
+    warnings: list[str] = Field(default_factory=list, description="how the queue will treat the job")
 
 
 class HistoryEntry(BaseModel):

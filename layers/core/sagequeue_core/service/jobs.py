@@ -15,6 +15,8 @@ from sagequeue_core.domain import (
     Pool,
     StopReason,
     attempt_name,
+    beyond_window,
+    never_fits,
     parse_priority,
 )
 from sagequeue_core.errors import RequestInvalid, SageMakerError, StaleVersion
@@ -79,7 +81,17 @@ class PoolView:
 
 def get_job(deps: Dependencies, name: str) -> JobDetail:
     job = deps.store.get_job(name)
-    return JobDetail(job, deps.store.queue_position(job))
+    position = deps.store.queue_position(job)
+    if job.state is JobState.QUEUED:
+        # a job no pass reads (wider than its pool, or beyond the window) is told why here
+        capacity = {pool: deps.store.get_pool(pool).pool.capacity for pool in job.demand}
+        lookahead = deps.settings.queue_lookahead
+        reason = never_fits(job.demand, capacity)
+        if reason is None and job.reason is None and position is not None and position > lookahead:
+            reason = beyond_window(job.pool, position, lookahead)
+        if reason is not None:
+            job.reason = reason
+    return JobDetail(job, position)
 
 
 def list_jobs(

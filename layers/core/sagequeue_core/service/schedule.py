@@ -417,7 +417,9 @@ def run_pass(deps: Dependencies) -> PassReport:
     }
     queued: dict[str, Job] = {}
     for instance_type in capacity:
-        window = deps.store.queued_jobs(instance_type, settings.queue_lookahead)
+        # jobs wider than the pool cannot start: they must not fill the window (GET /jobs says why they wait)
+        fitting = capacity[instance_type] or None
+        window = deps.store.queued_jobs(instance_type, settings.queue_lookahead, fitting=fitting)
         queued.update((job.name, job) for job in window)
         _queue_metrics(instance_type, window, now)
     for status in pool_statuses:
