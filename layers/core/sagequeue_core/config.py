@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from sagequeue_core.defaults import EXEMPT_TAG
-from sagequeue_core.domain import DomainError
+from sagequeue_core.domain import DomainError, is_pool_name
 from sagequeue_core.governance import PolicyRules, parse_required_tags
 
 ENV_PREFIX = "SAGEQUEUE_"
@@ -48,8 +48,11 @@ def parse_capacity(spec: str) -> dict[str, int]:
         if not entry:
             continue
         instance_type, sep, count = (part.strip() for part in entry.partition("="))
-        if not sep or not _INSTANCE_TYPE.fullmatch(instance_type):
-            raise ValueError(f"entry {entry!r} must be <instance type>=<instances>, e.g. ml.trn1.32xlarge=2")
+        if not sep or not is_pool_name(instance_type):
+            raise ValueError(
+                f"entry {entry!r} must be <pool>=<instances>, the pool an instance type or a training plan's "
+                "plan:<name>, e.g. ml.trn1.32xlarge=2,plan:my-plan=4"
+            )
         if not count.isdigit():
             raise ValueError(f"entry {entry!r}: instances must be a non-negative integer")
         if instance_type in capacity:
@@ -137,8 +140,10 @@ class Settings(BaseModel):
     @classmethod
     def _check_capacity(cls, value: dict[str, int]) -> dict[str, int]:
         for instance_type, count in value.items():
-            if not _INSTANCE_TYPE.fullmatch(instance_type):
-                raise ValueError(f"{instance_type!r} is not an instance type like ml.trn1.32xlarge")
+            if not is_pool_name(instance_type):
+                raise ValueError(
+                    f"{instance_type!r} is not a pool: an instance type like ml.trn1.32xlarge or plan:<name>"
+                )
             if count < 0:
                 raise ValueError(f"capacity of {instance_type} must not be negative")
         return value

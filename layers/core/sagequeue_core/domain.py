@@ -222,6 +222,41 @@ def demand_of(request: Mapping[str, Any]) -> dict[str, int]:
     return {itype: count}
 
 
+#: A training plan's pool is named after the plan: `plan:<name>` (plan names are unique per account and
+#: region, and the name is safe in a URL path where the ARN is not).
+PLAN_POOL_PREFIX = "plan:"
+_INSTANCE_TYPE_RE = re.compile(r"ml\.[a-z0-9]+\.[a-z0-9]+")
+_PLAN_ARN_RE = re.compile(r"arn:aws[a-z-]*:sagemaker:[a-z0-9-]+:\d{12}:training-plan/([A-Za-z0-9-]{1,64})")
+_PLAN_POOL_RE = re.compile(PLAN_POOL_PREFIX + r"[A-Za-z0-9-]{1,64}")
+
+
+def is_pool_name(name: Any) -> bool:
+    """An instance type (on-demand capacity) or `plan:<name>` (a training plan's reserved capacity)."""
+    return isinstance(name, str) and bool(_INSTANCE_TYPE_RE.fullmatch(name) or _PLAN_POOL_RE.fullmatch(name))
+
+
+def plan_pool(plan_arn: Any, where: str = "ResourceConfig.TrainingPlanArn") -> str:
+    """The pool of a training plan, from its ARN."""
+    match = _PLAN_ARN_RE.fullmatch(plan_arn) if isinstance(plan_arn, str) else None
+    if match is None:
+        raise DomainError(
+            f"{where} must be a training plan ARN like "
+            f"arn:aws:sagemaker:us-east-1:123456789012:training-plan/my-plan, got {plan_arn!r}"
+        )
+    return PLAN_POOL_PREFIX + match.group(1)
+
+
+def pool_demand_of(request: Mapping[str, Any]) -> dict[str, int]:
+    """Instances a request needs per pool: its instance types, or its training plan's pool when it runs on
+    reserved capacity (ResourceConfig.TrainingPlanArn), which is separate from on-demand capacity."""
+    demand = demand_of(request)
+    config = request.get("ResourceConfig") or {}
+    plan = config.get("TrainingPlanArn") if isinstance(config, Mapping) else None
+    if not plan:
+        return demand
+    return {plan_pool(plan): sum(demand.values())}
+
+
 def _instance_type(value: Any, where: str) -> str:
     if not isinstance(value, str) or not re.fullmatch(r"ml\.[a-z0-9]+\.[a-z0-9]+", value):
         raise DomainError(
@@ -262,6 +297,12 @@ class ResourceKey:
     security_group_ids: tuple[str, ...] = ()
     inter_container_encryption: bool = False
     network_isolation: bool = False
+    training_plan_arn: str = ""
+
+    @property
+    def pool(self) -> str:
+        """The pool whose instances a warm pool of this key holds."""
+        return plan_pool(self.training_plan_arn) if self.training_plan_arn else self.instance_type
 
     @classmethod
     def from_request(cls, request: Mapping[str, Any]) -> ResourceKey | None:
@@ -285,6 +326,7 @@ class ResourceKey:
             security_group_ids=tuple(sorted(vpc.get("SecurityGroupIds") or ())),
             inter_container_encryption=bool(request.get("EnableInterContainerTrafficEncryption", False)),
             network_isolation=bool(request.get("EnableNetworkIsolation", False)),
+            training_plan_arn=str(config.get("TrainingPlanArn", "") or ""),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -302,6 +344,7 @@ class ResourceKey:
             security_group_ids=tuple(data.get("security_group_ids", ())),
             inter_container_encryption=bool(data.get("inter_container_encryption", False)),
             network_isolation=bool(data.get("network_isolation", False)),
+            training_plan_arn=str(data.get("training_plan_arn", "") or ""),
         )
 
 
@@ -350,7 +393,11 @@ class Pool:
     capacity: int
 
     def __post_init__(self) -> None:
-        _instance_type(self.instance_type, "pool")
+        if not is_pool_name(self.instance_type):
+            raise DomainError(
+                f"a pool is an instance type like ml.trn1.32xlarge or a training plan's plan:<name>, "
+                f"got {self.instance_type!r}"
+            )
         if isinstance(self.capacity, bool) or not isinstance(self.capacity, int) or self.capacity < 0:
             raise DomainError(f"capacity of {self.instance_type} must be a non-negative integer")
 
@@ -415,7 +462,8 @@ class Job:
 
     @property
     def demand(self) -> dict[str, int]:
-        return demand_of(self.request)
+        """Instances per pool: instance types, or the training plan's pool."""
+        return pool_demand_of(self.request)
 
     @property
     def pool(self) -> str:

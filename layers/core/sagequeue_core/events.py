@@ -36,7 +36,7 @@ from typing import Any, Protocol
 from botocore.exceptions import ClientError
 
 from sagequeue_core.defaults import SAGEMAKER_EVENT_SOURCE, SAGEQUEUE_EVENT_SOURCE, TRAINING_JOB_STATE_CHANGE
-from sagequeue_core.domain import DomainError, demand_of, parse_time, tags_to_dict
+from sagequeue_core.domain import DomainError, parse_time, pool_demand_of, tags_to_dict
 from sagequeue_core.errors import SageQueueError
 
 
@@ -114,7 +114,7 @@ def parse_description(detail: Mapping[str, Any]) -> TrainingJobChange:
     except DomainError:
         tags = {}
     try:
-        demand = demand_of(detail)
+        demand = pool_demand_of(detail)
     except DomainError:
         demand = {}
     config = detail.get("ResourceConfig")

@@ -92,7 +92,7 @@ class WarmPool:
 
     @property
     def pool(self) -> str:
-        return self.resource_key.instance_type
+        return self.resource_key.pool
 
     @property
     def instances(self) -> int:

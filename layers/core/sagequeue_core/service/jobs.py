@@ -229,7 +229,7 @@ def pools(deps: Dependencies) -> list[PoolView]:
     now = deps.now()
     for tracked in deps.store.warm_pools():
         if tracked.expires_at > now:
-            warm[tracked.resource_key.instance_type] += tracked.resource_key.instance_count
+            warm[tracked.resource_key.pool] += tracked.resource_key.instance_count
     views = []
     for status in deps.store.pools():
         quota = status.quota_at(now)

@@ -11,7 +11,7 @@ from sagequeue_core.domain import (
     DomainError,
     Job,
     JobState,
-    demand_of,
+    pool_demand_of,
     priority_of,
     tags_to_dict,
     validate_job_name,
@@ -55,7 +55,7 @@ def validate(deps: Dependencies, body: Any, caller: str, body_bytes: int | None 
     try:
         name = validate_job_name(request["TrainingJobName"])
         priority = priority_of(request, explicit_priority)
-        demand = demand_of(request)
+        demand = pool_demand_of(request)
         tags = tags_to_dict(request.get("Tags"))
     except DomainError as exc:
         raise RequestInvalid(str(exc)) from None
@@ -80,8 +80,9 @@ def validate(deps: Dependencies, body: Any, caller: str, body_bytes: int | None 
     for instance_type, need in demand.items():
         if instance_type not in pools:
             known = ", ".join(sorted(pools)) or "none"
+            field_name = "TrainingPlanArn" if instance_type.startswith("plan:") else "InstanceType"
             raise RequestInvalid(
-                f"ResourceConfig.InstanceType {instance_type} is not a pool sagequeue manages (pools: {known})"
+                f"ResourceConfig.{field_name}: {instance_type} is not a pool sagequeue manages (pools: {known})"
             )
         if need > pools[instance_type] > 0:  # a drained pool (capacity 0) queues: it may come back
             raise RequestInvalid(
