@@ -14,9 +14,11 @@ never the job. The exit status is the training command's.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
+import signal
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -27,7 +29,7 @@ from typing import Any, TypeVar
 from sagequeue.job import neuron, settings, sync
 from sagequeue.job.host import INSTANCE_TYPE_ENV, HostIdentityError
 from sagequeue.job.host import resolve as resolve_host
-from sagequeue.job.process import SignalForwarder, StopWatch
+from sagequeue.job.process import SignalForwarder, StopWatch, group_alive, wait_for_group
 from sagequeue.job.remote import Deadline, RegistryRecord, RemoteCache, open_remote
 from sagequeue_core.defaults import METRIC_PERIOD_SECONDS
 
@@ -189,13 +191,48 @@ class JobRunner:
         finally:
             if publisher is not None:
                 publisher.stop()
-        if remote is not None and options.upload:
-            new = {e.module for e in sync.shareable(root, version)} - before
-            if record is not None:
-                # a run that compiled nothing has nothing to add to what the registry already says
-                record.entries = sorted(registry_entries | new) if new else []
-            self._upload(remote, root, version, record if record and record.entries else None, outcome)
+        # after a stop, the command's workers may outlive it (a launcher without a SIGTERM handler):
+        # they checkpoint while the upload runs, and the wrapper leaves only when they are gone
+        group = self._group_waiter()
+        try:
+            if remote is not None and options.upload:
+                new = {e.module for e in sync.shareable(root, version)} - before
+                if record is not None:
+                    # a run that compiled nothing has nothing to add to what the registry already says
+                    record.entries = sorted(registry_entries | new) if new else []
+                self._upload(remote, root, version, record if record and record.entries else None, outcome)
+        finally:
+            if group is not None:
+                group.join()
         return outcome
+
+    def _stop_end(self) -> float:
+        """Monotonic time by which the wrapper must have left after a stop (the grace minus a margin)."""
+        options = self.options
+        margin = min(options.exit_margin, max(2.0, 0.15 * options.grace_seconds))
+        return (self.watch.received_at or time.monotonic()) + options.grace_seconds - margin
+
+    def _group_waiter(self) -> threading.Thread | None:
+        """After a stop, a thread that waits for the command's whole process group, up to the grace."""
+        group = self.forwarder.last_group
+        if not self.watch.stopped or group is None or not group_alive(group):
+            return None
+        log.info("the command exited; waiting for the rest of its process group to finish")
+
+        def wait() -> None:
+            if wait_for_group(group, self._stop_end()):
+                log.info("the command's process group has exited")
+            else:
+                # SageMaker kills the container next; outside one, nothing of the command may outlive us
+                log.warning(
+                    "processes of the command's group still run at the end of the stop grace: killing them"
+                )
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(group, signal.SIGKILL)
+
+        thread = threading.Thread(target=wait, name="process-group-wait", daemon=True)
+        thread.start()
+        return thread
 
     def _run_command_only(self, root: Path) -> JobOutcome:
         child_env = neuron.child_environment(self.env, root)
@@ -207,6 +244,9 @@ class JobRunner:
         finally:
             if publisher is not None:
                 publisher.stop()
+            group = self._group_waiter()
+            if group is not None:
+                group.join()
 
     def _remote(self) -> RemoteCache | None:
         if not self.options.cache_url:
@@ -324,15 +364,11 @@ class JobRunner:
         outcome: JobOutcome,
     ) -> None:
         options = self.options
-        margin = min(options.exit_margin, max(2.0, 0.15 * options.grace_seconds))
-        if self.watch.stopped:
-            budget = options.grace_seconds - self.watch.seconds_since() - margin
-        else:
-            budget = options.upload_timeout
+        budget = self._stop_end() - time.monotonic() if self.watch.stopped else options.upload_timeout
 
         def grace_end() -> float:
             # a stop that arrives during a normal-end upload shortens it to the stop's grace
-            return (self.watch.received_at or time.monotonic()) + options.grace_seconds - margin
+            return self._stop_end()
 
         if budget <= 1:
             log.warning("no time left to upload (%.0fs of the stop grace remain)", budget)
