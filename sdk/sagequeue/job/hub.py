@@ -8,11 +8,16 @@ retry's LFS batch call finds them already stored.
 
 The token comes from the usual places (HF_TOKEN, the token file of `hf auth login`), the endpoint from
 HF_ENDPOINT.
+
+huggingface_hub's HTTP client waits forever for an answer by default; a HubCache gives it per-request
+connect/read/write timeouts (`configure_timeouts`), so a blackholed Hub fails a request instead of
+stalling the job.
 """
 
 from __future__ import annotations
 
 import random
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -23,7 +28,7 @@ from urllib.parse import quote
 from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi
 from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError, RevisionNotFoundError
 from huggingface_hub.hf_api import RepoFile, RepoFolder
-from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
+from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status, set_client_factory
 
 from sagequeue.job import neuron
 from sagequeue.job.remote import (
@@ -40,9 +45,43 @@ from sagequeue.job.remote import (
     registry_path_parts,
 )
 
+#: Per-request bounds on Hub calls (seconds): connecting, waiting for bytes of an answer, sending a body.
+CONNECT_TIMEOUT = 5.0
+READ_TIMEOUT = 15.0
+WRITE_TIMEOUT = 60.0
+_timeouts_lock = threading.Lock()
+_timeouts: tuple[float, float, float] | None = None
+
+
+def configure_timeouts(
+    connect: float = CONNECT_TIMEOUT, read: float = READ_TIMEOUT, write: float = WRITE_TIMEOUT
+) -> None:
+    """Give huggingface_hub's shared HTTP client per-request timeouts (it has none by default)."""
+    global _timeouts
+    import httpx2
+    from huggingface_hub.utils._http import hf_request_event_hook
+
+    wanted = (connect, read, write)
+    with _timeouts_lock:
+        if _timeouts == wanted:
+            return
+        _timeouts = wanted
+
+    def factory() -> httpx2.Client:
+        return httpx2.Client(
+            event_hooks={"request": [hf_request_event_hook]},
+            follow_redirects=True,
+            timeout=httpx2.Timeout(connect=connect, read=read, write=write, pool=connect),
+        )
+
+    set_client_factory(factory)
+
+
 #: Status codes the Hub uses when the parent commit is no longer the head.
 CONFLICT_STATUSES = (409, 412)
 _CHUNK = 1024 * 1024
+#: Downloads are read in pieces this small so a cancel or a stop is seen within a fraction of a second.
+_READ_CHUNK = 256 * 1024
 
 
 #: A batch of entries uploaded together: at most this many entries or bytes.
@@ -81,6 +120,8 @@ class HubCache:
         backoff_max: float = 8.0,
         commit_reserve: float = 10.0,
         upload_threads: int = 8,
+        connect_timeout: float = CONNECT_TIMEOUT,
+        read_timeout: float = READ_TIMEOUT,
     ) -> None:
         if not url.startswith("hf://"):
             raise ValueError(f"not a Hub URL: {url!r}")
@@ -89,6 +130,7 @@ class HubCache:
             raise ValueError(f"expected hf://<org>/<repo>, got {url!r}")
         self.url = url
         self.repo_id = repo_id
+        configure_timeouts(connect_timeout, read_timeout)
         self.api = HfApi(endpoint=endpoint, token=token)
         self.max_attempts = max_attempts
         self.backoff_base = backoff_base
@@ -216,7 +258,7 @@ class HubCache:
                 raise RemoteCacheError(
                     f"{url}: asked for bytes from {offset}, the server sent the whole file"
                 )
-            yield response.iter_bytes(_CHUNK)
+            yield response.iter_bytes(_READ_CHUNK)
 
     def read_text(self, path: str) -> bytes:
         response = get_session().get(
@@ -260,6 +302,7 @@ class HubCache:
         operations: dict[str, list[CommitOperationAdd]] = {}
         for attempt in range(1, self.max_attempts + 1):
             parent = self.head()
+            deadline.touch()
             remote: dict[str, set[str]] = {}
             todo = []
             for entry in entries:
@@ -294,6 +337,7 @@ class HubCache:
                     raise self._error(f"upload {batch[0].key} and {len(batch) - 1} more", exc) from exc
                 operations.update(batch_ops)
                 staged += list(batch_ops)
+                deadline.touch()
             result.skipped = [k for k in result.skipped if k not in staged]
             record_ops = [
                 CommitOperationAdd(path_in_repo=r.path, path_or_fileobj=r.to_json()) for r in records

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 import time
 import uuid
 from collections.abc import Iterator, Sequence
@@ -47,6 +48,9 @@ class RemoteFile:
     sha256: str | None = None
     #: Git blob id (sha1 of "blob <size>\\0<content>"), what the Hub records for files kept in git.
     git_sha1: str | None = None
+    #: Where the bytes are, relative to the cache root, when not at `<entry key>/<name>` (S3: the
+    #: writer-unique prefix the manifest names).
+    location: str | None = None
 
 
 @dataclass(frozen=True)
@@ -156,18 +160,48 @@ class PublishResult:
     revision: str | None = None
 
 
-class Deadline:
-    """A point in monotonic time after which no new transfer starts."""
+class Activity:
+    """When a transfer last made progress (an answer, a chunk): what a no-progress cut-off watches."""
 
-    def __init__(self, seconds: float | None) -> None:
+    def __init__(self) -> None:
+        self.started = time.monotonic()
+        self.last = self.started
+        #: Whether the remote answered anything yet (a dead cache never does).
+        self.answered = False
+
+    def touch(self) -> None:
+        self.last = time.monotonic()
+        self.answered = True
+
+    def idle_for(self) -> float:
+        return time.monotonic() - self.last
+
+
+class Cancelled(RemoteCacheError):
+    """The transfer was called off (a stop, a timeout, no progress, the disk floor)."""
+
+
+class Deadline:
+    """A point in monotonic time after which no new transfer starts.
+
+    It also carries the transfer's `activity` (backends call `touch()` after each file or batch) and a
+    cancel flag the caller sets to call the transfer off.
+    """
+
+    def __init__(self, seconds: float | None, activity: Activity | None = None) -> None:
         self.total = float("inf") if seconds is None else seconds
         self._at = None if seconds is None else time.monotonic() + seconds
+        self.activity = activity or Activity()
+        self.cancel = threading.Event()
+
+    def touch(self) -> None:
+        self.activity.touch()
 
     def remaining(self) -> float:
         return float("inf") if self._at is None else self._at - time.monotonic()
 
     def expired(self, reserve: float = 0.0) -> bool:
-        return self.remaining() <= reserve
+        return self.cancel.is_set() or self.remaining() <= reserve
 
 
 class RemoteCache(Protocol):
