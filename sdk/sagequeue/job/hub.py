@@ -20,7 +20,9 @@ import random
 import threading
 import time
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 from urllib.parse import quote
@@ -83,6 +85,11 @@ _CHUNK = 1024 * 1024
 #: Downloads are read in pieces this small so a cancel or a stop is seen within a fraction of a second.
 _READ_CHUNK = 256 * 1024
 
+
+#: Registry record files read at once.
+REGISTRY_READERS = 16
+#: Writer name of the one record a configuration keeps after compaction.
+COMPACT_WRITER = "compacted"
 
 #: A batch of entries uploaded together: at most this many entries or bytes.
 BATCH_ENTRIES = 32
@@ -275,20 +282,46 @@ class HubCache:
         return self._records_at_revision(model)
 
     def _records_at_revision(self, model: str | None = None) -> list[RegistryRecord]:
-        out = []
+        return combine_records(list(self._record_files(model).values()))
+
+    def _record_files(self, model: str | set[str] | None = None) -> dict[str, RegistryRecord]:
+        """Every registry record file at the pinned revision (of one model or some), read many at a time."""
+        models = {model} if isinstance(model, str) else model
+        paths = []
         for item in self._tree(REGISTRY_DIR, recursive=True):
             if not isinstance(item, RepoFile):
                 continue
             parts = registry_path_parts(item.path)
-            if parts is None or (model is not None and parts[1] != model):
-                continue
+            if parts is not None and (models is None or parts[1] in models):
+                paths.append(item.path)
+
+        def read(path: str) -> RegistryRecord | None:
             try:
-                record = RegistryRecord.from_json(self.read_text(item.path))
+                return RegistryRecord.from_json(self.read_text(path))
             except ValueError:
-                continue  # a broken record is skipped, not fatal to a lookup
-            if model is None or record.model == model:
-                out.append(record)
-        return combine_records(out)
+                return None  # a broken record is skipped, not fatal to a lookup
+
+        with ThreadPoolExecutor(max_workers=REGISTRY_READERS, thread_name_prefix="hub-registry") as pool:
+            found = dict(zip(paths, pool.map(read, paths), strict=True))
+        return {p: r for p, r in found.items() if r is not None and (models is None or r.model in models)}
+
+    def _compaction(
+        self, files: dict[str, RegistryRecord], folders: set[str], extra: Sequence[RegistryRecord] = ()
+    ) -> list[Any]:
+        """Commit operations that leave one record per configuration folder in `folders`: the union of the
+        entries its files (and `extra`) name, minus nothing; an empty union leaves no file."""
+        ops: list[Any] = []
+        for folder in sorted(folders):
+            inside = {p: r for p, r in files.items() if p.rsplit("/", 1)[0] == folder}
+            mine = [r for r in extra if r.path.rsplit("/", 1)[0] == folder]
+            combined = combine_records([*inside.values(), *mine])
+            keep: str | None = None
+            if combined and combined[0].entries:
+                record = replace(combined[0], writer=COMPACT_WRITER)
+                keep = record.path
+                ops.append(CommitOperationAdd(path_in_repo=record.path, path_or_fileobj=record.to_json()))
+            ops += [CommitOperationDelete(path_in_repo=p) for p in inside if p != keep]
+        return ops
 
     # --- writing ---------------------------------------------------------------------------------------
 
@@ -339,9 +372,12 @@ class HubCache:
                 staged += list(batch_ops)
                 deadline.touch()
             result.skipped = [k for k in result.skipped if k not in staged]
-            record_ops = [
-                CommitOperationAdd(path_in_repo=r.path, path_or_fileobj=r.to_json()) for r in records
-            ]
+            # each record folds into its configuration's one compacted record, in the same commit
+            record_ops = (
+                self._compaction(self._record_files(), {r.path.rsplit("/", 1)[0] for r in records}, records)
+                if records
+                else []
+            )
             if not staged and not record_ops:
                 result.revision = parent
                 return result
@@ -367,7 +403,7 @@ class HubCache:
                 time.sleep(pause)
                 continue
             result.published = staged
-            result.records = [op.path_in_repo for op in record_ops]
+            result.records = [op.path_in_repo for op in record_ops if isinstance(op, CommitOperationAdd)]
             result.revision = info.oid
             self._revision = info.oid
             return result
@@ -376,11 +412,20 @@ class HubCache:
     def delete(self, entries: Sequence[RemoteEntry]) -> None:
         if not entries:
             return
+        gone = {(e.version, e.module) for e in entries}
         for attempt in range(1, self.max_attempts + 1):
             parent = self.head()
             ops: list[Any] = [
                 CommitOperationDelete(path_in_repo=f"{e.key}/", is_folder=True) for e in entries
             ]
+            # records stop naming what is gone; a configuration left with nothing loses its record
+            files = self._record_files()
+            trimmed = {
+                path: replace(r, entries=[m for m in r.entries if (r.compiler_version, m) not in gone])
+                for path, r in files.items()
+            }
+            touched = {p.rsplit("/", 1)[0] for p, r in files.items() if trimmed[p].entries != r.entries}
+            ops += self._compaction(trimmed, touched)
             try:
                 self.api.create_commit(
                     self.repo_id,

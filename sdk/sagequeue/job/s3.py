@@ -314,3 +314,32 @@ class S3Cache:
             except ClientError as exc:
                 raise self._error(f"delete manifest of {entry.key}", exc) from exc
             self._delete_prefix(f"{entry.key}/")
+        self._drop_from_records({(e.version, e.module) for e in entries})
+
+    def _drop_from_records(self, gone: set[tuple[str, str]]) -> None:
+        """Records stop naming deleted entries; a record left with none is deleted."""
+        if not gone:
+            return
+        for item in self._list(f"{REGISTRY_DIR}/"):
+            key = item.get("Key", "")
+            if registry_path_parts(self._relative(key)) is None:
+                continue
+            try:
+                record = RegistryRecord.from_json(
+                    self._client.get_object(Bucket=self.bucket, Key=key)["Body"].read()
+                )
+            except ClientError as exc:
+                raise self._error(f"read {key}", exc) from exc
+            except ValueError:
+                continue
+            kept = [m for m in record.entries if (record.compiler_version, m) not in gone]
+            if kept == record.entries:
+                continue
+            try:
+                if kept:
+                    record.entries = kept
+                    self._put_bytes(key, record.to_json())
+                else:
+                    self._client.delete_object(Bucket=self.bucket, Key=key)
+            except ClientError as exc:
+                raise self._error(f"update {key}", exc) from exc
