@@ -96,20 +96,6 @@ BATCH_ENTRIES = 32
 BATCH_BYTES = 512 * 1024 * 1024
 
 
-def _batches(entries: Sequence[neuron.LocalEntry]) -> Iterator[list[neuron.LocalEntry]]:
-    batch: list[neuron.LocalEntry] = []
-    size = 0
-    for entry in entries:
-        entry_size = entry.size()
-        if batch and (len(batch) >= BATCH_ENTRIES or size + entry_size > BATCH_BYTES):
-            yield batch
-            batch, size = [], 0
-        batch.append(entry)
-        size += entry_size
-    if batch:
-        yield batch
-
-
 def _status(exc: HfHubHTTPError) -> int | None:
     response = getattr(exc, "response", None)
     return getattr(response, "status_code", None)
@@ -146,6 +132,8 @@ class HubCache:
         self.commit_reserve = commit_reserve
         self.upload_threads = upload_threads
         self._revision: str | None = None
+        #: Measured upload throughput (bytes per second), None before the first batch.
+        self._rate: float | None = None
 
     # --- reading ---------------------------------------------------------------------------------------
 
@@ -325,6 +313,35 @@ class HubCache:
 
     # --- writing ---------------------------------------------------------------------------------------
 
+    def _measure(self, size: int, seconds: float) -> None:
+        """Fold one batch's upload throughput into the estimate the next batch is sized from."""
+        if seconds <= 0 or size <= 0:
+            return
+        rate = size / seconds
+        self._rate = rate if self._rate is None else 0.5 * self._rate + 0.5 * rate
+
+    def _next_batch(
+        self, pending: Sequence[neuron.LocalEntry], deadline: Deadline, reserve: float
+    ) -> list[neuron.LocalEntry]:
+        """The next entries to upload together: as many as fit BATCH_ENTRIES, BATCH_BYTES and, under a
+        deadline, half the time left at the measured throughput (the first batch, unmeasured, is one entry)."""
+        if deadline.expired(reserve):
+            return []
+        limit = float(BATCH_BYTES)
+        if deadline.remaining() != float("inf"):
+            if self._rate is None:
+                return [pending[0]]  # the smallest entry first: it measures the throughput
+            limit = min(limit, self._rate * (deadline.remaining() - reserve) * 0.5)
+        batch: list[neuron.LocalEntry] = []
+        size = 0
+        for entry in pending:
+            entry_size = entry.size()
+            if len(batch) >= BATCH_ENTRIES or size + entry_size > limit:
+                break
+            batch.append(entry)
+            size += entry_size
+        return batch
+
     def publish(
         self, entries: Sequence[neuron.LocalEntry], records: Sequence[RegistryRecord], deadline: Deadline
     ) -> PublishResult:
@@ -349,10 +366,14 @@ class HubCache:
             fresh = [entry for entry in todo if entry.key not in operations]
             # LFS content goes up a batch of entries at a time, many files in parallel; the deadline is
             # checked between batches so a stop's grace still leaves time for the commit
-            for batch in _batches(fresh):
-                if deadline.expired(reserve):
-                    result.skipped += [e.key for e in batch if e.key not in result.skipped]
-                    continue
+            pending = list(fresh)
+            while pending:
+                batch = self._next_batch(pending, deadline, reserve)
+                if not batch:
+                    # the deadline (or the time the next entry would take) leaves no room: commit what is up
+                    result.skipped += [e.key for e in pending if e.key not in result.skipped]
+                    break
+                pending = pending[len(batch) :]
                 batch_ops = {
                     entry.key: [
                         CommitOperationAdd(path_in_repo=f"{entry.key}/{name}", path_or_fileobj=str(path))
@@ -360,21 +381,35 @@ class HubCache:
                     ]
                     for entry in batch
                 }
+                started = time.monotonic()
                 try:
                     self.api.preupload_lfs_files(
                         self.repo_id,
                         additions=[op for ops in batch_ops.values() for op in ops],
                         num_threads=self.upload_threads,
                     )
-                except HfHubHTTPError as exc:
-                    raise self._error(f"upload {batch[0].key} and {len(batch) - 1} more", exc) from exc
+                except Exception as exc:
+                    if not staged:
+                        if isinstance(exc, HfHubHTTPError):
+                            raise self._error(
+                                f"upload {batch[0].key} and {len(batch) - 1} more", exc
+                            ) from exc
+                        raise
+                    # what is already up is worth a commit; the rest goes next time
+                    result.skipped += [e.key for e in [*batch, *pending] if e.key not in result.skipped]
+                    break
+                self._measure(sum(e.size() for e in batch), time.monotonic() - started)
                 operations.update(batch_ops)
                 staged += list(batch_ops)
                 deadline.touch()
             result.skipped = [k for k in result.skipped if k not in staged]
             # each record folds into its configuration's one compacted record, in the same commit
             record_ops = (
-                self._compaction(self._record_files(), {r.path.rsplit("/", 1)[0] for r in records}, records)
+                self._compaction(
+                    self._record_files({r.model for r in records}),
+                    {r.path.rsplit("/", 1)[0] for r in records},
+                    records,
+                )
                 if records
                 else []
             )

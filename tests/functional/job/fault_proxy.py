@@ -3,7 +3,7 @@
 Modes (read when a connection is accepted, switchable at any time):
     pass       forward both ways
     blackhole  accept, read whatever comes, never answer (a dead load balancer, a dropped route)
-    slow       forward, but answers trickle at `rate` bytes per second
+    slow       forward, but answers trickle at `rate` bytes per second (and requests at `up_rate`, if set)
     reset      accept and reset the connection at once
 """
 
@@ -18,11 +18,14 @@ from urllib.parse import urlparse
 
 
 class FaultProxy:
-    def __init__(self, upstream_url: str, mode: str = "pass", rate: int = 64 * 1024) -> None:
+    def __init__(
+        self, upstream_url: str, mode: str = "pass", rate: int = 64 * 1024, up_rate: int | None = None
+    ) -> None:
         parsed = urlparse(upstream_url)
         self.upstream = (parsed.hostname or "127.0.0.1", parsed.port or 80)
         self.mode = mode
         self.rate = rate
+        self.up_rate = up_rate
         #: Bytes sent to clients so far (answers).
         self.sent = 0
         self.accepted = 0
@@ -32,6 +35,7 @@ class FaultProxy:
         self._closing = threading.Event()
         self._sockets: list[socket.socket] = []
         self._lock = threading.Lock()
+        self._next_free = {True: 0.0, False: 0.0}
         self._thread = threading.Thread(target=self._serve, name="fault-proxy", daemon=True)
 
     def __enter__(self) -> FaultProxy:
@@ -71,6 +75,14 @@ class FaultProxy:
             else:
                 threading.Thread(target=self._forward, args=(client, mode), daemon=True).start()
 
+    def _pace(self, size: int, rate: int, answers: bool) -> None:
+        """Share one rate per direction among all connections (a slow link, not a slow socket)."""
+        with self._lock:
+            now = time.monotonic()
+            start = max(now, self._next_free[answers])
+            self._next_free[answers] = start + size / rate
+        time.sleep(max(0.0, start + size / rate - now))
+
     def _swallow(self, client: socket.socket) -> None:
         with contextlib.suppress(OSError):
             while not self._closing.is_set() and client.recv(65536):
@@ -87,11 +99,12 @@ class FaultProxy:
         def pipe(source: socket.socket, sink: socket.socket, answers: bool) -> None:
             try:
                 while True:
-                    data = source.recv(4096 if answers and mode == "slow" else 65536)
+                    throttle = None if mode != "slow" else (self.rate if answers else self.up_rate)
+                    data = source.recv(16384 if throttle else 65536)
                     if not data:
                         break
-                    if answers and mode == "slow":
-                        time.sleep(len(data) / self.rate)
+                    if throttle:
+                        self._pace(len(data), throttle, answers)
                     sink.sendall(data)
                     if answers:
                         self.sent += len(data)

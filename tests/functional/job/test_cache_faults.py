@@ -11,12 +11,12 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import BIN, STANDINS, VERSION, Cache, make_cache
+from conftest import BIN, HUB_TOKEN, STANDINS, VERSION, Cache, make_cache
 from fault_proxy import FaultProxy
 from support.hub_server import HubServer
 
 from sagequeue.job import neuron, sync
-from sagequeue.job.remote import RemoteCache
+from sagequeue.job.remote import Deadline, RemoteCache, open_remote
 
 #: What the issue promises: a dead cache delays training by at most this much (defaults).
 DEAD_CACHE_BOUND = 60.0
@@ -240,3 +240,29 @@ def test_a_restore_over_its_timeout_stops_downloading_while_training_runs(
             job.kill()
     stderr = log.read_text()
     assert "restore did not finish" in stderr
+
+
+def test_a_hub_upload_under_a_deadline_commits_what_fits(
+    base_env: dict[str, str], hub_server: HubServer, tmp_path: Path
+) -> None:
+    cache = make_cache("hub", base_env, hub_server)
+    root = tmp_path / "local"
+    # GIVEN 10 entries of 1 MB and a Hub that takes them at 1 MB/s: 10 s of upload
+    for _ in range(10):
+        module = f"MODULE_{int(uuid.uuid4().hex[:12], 16)}+abcdef12"
+        entry = root / neuron.version_dir(VERSION) / module
+        entry.mkdir(parents=True)
+        (entry / "model.neff").write_bytes(os.urandom(1024 * 1024))
+        (entry / "model.done").write_bytes(b"")
+    with FaultProxy(hub_server.url, mode="slow", rate=16 * 1024 * 1024, up_rate=1024 * 1024) as proxy:
+        remote = open_remote(cache.url, endpoint=proxy.url, token=HUB_TOKEN, backoff_base=0.05)
+        # WHEN it must be done in 6 s (a stop's grace)
+        started = time.monotonic()
+        report = sync.upload(remote, root, VERSION, deadline=Deadline(6.0))
+        elapsed = time.monotonic() - started
+    # THEN it sized its batches to the time left, committed what went up, and kept to the deadline
+    published = report.result.published
+    assert 1 <= len(published) < 10, report
+    assert elapsed < 7.0
+    assert set(cache.remote.entries(VERSION)) == {key.split("/", 1)[1] for key in published}
+    assert sorted(report.result.skipped + published) == sorted(report.candidates)
