@@ -155,6 +155,10 @@ def lookup(cache_url: str | None, model: str) -> None:
     remote = _remote(cache_url)
     try:
         records = remote.records(model)
+        # a cache optimum-neuron wrote (the public precompiled one, for instance) has its registry too
+        optimum = getattr(remote, "optimum_records", None)
+        if callable(optimum):
+            records += optimum(model)
     except RemoteCacheError as exc:
         raise click.ClickException(str(exc)) from exc
     click.echo(f"{len(records)} configurations of {model} in {remote.url}")

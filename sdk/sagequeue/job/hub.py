@@ -34,6 +34,7 @@ from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_st
 
 from sagequeue.job import neuron
 from sagequeue.job.remote import (
+    OPTIMUM_REGISTRY_DIR,
     REGISTRY_DIR,
     ConflictError,
     Deadline,
@@ -44,6 +45,7 @@ from sagequeue.job.remote import (
     RemoteEntry,
     RemoteFile,
     combine_records,
+    optimum_record,
     registry_path_parts,
 )
 
@@ -292,6 +294,21 @@ class HubCache:
         with ThreadPoolExecutor(max_workers=REGISTRY_READERS, thread_name_prefix="hub-registry") as pool:
             found = dict(zip(paths, pool.map(read, paths), strict=True))
         return {p: r for p, r in found.items() if r is not None and (models is None or r.model in models)}
+
+    def optimum_records(self, model: str | None = None) -> list[RegistryRecord]:
+        """Configurations optimum-neuron recorded in this repository (`<version>/0_REGISTRY/...`)."""
+        paths = []
+        for version in self.versions():
+            for item in self._tree(f"{neuron.version_dir(version)}/{OPTIMUM_REGISTRY_DIR}", recursive=True):
+                if isinstance(item, RepoFile) and item.path.endswith(".json"):
+                    paths.append(item.path)
+
+        def read(path: str) -> RegistryRecord | None:
+            return optimum_record(path, self.read_text(path))
+
+        with ThreadPoolExecutor(max_workers=REGISTRY_READERS, thread_name_prefix="hub-registry") as pool:
+            found = [r for r in pool.map(read, paths) if r is not None]
+        return [r for r in found if model is None or r.model == model]
 
     def _compaction(
         self, files: dict[str, RegistryRecord], folders: set[str], extra: Sequence[RegistryRecord] = ()

@@ -136,6 +136,39 @@ def registry_path_parts(path: str) -> tuple[str, str] | None:
     return parts[1], "/".join(parts[2:-2])
 
 
+#: optimum-neuron's registry folder inside a version directory:
+#: `neuronxcc-<version>/0_REGISTRY/<optimum version>/<training|inference>/<model type>/<model id>/<hash>.json`.
+OPTIMUM_REGISTRY_DIR = "0_REGISTRY"
+
+
+def optimum_record(path: str, raw: bytes | str) -> RegistryRecord | None:
+    """A record optimum-neuron wrote, read as a configuration of its model (it names no entries: optimum's
+    records describe model configurations, not compile cache entries); None when it is not one."""
+    parts = path.split("/")
+    if len(parts) < 7 or parts[1] != OPTIMUM_REGISTRY_DIR or not parts[-1].endswith(".json"):
+        return None
+    try:
+        version = parts[0][len("neuronxcc-") :] if parts[0].startswith("neuronxcc-") else None
+        data = json.loads(raw)
+    except ValueError:
+        return None
+    if version is None or not isinstance(data, dict):
+        return None
+    config = {
+        "source": "optimum-neuron",
+        "optimum_version": parts[2],
+        "mode": parts[3],
+        "model_type": parts[4],
+    }
+    nested = data.get("neuron")
+    neuron: dict[str, Any] = nested if isinstance(nested, dict) else {}
+    for key, value in sorted({**data, **neuron}.items()):
+        if not key.startswith("_") and isinstance(value, str | int | float | bool):
+            config.setdefault(key, str(value))
+    model = str(data.get("_model_id") or "/".join(parts[5:-1]))
+    return RegistryRecord(model, version, config, [], updated_at="", writer="optimum-neuron")
+
+
 def combine_records(records: Sequence[RegistryRecord]) -> list[RegistryRecord]:
     """One record per job configuration: the entries every writer recorded for it, the latest writer's
     details."""

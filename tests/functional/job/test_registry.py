@@ -8,7 +8,7 @@ import os
 import uuid
 from pathlib import Path
 
-from conftest import STANDINS, VERSION, Cache, make_cache, run_wrapper
+from conftest import STANDINS, VERSION, Cache, make_cache, run_cli, run_wrapper
 from huggingface_hub import CommitOperationAdd
 from support.hub_server import HubServer
 
@@ -120,3 +120,56 @@ def test_a_record_naming_missing_entries_is_a_miss_and_precompiles(
     assert result.returncode == 0, result.stderr
     assert "cache miss: precompiling" in result.stderr
     assert json.loads(report.read_text())["compiled"] == []
+
+
+def test_lookup_and_restore_read_a_cache_optimum_neuron_wrote(
+    base_env: dict[str, str], hub_server: HubServer, tmp_path: Path
+) -> None:
+    cache = make_cache("hub", base_env, hub_server)
+    remote = cache.remote
+    assert isinstance(remote, HubCache)
+    # GIVEN a repository in optimum-neuron's layout: its registry inside the version folder, one NEFF entry
+    vdir = neuron.version_dir(VERSION)
+    optimum_entry = {
+        "_entry_class": "SingleModelCacheEntry",
+        "_model_id": "meta-llama/Llama-3.1-8B",
+        "model_type": "llama",
+        "hidden_size": 4096,
+        "neuron": {"batch_size": 4, "sequence_length": 4096, "tp_degree": 8, "auto_cast_type": "bf16"},
+    }
+    module = "MODULE_4242+abcdef12"
+    remote.api.create_commit(
+        remote.repo_id,
+        operations=[
+            CommitOperationAdd(
+                path_in_repo=f"{vdir}/0_REGISTRY/0.0.28/inference/llama/meta-llama/Llama-3.1-8B/0123abcd.json",
+                path_or_fileobj=json.dumps(optimum_entry).encode(),
+            ),
+            CommitOperationAdd(path_in_repo=f"{vdir}/{module}/model.neff", path_or_fileobj=os.urandom(4096)),
+            CommitOperationAdd(path_in_repo=f"{vdir}/{module}/model.done", path_or_fileobj=b""),
+        ],
+        commit_message="written by optimum-neuron",
+    )
+    env = dict(cache.env, SAGEQUEUE_NEFF_CACHE=cache.url)
+    # THEN lookup shows optimum-neuron's configuration of the model
+    found = run_cli(["cache", "lookup", "meta-llama/Llama-3.1-8B"], env)
+    assert found.returncode == 0, found.stderr
+    assert "1 configurations of meta-llama/Llama-3.1-8B" in found.stdout
+    assert "source: optimum-neuron" in found.stdout
+    assert "batch_size: 4" in found.stdout
+    assert "tp_degree: 8" in found.stdout
+    # AND a restore takes its NEFF entry and leaves its registry folder alone
+    restored = run_cli(
+        [
+            "cache",
+            "restore",
+            "--cache-dir",
+            str(tmp_path / "local"),
+            "--compiler-version",
+            VERSION,
+            "--no-progress",
+        ],
+        env,
+    )
+    assert restored.returncode == 0, restored.stderr
+    assert [e.module for e in neuron.scan(tmp_path / "local", VERSION)] == [module]
