@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
@@ -234,7 +234,10 @@ class S3Cache:
         prefix = f"{entry.key}/{WRITER_PREFIX}{uuid.uuid4().hex[:16]}"
         listed: dict[str, dict[str, Any]] = {}
         for name, path in neuron.iter_entry_files(entry.path):
-            listed[name] = {"size": path.stat().st_size, "sha256": self._put_file(f"{prefix}/{name}", path)}
+            listed[name] = {
+                "size": path.stat().st_size,
+                "sha256": self._put_file(f"{prefix}/{name}", path, deadline.touch),
+            }
             deadline.touch()
         manifest = {"version": entry.version, "module": entry.module, "prefix": prefix, "files": listed}
         body = json.dumps(manifest, sort_keys=True).encode()
@@ -263,7 +266,8 @@ class S3Cache:
             except ClientError as exc:
                 raise self._error(f"delete {relative_prefix}", exc) from exc
 
-    def _put_file(self, relative: str, path: Path) -> str:
+    def _put_file(self, relative: str, path: Path, touch: Callable[[], None] | None = None) -> str:
+        """Store one file; `touch` is called as parts of a large file go up (progress for the stall cut-off)."""
         checksum = sha256_of(path)
         try:
             if path.stat().st_size < self._transfer.multipart_threshold:
@@ -271,7 +275,13 @@ class S3Cache:
                 with path.open("rb") as body:
                     self._client.put_object(Bucket=self.bucket, Key=self._key(relative), Body=body)
             else:
-                self._client.upload_file(str(path), self.bucket, self._key(relative), Config=self._transfer)
+                self._client.upload_file(
+                    str(path),
+                    self.bucket,
+                    self._key(relative),
+                    Config=self._transfer,
+                    Callback=(lambda _sent: touch()) if touch is not None else None,
+                )
         except ClientError as exc:
             raise self._error(f"upload {relative}", exc) from exc
         return checksum
