@@ -15,6 +15,10 @@ NEURON_METRIC_NAMESPACE = "SageQueue/TrainingJobs"
 #: Average NeuronCore utilization of one host over the last period, in percent (0-100).
 NEURONCORE_UTILIZATION_METRIC = "NeuronCoreUtilization"
 
+#: 1 while a neuronx-cc or neuron_parallel_compile process runs on the host, else 0 (Maximum per period):
+#: a cold compile takes 30-60 minutes at ~0% NeuronCore utilization and is not idleness.
+NEURON_COMPILING_METRIC = "NeuronCompiling"
+
 #: The one dimension of every per-host metric, the same name and value format SageMaker uses:
 #: "<training job name>/algo-<n>", n counting hosts from 1.
 HOST_DIMENSION = "Host"

@@ -26,6 +26,7 @@ from sagequeue_core.defaults import (
     HOST_DIMENSION,
     IDLE_ALARM_PREFIX,
     JOB_TAG,
+    NEURON_COMPILING_METRIC,
     NEURON_METRIC_NAMESPACE,
     NEURONCORE_UTILIZATION_METRIC,
     SAGEMAKER_METRIC_NAMESPACE,
@@ -164,6 +165,11 @@ def owner_of(job: Mapping[str, Any], tags: Mapping[str, str]) -> str:
 #: The idle alarm's name is IDLE_ALARM_PREFIX + host; the silence alarm's adds this suffix.
 SILENCE_ALARM_SUFFIX = "/no-data"
 
+#: The idle alarm of a Neuron host reads this metric math: NeuronCoreUtilization, but 100 in any period in
+#: which the host reported a compile running (a cold neuronx-cc compile reads ~0% for 30-60 minutes). A
+#: period without utilization data stays missing unless the host was compiling.
+COMPILING_AS_BUSY_EXPRESSION = "IF(FILL(compiling, 0) > 0, 100, utilization)"
+
 #: CloudWatch rejects alarms whose Period x EvaluationPeriods exceeds one day (for periods under an hour).
 MAX_ALARM_WINDOW_SECONDS = 86_400
 
@@ -269,23 +275,61 @@ class AlarmSpec:
     def metric_name(self) -> str:
         return self.signal.metric_name
 
+    @property
+    def busy_expression(self) -> str | None:
+        """Metric math the idle alarm of a Neuron host evaluates: a compiling host counts as 100% busy."""
+        if self.kind is AlarmKind.IDLE and self.signal is IdleSignal.NEURON:
+            return COMPILING_AS_BUSY_EXPRESSION
+        return None
+
     def put_metric_alarm_args(self, actions: Sequence[str]) -> dict[str, Any]:
-        return {
+        args: dict[str, Any] = {
             "AlarmName": self.name,
             "AlarmDescription": self.description,
             "ActionsEnabled": True,
             "AlarmActions": list(actions),
-            "Namespace": self.namespace,
-            "MetricName": self.metric_name,
-            "Dimensions": [{"Name": HOST_DIMENSION, "Value": self.host}],
-            "Statistic": self.statistic,
-            "Period": self.period_seconds,
             "EvaluationPeriods": self.evaluation_periods,
             "DatapointsToAlarm": self.evaluation_periods,
             "Threshold": self.threshold,
             "ComparisonOperator": self.comparison,
             "TreatMissingData": self.treat_missing_data,
             "Tags": [{"Key": JOB_TAG_FOR_ALARMS, "Value": self.training_job_name}],
+        }
+        dimensions = [{"Name": HOST_DIMENSION, "Value": self.host}]
+        expression = self.busy_expression
+        if expression is None:
+            return {
+                **args,
+                "Namespace": self.namespace,
+                "MetricName": self.metric_name,
+                "Dimensions": dimensions,
+                "Statistic": self.statistic,
+                "Period": self.period_seconds,
+            }
+
+        def stat(query_id: str, metric: str, statistic: str) -> dict[str, Any]:
+            return {
+                "Id": query_id,
+                "MetricStat": {
+                    "Metric": {"Namespace": self.namespace, "MetricName": metric, "Dimensions": dimensions},
+                    "Period": self.period_seconds,
+                    "Stat": statistic,
+                },
+                "ReturnData": False,
+            }
+
+        return {
+            **args,
+            "Metrics": [
+                stat("utilization", self.metric_name, self.statistic),
+                stat("compiling", NEURON_COMPILING_METRIC, "Maximum"),
+                {
+                    "Id": "busy",
+                    "Expression": expression,
+                    "Label": "NeuronCore utilization, 100 while compiling",
+                    "ReturnData": True,
+                },
+            ],
         }
 
 

@@ -155,6 +155,10 @@ def lookup(cache_url: str | None, model: str) -> None:
     remote = _remote(cache_url)
     try:
         records = remote.records(model)
+        # a cache optimum-neuron wrote (the public precompiled one, for instance) has its registry too
+        optimum = getattr(remote, "optimum_records", None)
+        if callable(optimum):
+            records += optimum(model)
     except RemoteCacheError as exc:
         raise click.ClickException(str(exc)) from exc
     click.echo(f"{len(records)} configurations of {model} in {remote.url}")
@@ -240,6 +244,38 @@ def restore(
         f"{len(report.busy)} busy, {len(report.failed)} failed"
     )
     if report.failed:
+        raise SystemExit(1)
+
+
+@cache.command()
+@_cache_option
+@click.option(
+    "--compiler-version", "versions", multiple=True, help="Check only this compiler version (repeatable)."
+)
+@click.option("--repair", is_flag=True, help="Delete broken entries so the next writer publishes them again.")
+@click.option(
+    "--workers", type=click.IntRange(1, 128), default=16, show_default=True, help="Parallel downloads."
+)
+def verify(cache_url: str | None, versions: tuple[str, ...], repair: bool, workers: int) -> None:
+    """Download every remote entry and check its files against the recorded checksums."""
+    remote = _remote(cache_url)
+    broken: list[RemoteEntry] = []
+    try:
+        for version in _versions(remote, versions):
+            report = sync.verify(remote, version, workers=workers)
+            entries = remote.entries(version)
+            for key, problem in sorted(report.broken.items()):
+                click.echo(f"broken {key}: {problem}")
+                broken.append(entries[key.split("/", 1)[1]])
+            click.echo(
+                f"{neuron.version_dir(version)}: {len(report.checked)} entries checked, {len(report.broken)} broken"
+            )
+        if broken and repair:
+            remote.delete(broken)
+            click.echo(f"removed {len(broken)} broken entries: the next upload publishes them again")
+    except RemoteCacheError as exc:
+        raise click.ClickException(str(exc)) from exc
+    if broken and not repair:
         raise SystemExit(1)
 
 
@@ -370,7 +406,7 @@ def status(cache_dir: Path | None, clean: bool) -> None:
         for entry in entries:
             if entry.state is not neuron.EntryState.COMPLETE:
                 click.echo(f"    {entry.state.value:<10} {entry.module}")
-    staging = root / sync.STAGING_DIR
+    staging = sync.staging_dir(root)
     if staging.exists():
         click.echo(f"  partial downloads kept for resuming: {human(_tree_size(staging))}")
     if clean:

@@ -14,7 +14,7 @@ import sys
 import click
 
 from sagequeue.job import settings
-from sagequeue.job.runner import SAGEMAKER_STOP_GRACE_SECONDS, JobOptions, JobRunner
+from sagequeue.job.runner import SAGEMAKER_STOP_GRACE_SECONDS, STALL_SECONDS, JobOptions, JobRunner
 from sagequeue_core.defaults import METRIC_PERIOD_SECONDS, NEFF_CACHE_ENV
 
 
@@ -26,6 +26,20 @@ def _config_pairs(values: tuple[str, ...]) -> dict[str, str]:
             raise click.BadParameter(f"expected KEY=VALUE, got {value!r}", param_hint="--config")
         pairs[key.strip()] = item.strip()
     return pairs
+
+
+class SizeType(click.ParamType):
+    name = "SIZE"
+
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        if isinstance(value, int):
+            return value
+        from sagequeue.job.cache_cli import parse_size
+
+        try:
+            return parse_size(str(value))
+        except click.BadParameter as exc:
+            self.fail(exc.message, param, ctx)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -121,6 +135,37 @@ def main(verbose: bool) -> None:
     help="Bound on the upload after a normal end.",
 )
 @click.option(
+    "--restore-timeout",
+    type=click.FloatRange(min=0),
+    default=1800.0,
+    show_default=True,
+    help="Bound on the restore before the command starts.",
+)
+@click.option(
+    "--stall-timeout",
+    "stall_seconds",
+    type=click.FloatRange(min=1),
+    default=STALL_SECONDS,
+    show_default=True,
+    help="Seconds without progress (no answer, no byte) after which a restore, or an upload the cache "
+    "never answered, is called off.",
+)
+@click.option(
+    "--restore-min-free",
+    type=SizeType(),
+    envvar="SAGEQUEUE_RESTORE_MIN_FREE",
+    show_envvar=True,
+    help="Free space the restore leaves for the job's own compile, e.g. 8G "
+    "(default: 20% of the file system, at most 8G).",
+)
+@click.option(
+    "--restore-max-bytes",
+    type=SizeType(),
+    envvar="SAGEQUEUE_RESTORE_MAX_BYTES",
+    show_envvar=True,
+    help="Restore at most this much, e.g. 50G (smallest entries first).",
+)
+@click.option(
     "--workers", type=click.IntRange(1, 128), default=16, show_default=True, help="Parallel transfers."
 )
 @click.option("--progress/--no-progress", default=True, show_default=True)
@@ -138,6 +183,10 @@ def run(
     metrics_period: float,
     grace_seconds: float,
     upload_timeout: float,
+    restore_timeout: float,
+    stall_seconds: float,
+    restore_min_free: int | None,
+    restore_max_bytes: int | None,
     workers: int,
     progress: bool,
     command: tuple[str, ...],
@@ -159,6 +208,10 @@ def run(
         metrics_period=metrics_period,
         grace_seconds=grace_seconds,
         upload_timeout=upload_timeout,
+        restore_timeout=restore_timeout,
+        stall_seconds=stall_seconds,
+        restore_min_free=restore_min_free,
+        restore_max_bytes=restore_max_bytes,
         workers=workers,
         progress=progress,
     )
@@ -166,6 +219,7 @@ def run(
     sys.stdout.flush()
     sys.stderr.flush()
     if outcome.abandoned:
-        # transfer threads may still block on sockets; the interpreter would wait for them at exit
+        # transfer threads may still block on sockets (each for at most its read timeout); the
+        # interpreter would wait for them at exit
         os._exit(outcome.status)
     sys.exit(outcome.status)

@@ -8,14 +8,21 @@ retry's LFS batch call finds them already stored.
 
 The token comes from the usual places (HF_TOKEN, the token file of `hf auth login`), the endpoint from
 HF_ENDPOINT.
+
+huggingface_hub's HTTP client waits forever for an answer by default; a HubCache gives it per-request
+connect/read/write timeouts (`configure_timeouts`), so a blackholed Hub fails a request instead of
+stalling the job.
 """
 
 from __future__ import annotations
 
 import random
+import threading
 import time
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 from urllib.parse import quote
@@ -23,10 +30,11 @@ from urllib.parse import quote
 from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi
 from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError, RevisionNotFoundError
 from huggingface_hub.hf_api import RepoFile, RepoFolder
-from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
+from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status, set_client_factory
 
 from sagequeue.job import neuron
 from sagequeue.job.remote import (
+    OPTIMUM_REGISTRY_DIR,
     REGISTRY_DIR,
     ConflictError,
     Deadline,
@@ -37,31 +45,57 @@ from sagequeue.job.remote import (
     RemoteEntry,
     RemoteFile,
     combine_records,
+    optimum_record,
     registry_path_parts,
 )
+
+#: Per-request bounds on Hub calls (seconds): connecting, waiting for bytes of an answer, sending a body.
+CONNECT_TIMEOUT = 5.0
+READ_TIMEOUT = 15.0
+WRITE_TIMEOUT = 60.0
+_timeouts_lock = threading.Lock()
+_timeouts: tuple[float, float, float] | None = None
+
+
+def configure_timeouts(
+    connect: float = CONNECT_TIMEOUT, read: float = READ_TIMEOUT, write: float = WRITE_TIMEOUT
+) -> None:
+    """Give huggingface_hub's shared HTTP client per-request timeouts (it has none by default)."""
+    global _timeouts
+    import httpx2
+    from huggingface_hub.utils._http import hf_request_event_hook
+
+    wanted = (connect, read, write)
+    with _timeouts_lock:
+        if _timeouts == wanted:
+            return
+        _timeouts = wanted
+
+    def factory() -> httpx2.Client:
+        return httpx2.Client(
+            event_hooks={"request": [hf_request_event_hook]},
+            follow_redirects=True,
+            timeout=httpx2.Timeout(connect=connect, read=read, write=write, pool=connect),
+        )
+
+    set_client_factory(factory)
+
 
 #: Status codes the Hub uses when the parent commit is no longer the head.
 CONFLICT_STATUSES = (409, 412)
 _CHUNK = 1024 * 1024
+#: Downloads are read in pieces this small so a cancel or a stop is seen within a fraction of a second.
+_READ_CHUNK = 256 * 1024
 
+
+#: Registry record files read at once.
+REGISTRY_READERS = 16
+#: Writer name of the one record a configuration keeps after compaction.
+COMPACT_WRITER = "compacted"
 
 #: A batch of entries uploaded together: at most this many entries or bytes.
 BATCH_ENTRIES = 32
 BATCH_BYTES = 512 * 1024 * 1024
-
-
-def _batches(entries: Sequence[neuron.LocalEntry]) -> Iterator[list[neuron.LocalEntry]]:
-    batch: list[neuron.LocalEntry] = []
-    size = 0
-    for entry in entries:
-        entry_size = entry.size()
-        if batch and (len(batch) >= BATCH_ENTRIES or size + entry_size > BATCH_BYTES):
-            yield batch
-            batch, size = [], 0
-        batch.append(entry)
-        size += entry_size
-    if batch:
-        yield batch
 
 
 def _status(exc: HfHubHTTPError) -> int | None:
@@ -81,6 +115,8 @@ class HubCache:
         backoff_max: float = 8.0,
         commit_reserve: float = 10.0,
         upload_threads: int = 8,
+        connect_timeout: float = CONNECT_TIMEOUT,
+        read_timeout: float = READ_TIMEOUT,
     ) -> None:
         if not url.startswith("hf://"):
             raise ValueError(f"not a Hub URL: {url!r}")
@@ -89,6 +125,7 @@ class HubCache:
             raise ValueError(f"expected hf://<org>/<repo>, got {url!r}")
         self.url = url
         self.repo_id = repo_id
+        configure_timeouts(connect_timeout, read_timeout)
         self.api = HfApi(endpoint=endpoint, token=token)
         self.max_attempts = max_attempts
         self.backoff_base = backoff_base
@@ -97,6 +134,8 @@ class HubCache:
         self.commit_reserve = commit_reserve
         self.upload_threads = upload_threads
         self._revision: str | None = None
+        #: Measured upload throughput (bytes per second), None before the first batch.
+        self._rate: float | None = None
 
     # --- reading ---------------------------------------------------------------------------------------
 
@@ -216,7 +255,7 @@ class HubCache:
                 raise RemoteCacheError(
                     f"{url}: asked for bytes from {offset}, the server sent the whole file"
                 )
-            yield response.iter_bytes(_CHUNK)
+            yield response.iter_bytes(_READ_CHUNK)
 
     def read_text(self, path: str) -> bytes:
         response = get_session().get(
@@ -233,22 +272,92 @@ class HubCache:
         return self._records_at_revision(model)
 
     def _records_at_revision(self, model: str | None = None) -> list[RegistryRecord]:
-        out = []
+        return combine_records(list(self._record_files(model).values()))
+
+    def _record_files(self, model: str | set[str] | None = None) -> dict[str, RegistryRecord]:
+        """Every registry record file at the pinned revision (of one model or some), read many at a time."""
+        models = {model} if isinstance(model, str) else model
+        paths = []
         for item in self._tree(REGISTRY_DIR, recursive=True):
             if not isinstance(item, RepoFile):
                 continue
             parts = registry_path_parts(item.path)
-            if parts is None or (model is not None and parts[1] != model):
-                continue
+            if parts is not None and (models is None or parts[1] in models):
+                paths.append(item.path)
+
+        def read(path: str) -> RegistryRecord | None:
             try:
-                record = RegistryRecord.from_json(self.read_text(item.path))
+                return RegistryRecord.from_json(self.read_text(path))
             except ValueError:
-                continue  # a broken record is skipped, not fatal to a lookup
-            if model is None or record.model == model:
-                out.append(record)
-        return combine_records(out)
+                return None  # a broken record is skipped, not fatal to a lookup
+
+        with ThreadPoolExecutor(max_workers=REGISTRY_READERS, thread_name_prefix="hub-registry") as pool:
+            found = dict(zip(paths, pool.map(read, paths), strict=True))
+        return {p: r for p, r in found.items() if r is not None and (models is None or r.model in models)}
+
+    def optimum_records(self, model: str | None = None) -> list[RegistryRecord]:
+        """Configurations optimum-neuron recorded in this repository (`<version>/0_REGISTRY/...`)."""
+        paths = []
+        for version in self.versions():
+            for item in self._tree(f"{neuron.version_dir(version)}/{OPTIMUM_REGISTRY_DIR}", recursive=True):
+                if isinstance(item, RepoFile) and item.path.endswith(".json"):
+                    paths.append(item.path)
+
+        def read(path: str) -> RegistryRecord | None:
+            return optimum_record(path, self.read_text(path))
+
+        with ThreadPoolExecutor(max_workers=REGISTRY_READERS, thread_name_prefix="hub-registry") as pool:
+            found = [r for r in pool.map(read, paths) if r is not None]
+        return [r for r in found if model is None or r.model == model]
+
+    def _compaction(
+        self, files: dict[str, RegistryRecord], folders: set[str], extra: Sequence[RegistryRecord] = ()
+    ) -> list[Any]:
+        """Commit operations that leave one record per configuration folder in `folders`: the union of the
+        entries its files (and `extra`) name, minus nothing; an empty union leaves no file."""
+        ops: list[Any] = []
+        for folder in sorted(folders):
+            inside = {p: r for p, r in files.items() if p.rsplit("/", 1)[0] == folder}
+            mine = [r for r in extra if r.path.rsplit("/", 1)[0] == folder]
+            combined = combine_records([*inside.values(), *mine])
+            keep: str | None = None
+            if combined and combined[0].entries:
+                record = replace(combined[0], writer=COMPACT_WRITER)
+                keep = record.path
+                ops.append(CommitOperationAdd(path_in_repo=record.path, path_or_fileobj=record.to_json()))
+            ops += [CommitOperationDelete(path_in_repo=p) for p in inside if p != keep]
+        return ops
 
     # --- writing ---------------------------------------------------------------------------------------
+
+    def _measure(self, size: int, seconds: float) -> None:
+        """Fold one batch's upload throughput into the estimate the next batch is sized from."""
+        if seconds <= 0 or size <= 0:
+            return
+        rate = size / seconds
+        self._rate = rate if self._rate is None else 0.5 * self._rate + 0.5 * rate
+
+    def _next_batch(
+        self, pending: Sequence[neuron.LocalEntry], deadline: Deadline, reserve: float
+    ) -> list[neuron.LocalEntry]:
+        """The next entries to upload together: as many as fit BATCH_ENTRIES, BATCH_BYTES and, under a
+        deadline, half the time left at the measured throughput (the first batch, unmeasured, is one entry)."""
+        if deadline.expired(reserve):
+            return []
+        limit = float(BATCH_BYTES)
+        if deadline.remaining() != float("inf"):
+            if self._rate is None:
+                return [pending[0]]  # the smallest entry first: it measures the throughput
+            limit = min(limit, self._rate * (deadline.remaining() - reserve) * 0.5)
+        batch: list[neuron.LocalEntry] = []
+        size = 0
+        for entry in pending:
+            entry_size = entry.size()
+            if len(batch) >= BATCH_ENTRIES or size + entry_size > limit:
+                break
+            batch.append(entry)
+            size += entry_size
+        return batch
 
     def publish(
         self, entries: Sequence[neuron.LocalEntry], records: Sequence[RegistryRecord], deadline: Deadline
@@ -260,6 +369,7 @@ class HubCache:
         operations: dict[str, list[CommitOperationAdd]] = {}
         for attempt in range(1, self.max_attempts + 1):
             parent = self.head()
+            deadline.touch()
             remote: dict[str, set[str]] = {}
             todo = []
             for entry in entries:
@@ -273,10 +383,14 @@ class HubCache:
             fresh = [entry for entry in todo if entry.key not in operations]
             # LFS content goes up a batch of entries at a time, many files in parallel; the deadline is
             # checked between batches so a stop's grace still leaves time for the commit
-            for batch in _batches(fresh):
-                if deadline.expired(reserve):
-                    result.skipped += [e.key for e in batch if e.key not in result.skipped]
-                    continue
+            pending = list(fresh)
+            while pending:
+                batch = self._next_batch(pending, deadline, reserve)
+                if not batch:
+                    # the deadline (or the time the next entry would take) leaves no room: commit what is up
+                    result.skipped += [e.key for e in pending if e.key not in result.skipped]
+                    break
+                pending = pending[len(batch) :]
                 batch_ops = {
                     entry.key: [
                         CommitOperationAdd(path_in_repo=f"{entry.key}/{name}", path_or_fileobj=str(path))
@@ -284,20 +398,38 @@ class HubCache:
                     ]
                     for entry in batch
                 }
+                started = time.monotonic()
                 try:
                     self.api.preupload_lfs_files(
                         self.repo_id,
                         additions=[op for ops in batch_ops.values() for op in ops],
                         num_threads=self.upload_threads,
                     )
-                except HfHubHTTPError as exc:
-                    raise self._error(f"upload {batch[0].key} and {len(batch) - 1} more", exc) from exc
+                except Exception as exc:
+                    if not staged:
+                        if isinstance(exc, HfHubHTTPError):
+                            raise self._error(
+                                f"upload {batch[0].key} and {len(batch) - 1} more", exc
+                            ) from exc
+                        raise
+                    # what is already up is worth a commit; the rest goes next time
+                    result.skipped += [e.key for e in [*batch, *pending] if e.key not in result.skipped]
+                    break
+                self._measure(sum(e.size() for e in batch), time.monotonic() - started)
                 operations.update(batch_ops)
                 staged += list(batch_ops)
+                deadline.touch()
             result.skipped = [k for k in result.skipped if k not in staged]
-            record_ops = [
-                CommitOperationAdd(path_in_repo=r.path, path_or_fileobj=r.to_json()) for r in records
-            ]
+            # each record folds into its configuration's one compacted record, in the same commit
+            record_ops = (
+                self._compaction(
+                    self._record_files({r.model for r in records}),
+                    {r.path.rsplit("/", 1)[0] for r in records},
+                    records,
+                )
+                if records
+                else []
+            )
             if not staged and not record_ops:
                 result.revision = parent
                 return result
@@ -323,7 +455,7 @@ class HubCache:
                 time.sleep(pause)
                 continue
             result.published = staged
-            result.records = [op.path_in_repo for op in record_ops]
+            result.records = [op.path_in_repo for op in record_ops if isinstance(op, CommitOperationAdd)]
             result.revision = info.oid
             self._revision = info.oid
             return result
@@ -332,11 +464,20 @@ class HubCache:
     def delete(self, entries: Sequence[RemoteEntry]) -> None:
         if not entries:
             return
+        gone = {(e.version, e.module) for e in entries}
         for attempt in range(1, self.max_attempts + 1):
             parent = self.head()
             ops: list[Any] = [
                 CommitOperationDelete(path_in_repo=f"{e.key}/", is_folder=True) for e in entries
             ]
+            # records stop naming what is gone; a configuration left with nothing loses its record
+            files = self._record_files()
+            trimmed = {
+                path: replace(r, entries=[m for m in r.entries if (r.compiler_version, m) not in gone])
+                for path, r in files.items()
+            }
+            touched = {p.rsplit("/", 1)[0] for p, r in files.items() if trimmed[p].entries != r.entries}
+            ops += self._compaction(trimmed, touched)
             try:
                 self.api.create_commit(
                     self.repo_id,

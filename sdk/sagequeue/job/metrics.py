@@ -4,6 +4,10 @@ SageMaker publishes no NeuronCore metric, so an idle alarm on a Trainium job nee
 carries the statistics of the reports neuron-monitor printed in it (each report: the mean utilization of
 the cores in use, 0 when no runtime holds a core). A period without any report publishes nothing, so a
 dead monitor shows as missing data rather than as an idle host.
+
+Beside it, `NeuronCompiling` says whether a neuronx-cc or neuron_parallel_compile process ran in the period
+(1 or 0, sampled every few seconds; its Maximum is what the idle alarm reads): a cold compile takes 30-60
+minutes at ~0% utilization, and the idle alarm's metric math counts such a period as busy.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from sagequeue.job.host import HostIdentity
 from sagequeue_core.defaults import (
     HOST_DIMENSION,
     METRIC_PERIOD_SECONDS,
+    NEURON_COMPILING_METRIC,
     NEURON_METRIC_NAMESPACE,
     NEURONCORE_UTILIZATION_METRIC,
 )
@@ -51,9 +56,15 @@ def summarize(samples: list[float]) -> PeriodStatistics | None:
     return PeriodStatistics(len(samples), sum(samples), min(samples), max(samples))
 
 
-def metric_datum(identity: HostIdentity, stats: PeriodStatistics, at: datetime) -> dict[str, Any]:
+def metric_datum(
+    identity: HostIdentity,
+    stats: PeriodStatistics,
+    at: datetime,
+    metric: str = NEURONCORE_UTILIZATION_METRIC,
+    unit: str = "Percent",
+) -> dict[str, Any]:
     return {
-        "MetricName": NEURONCORE_UTILIZATION_METRIC,
+        "MetricName": metric,
         "Dimensions": [{"Name": HOST_DIMENSION, "Value": identity.dimension_value}],
         "Timestamp": at,
         "StatisticValues": {
@@ -62,7 +73,7 @@ def metric_datum(identity: HostIdentity, stats: PeriodStatistics, at: datetime) 
             "Minimum": stats.minimum,
             "Maximum": stats.maximum,
         },
-        "Unit": "Percent",
+        "Unit": unit,
     }
 
 
@@ -82,6 +93,8 @@ class UtilizationPublisher:
         self.monitor_executable = monitor_executable
         self._cloudwatch = cloudwatch
         self._samples: list[float] = []
+        #: 1.0 or 0.0 per look at the process table: was a compiler running?
+        self._compiling: list[float] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._monitor: subprocess.Popen[str] | None = None
@@ -108,6 +121,7 @@ class UtilizationPublisher:
         self._threads = [
             threading.Thread(target=self._read, name="neuron-monitor-reader", daemon=True),
             threading.Thread(target=self._publish_loop, name="neuroncore-publisher", daemon=True),
+            threading.Thread(target=self._watch_compilers, name="compile-watch", daemon=True),
         ]
         for thread in self._threads:
             thread.start()
@@ -129,6 +143,17 @@ class UtilizationPublisher:
                 self._monitor.wait(),
             )
 
+    def sample_compiling(self) -> None:
+        compiling = 1.0 if neuron.compiling_processes() else 0.0
+        with self._lock:
+            self._compiling.append(compiling)
+
+    def _watch_compilers(self) -> None:
+        interval = min(self.period, 5.0) / 2
+        while not self._stop.is_set():
+            self.sample_compiling()
+            self._stop.wait(interval)
+
     def _publish_loop(self) -> None:
         while not self._stop.wait(self.period):
             self.flush()
@@ -136,14 +161,19 @@ class UtilizationPublisher:
     def flush(self) -> None:
         with self._lock:
             samples, self._samples = self._samples, []
+            compiling, self._compiling = self._compiling, []
+        now = datetime.now(UTC)
+        data = []
         stats = summarize(samples)
-        if stats is None:
+        if stats is not None:
+            data.append(metric_datum(self.identity, stats, now))
+        compile_stats = summarize(compiling)
+        if compile_stats is not None:
+            data.append(metric_datum(self.identity, compile_stats, now, NEURON_COMPILING_METRIC, "None"))
+        if not data:
             return
         try:
-            self.cloudwatch.put_metric_data(
-                Namespace=NEURON_METRIC_NAMESPACE,
-                MetricData=[metric_datum(self.identity, stats, datetime.now(UTC))],
-            )
+            self.cloudwatch.put_metric_data(Namespace=NEURON_METRIC_NAMESPACE, MetricData=data)
             self.published += 1
         except (BotoCoreError, ClientError) as exc:
             # a metric lost is better than a training job failed

@@ -247,10 +247,9 @@ def child_environment(env: Mapping[str, str], cache_dir: Path) -> dict[str, str]
     """The training command's environment, pointing the compiler at `cache_dir` whatever set it before."""
     child = dict(env)
     child[CACHE_URL_ENV] = str(cache_dir)
-    flags = child.get(CC_FLAGS_ENV, "")
-    if cache_dir_from_flags(flags) is not None:
-        # --cache_dir outranks NEURON_COMPILE_CACHE_URL in the compiler, so it must agree with our choice.
-        child[CC_FLAGS_ENV] = flags_with_cache_dir(flags, str(cache_dir))
+    # --cache_dir outranks NEURON_COMPILE_CACHE_URL in the compiler, and optimum-neuron reads only
+    # --cache_dir: it is always set, to our choice.
+    child[CC_FLAGS_ENV] = flags_with_cache_dir(child.get(CC_FLAGS_ENV, ""), str(cache_dir))
     return child
 
 
@@ -331,6 +330,27 @@ def utilization_from_report(line: str) -> list[float] | None:
             if isinstance(value, int | float) and 0 <= value <= 100:
                 values.append(float(value))
     return values
+
+
+# --- is the host compiling? ---------------------------------------------------------------------------------
+
+#: Executables whose running process means "this host is compiling" (a cold compile reads ~0% utilization).
+COMPILING_EXECUTABLES = (COMPILER_EXECUTABLE, PARALLEL_COMPILE_EXECUTABLE)
+
+
+def compiling_processes(proc: Path = Path("/proc")) -> list[int]:
+    """Processes running neuronx-cc or neuron_parallel_compile (directly, or as a script an interpreter
+    runs), found in /proc; [] where /proc does not exist."""
+    found = []
+    for cmdline in proc.glob("[0-9]*/cmdline"):
+        try:
+            args = cmdline.read_bytes().split(b"\0")[:2]
+        except OSError:
+            continue  # the process ended while we looked
+        names = {os.path.basename(a.decode(errors="replace")) for a in args if a}
+        if names.intersection(COMPILING_EXECUTABLES):
+            found.append(int(cmdline.parent.name))
+    return found
 
 
 # --- neuron_parallel_compile -------------------------------------------------------------------------------

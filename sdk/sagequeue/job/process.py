@@ -4,6 +4,12 @@ In a SageMaker container the wrapper is PID 1 and `StopTrainingJob` sends SIGTER
 training command must get the signal to write its checkpoint within the 120-second grace. The child runs
 in its own session so a terminal's Ctrl-C is not delivered twice, and signals go to its whole process
 group, so a shell or torchrun in between does not swallow them.
+
+A stop is over only when the whole process group is gone, not when the direct child exits: a launcher
+without a SIGTERM handler (the SageMaker training toolkit's `train`, `bash -c "a & b & wait"`) dies at once
+while its workers are still writing their checkpoints. `wait_for_group` waits for them. A worker that
+leaves the group (`setsid`, `start_new_session=True`) is not covered: it gets no signal from us and we do
+not wait for it.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from types import FrameType
 
 log = logging.getLogger(__name__)
@@ -45,6 +52,47 @@ class StopWatch:
         return 0.0 if self.received_at is None else time.monotonic() - self.received_at
 
 
+def _group_members(pgid: int) -> list[int] | None:
+    """Live (not zombie) processes of process group `pgid` from /proc; None when /proc cannot tell."""
+    proc = Path("/proc")
+    if not (proc / "self" / "stat").exists():
+        return None
+    members = []
+    for stat in proc.glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue  # the process ended while we looked
+        # "pid (comm) state ppid pgrp ...": comm may hold spaces and parentheses
+        fields = text[text.rfind(")") + 2 :].split()
+        if len(fields) >= 3 and int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            members.append(int(text.split(" ", 1)[0]))
+    return members
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether any process of group `pgid` still runs (zombies waiting for a reaper do not count)."""
+    members = _group_members(pgid)
+    if members is not None:
+        return bool(members)
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def wait_for_group(pgid: int, until: float, poll: float = 0.05) -> bool:
+    """Wait until process group `pgid` is gone or the monotonic time `until`; True when it is gone."""
+    while group_alive(pgid):
+        if time.monotonic() >= until:
+            return False
+        time.sleep(poll)
+    return True
+
+
 class SignalForwarder:
     """Installs handlers once for the wrapper's lifetime; forwards to whichever child runs now."""
 
@@ -53,6 +101,8 @@ class SignalForwarder:
         self._child: subprocess.Popen[bytes] | None = None
         self._previous: dict[int, object] = {}
         self._lock = threading.Lock()
+        #: Process group of the last command run: what a stop still has to wait for after it exits.
+        self.last_group: int | None = None
 
     def install(self) -> None:
         for signum in FORWARDED_SIGNALS:
@@ -67,15 +117,18 @@ class SignalForwarder:
         self.watch.note(signum)
         with self._lock:
             child = self._child
-        if child is not None and child.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(child.pid, signum)
+        group = child.pid if child is not None else self.last_group
+        if group is not None:
+            # also when the direct child is gone: its workers may still run in its group
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(group, signum)
 
     def run(self, command: Sequence[str], env: Mapping[str, str]) -> int:
         """Run `command` to its end; returns its exit status (128+N when a signal N ended it)."""
         child = subprocess.Popen(list(command), env=dict(env), start_new_session=True)
         with self._lock:
             self._child = child
+            self.last_group = child.pid
         try:
             if self.watch.stopped:
                 # the stop arrived while the child was being started

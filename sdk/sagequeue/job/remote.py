@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 import time
 import uuid
 from collections.abc import Iterator, Sequence
@@ -47,6 +48,9 @@ class RemoteFile:
     sha256: str | None = None
     #: Git blob id (sha1 of "blob <size>\\0<content>"), what the Hub records for files kept in git.
     git_sha1: str | None = None
+    #: Where the bytes are, relative to the cache root, when not at `<entry key>/<name>` (S3: the
+    #: writer-unique prefix the manifest names).
+    location: str | None = None
 
 
 @dataclass(frozen=True)
@@ -132,6 +136,39 @@ def registry_path_parts(path: str) -> tuple[str, str] | None:
     return parts[1], "/".join(parts[2:-2])
 
 
+#: optimum-neuron's registry folder inside a version directory:
+#: `neuronxcc-<version>/0_REGISTRY/<optimum version>/<training|inference>/<model type>/<model id>/<hash>.json`.
+OPTIMUM_REGISTRY_DIR = "0_REGISTRY"
+
+
+def optimum_record(path: str, raw: bytes | str) -> RegistryRecord | None:
+    """A record optimum-neuron wrote, read as a configuration of its model (it names no entries: optimum's
+    records describe model configurations, not compile cache entries); None when it is not one."""
+    parts = path.split("/")
+    if len(parts) < 7 or parts[1] != OPTIMUM_REGISTRY_DIR or not parts[-1].endswith(".json"):
+        return None
+    try:
+        version = parts[0][len("neuronxcc-") :] if parts[0].startswith("neuronxcc-") else None
+        data = json.loads(raw)
+    except ValueError:
+        return None
+    if version is None or not isinstance(data, dict):
+        return None
+    config = {
+        "source": "optimum-neuron",
+        "optimum_version": parts[2],
+        "mode": parts[3],
+        "model_type": parts[4],
+    }
+    nested = data.get("neuron")
+    neuron: dict[str, Any] = nested if isinstance(nested, dict) else {}
+    for key, value in sorted({**data, **neuron}.items()):
+        if not key.startswith("_") and isinstance(value, str | int | float | bool):
+            config.setdefault(key, str(value))
+    model = str(data.get("_model_id") or "/".join(parts[5:-1]))
+    return RegistryRecord(model, version, config, [], updated_at="", writer="optimum-neuron")
+
+
 def combine_records(records: Sequence[RegistryRecord]) -> list[RegistryRecord]:
     """One record per job configuration: the entries every writer recorded for it, the latest writer's
     details."""
@@ -156,18 +193,48 @@ class PublishResult:
     revision: str | None = None
 
 
-class Deadline:
-    """A point in monotonic time after which no new transfer starts."""
+class Activity:
+    """When a transfer last made progress (an answer, a chunk): what a no-progress cut-off watches."""
 
-    def __init__(self, seconds: float | None) -> None:
+    def __init__(self) -> None:
+        self.started = time.monotonic()
+        self.last = self.started
+        #: Whether the remote answered anything yet (a dead cache never does).
+        self.answered = False
+
+    def touch(self) -> None:
+        self.last = time.monotonic()
+        self.answered = True
+
+    def idle_for(self) -> float:
+        return time.monotonic() - self.last
+
+
+class Cancelled(RemoteCacheError):
+    """The transfer was called off (a stop, a timeout, no progress, the disk floor)."""
+
+
+class Deadline:
+    """A point in monotonic time after which no new transfer starts.
+
+    It also carries the transfer's `activity` (backends call `touch()` after each file or batch) and a
+    cancel flag the caller sets to call the transfer off.
+    """
+
+    def __init__(self, seconds: float | None, activity: Activity | None = None) -> None:
         self.total = float("inf") if seconds is None else seconds
         self._at = None if seconds is None else time.monotonic() + seconds
+        self.activity = activity or Activity()
+        self.cancel = threading.Event()
+
+    def touch(self) -> None:
+        self.activity.touch()
 
     def remaining(self) -> float:
         return float("inf") if self._at is None else self._at - time.monotonic()
 
     def expired(self, reserve: float = 0.0) -> bool:
-        return self.remaining() <= reserve
+        return self.cancel.is_set() or self.remaining() <= reserve
 
 
 class RemoteCache(Protocol):

@@ -14,9 +14,11 @@ never the job. The exit status is the training command's.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
+import signal
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -27,7 +29,7 @@ from typing import Any, TypeVar
 from sagequeue.job import neuron, settings, sync
 from sagequeue.job.host import INSTANCE_TYPE_ENV, HostIdentityError
 from sagequeue.job.host import resolve as resolve_host
-from sagequeue.job.process import SignalForwarder, StopWatch
+from sagequeue.job.process import SignalForwarder, StopWatch, group_alive, wait_for_group
 from sagequeue.job.remote import Deadline, RegistryRecord, RemoteCache, open_remote
 from sagequeue_core.defaults import METRIC_PERIOD_SECONDS
 
@@ -40,6 +42,24 @@ PRECOMPILE_STEPS_ENV = "SAGEQUEUE_PRECOMPILE_STEPS"
 #: Set for the training command: the local cache the wrapper chose.
 CACHE_DIR_ENV = "SAGEQUEUE_NEURON_CACHE_DIR"
 _CORES_ENV = "NEURON_RT_NUM_CORES"
+#: No progress for this long (no answer, no byte) calls a restore off: a dead cache delays training by
+#: about this much, well under a minute.
+STALL_SECONDS = 20.0
+UPLOAD_STALL_SECONDS = 300.0
+#: A restore that got no first answer after this long says so in the log.
+SLOW_FIRST_ANSWER_SECONDS = 5.0
+#: The default free-space floor: this share of the file system, at most MAX_DEFAULT_MIN_FREE.
+DEFAULT_MIN_FREE_SHARE = 0.2
+MAX_DEFAULT_MIN_FREE = 8 * 1024**3
+
+
+def default_min_free(path: Path) -> int:
+    """Free space a restore keeps for the job's own compile: 20% of the file system, at most 8 GiB."""
+    probe = path
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    return min(MAX_DEFAULT_MIN_FREE, int(shutil.disk_usage(probe).total * DEFAULT_MIN_FREE_SHARE))
+
 
 T = TypeVar("T")
 
@@ -64,6 +84,13 @@ class JobOptions:
     exit_margin: float = 10.0
     upload_timeout: float = 1800.0
     restore_timeout: float = 1800.0
+    #: A restore (or the first answer of an upload) with no progress for this long is called off.
+    stall_seconds: float = STALL_SECONDS
+    #: After the remote answered, an upload with no finished file or batch for this long is abandoned.
+    upload_stall_seconds: float = UPLOAD_STALL_SECONDS
+    #: Free space the restore leaves for the job's own compile (None: `default_min_free`).
+    restore_min_free: int | None = None
+    restore_max_bytes: int | None = None
     workers: int = 16
     progress: bool = True
     remote_options: dict[str, Any] = field(default_factory=dict)
@@ -102,11 +129,17 @@ def _bounded(
     timeout: float,
     watch: StopWatch | None = None,
     stop_end: Callable[[], float] | None = None,
+    control: Deadline | None = None,
+    stall: float | None = None,
+    first_answer_stall: float | None = None,
+    what: str = "transfer",
 ) -> tuple[bool, T | None]:
     """Run `fn` in a daemon thread for at most `timeout` seconds.
 
     When a stop arrives meanwhile, waiting ends at once (`watch`), or at the monotonic time `stop_end()`
-    gives (a stop's grace), whichever the caller chose.
+    gives (a stop's grace), whichever the caller chose. With a `control`, waiting also ends when it shows
+    no activity for `stall` seconds (`first_answer_stall` before the remote's first answer), and the
+    control is cancelled whenever waiting ends early, so the transfer's workers stop at their next chunk.
     """
     box: dict[str, Any] = {}
 
@@ -118,7 +151,9 @@ def _bounded(
 
     thread = threading.Thread(target=target, name="neff-cache-transfer", daemon=True)
     thread.start()
-    end = time.monotonic() + timeout
+    started = time.monotonic()
+    end = started + timeout
+    said_slow = False
     while thread.is_alive():
         limit = end
         if watch is not None and watch.stopped:
@@ -127,8 +162,28 @@ def _bounded(
             limit = min(end, stop_end())
         if time.monotonic() >= limit:
             break
+        if control is not None:
+            activity = control.activity
+            allowed = stall if activity.answered else (first_answer_stall or stall)
+            if allowed is not None and activity.idle_for() >= allowed:
+                log.warning("the remote cache made no progress for %.0fs: %s called off", allowed, what)
+                break
+            if (
+                not activity.answered
+                and not said_slow
+                and time.monotonic() - started >= SLOW_FIRST_ANSWER_SECONDS
+            ):
+                said_slow = True
+                log.warning(
+                    "the remote cache has not answered for %.0fs; the %s gives up %.0fs from now",
+                    time.monotonic() - started,
+                    what,
+                    max(0.0, (allowed or timeout) - activity.idle_for()),
+                )
         thread.join(timeout=0.2)
     if thread.is_alive():
+        if control is not None:
+            control.cancel.set()
         return False, None
     if "error" in box:
         raise box["error"]
@@ -172,7 +227,9 @@ class JobRunner:
         registry_entries: set[str] = set()
         if remote is not None and options.restore != "none":
             registry_entries = self._restore(remote, root, version, record, outcome)
-        hit = bool(registry_entries) if record is not None else bool(sync.shareable(root, version))
+        # a hit is what the compiler will find on disk, not what the registry says
+        present = {e.module for e in sync.shareable(root, version)}
+        hit = registry_entries <= present if registry_entries else (record is None and bool(present))
         child_env = neuron.child_environment(self.env, root)
         child_env[CACHE_DIR_ENV] = str(root)
         publisher = self._start_metrics()
@@ -189,13 +246,48 @@ class JobRunner:
         finally:
             if publisher is not None:
                 publisher.stop()
-        if remote is not None and options.upload:
-            new = {e.module for e in sync.shareable(root, version)} - before
-            if record is not None:
-                # a run that compiled nothing has nothing to add to what the registry already says
-                record.entries = sorted(registry_entries | new) if new else []
-            self._upload(remote, root, version, record if record and record.entries else None, outcome)
+        # after a stop, the command's workers may outlive it (a launcher without a SIGTERM handler):
+        # they checkpoint while the upload runs, and the wrapper leaves only when they are gone
+        group = self._group_waiter()
+        try:
+            if remote is not None and options.upload:
+                new = {e.module for e in sync.shareable(root, version)} - before
+                if record is not None:
+                    # a run that compiled nothing has nothing to add to what the registry already says
+                    record.entries = sorted(registry_entries | new) if new else []
+                self._upload(remote, root, version, record if record and record.entries else None, outcome)
+        finally:
+            if group is not None:
+                group.join()
         return outcome
+
+    def _stop_end(self) -> float:
+        """Monotonic time by which the wrapper must have left after a stop (the grace minus a margin)."""
+        options = self.options
+        margin = min(options.exit_margin, max(2.0, 0.15 * options.grace_seconds))
+        return (self.watch.received_at or time.monotonic()) + options.grace_seconds - margin
+
+    def _group_waiter(self) -> threading.Thread | None:
+        """After a stop, a thread that waits for the command's whole process group, up to the grace."""
+        group = self.forwarder.last_group
+        if not self.watch.stopped or group is None or not group_alive(group):
+            return None
+        log.info("the command exited; waiting for the rest of its process group to finish")
+
+        def wait() -> None:
+            if wait_for_group(group, self._stop_end()):
+                log.info("the command's process group has exited")
+            else:
+                # SageMaker kills the container next; outside one, nothing of the command may outlive us
+                log.warning(
+                    "processes of the command's group still run at the end of the stop grace: killing them"
+                )
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(group, signal.SIGKILL)
+
+        thread = threading.Thread(target=wait, name="process-group-wait", daemon=True)
+        thread.start()
+        return thread
 
     def _run_command_only(self, root: Path) -> JobOutcome:
         child_env = neuron.child_environment(self.env, root)
@@ -207,6 +299,9 @@ class JobRunner:
         finally:
             if publisher is not None:
                 publisher.stop()
+            group = self._group_waiter()
+            if group is not None:
+                group.join()
 
     def _remote(self) -> RemoteCache | None:
         if not self.options.cache_url:
@@ -234,41 +329,82 @@ class JobRunner:
         outcome: JobOutcome,
     ) -> set[str]:
         options = self.options
+        control = Deadline(options.restore_timeout)
+        min_free = options.restore_min_free
+        if min_free is None:
+            min_free = default_min_free(root)
 
         def work() -> tuple[set[str], sync.RestoreReport | None]:
             known: set[str] = set()
-            if record is not None and options.restore in ("auto", "registry"):
-                for other in remote.records(record.model):
+            modules: set[str] | None = None
+            if options.restore in ("auto", "registry") and record is not None:
+                records = remote.records(record.model)
+                control.touch()
+                for other in records:
                     if other.config_hash == record.config_hash:
                         known |= set(other.entries)
-            if options.restore == "registry" and not known:
+                if known:
+                    modules = known
+                elif options.restore == "auto":
+                    # a new configuration of a known model: that model's graphs, not the whole version
+                    modules = {e for other in records for e in other.entries}
+                    if modules:
+                        log.info(
+                            "no registry record for this configuration: restoring %s's entries", record.model
+                        )
+            if options.restore in ("auto", "registry") and not modules:
+                log.info(
+                    "the registry knows no entries for %s: restoring nothing (--restore all takes the whole version)",
+                    record.model if record is not None else "a job without --model",
+                )
                 return known, None
-            modules = known if known else None
             report = sync.restore(
-                remote, root, version, modules, workers=options.workers, progress=options.progress
+                remote,
+                root,
+                version,
+                modules,
+                workers=options.workers,
+                progress=options.progress,
+                control=control,
+                min_free_bytes=min_free,
+                max_bytes=options.restore_max_bytes,
             )
             return known, report
 
         started = time.monotonic()
         try:
-            finished, value = _bounded(work, options.restore_timeout, self.watch)
+            finished, value = _bounded(
+                work,
+                options.restore_timeout,
+                self.watch,
+                control=control,
+                stall=options.stall_seconds,
+                what="restore",
+            )
         except Exception as exc:  # noqa: BLE001 - a broken cache costs a compile, never the job
             log.warning("restore failed, the job will compile what it needs: %s", exc)
             return set()
         if not finished or value is None:
-            log.warning("restore did not finish (stopped or over %.0fs); continuing", options.restore_timeout)
+            if not finished:
+                # its workers stop at their next chunk; a socket read ends within its timeout
+                outcome.abandoned = True
+                log.warning(
+                    "restore did not finish (stopped, over %.0fs, or no progress); continuing",
+                    options.restore_timeout,
+                )
             return set()
         known, report = value
         if report is not None:
             outcome.restored = report.restored
             log.info(
-                "restored %d entries (%d bytes) in %.1fs; %d already local, %d busy, %d failed",
+                "restored %d entries (%d bytes) in %.1fs; %d already local, %d busy, %d failed, %d over budget",
                 len(report.restored),
                 report.bytes_downloaded,
                 time.monotonic() - started,
                 len(report.already_local),
                 len(report.busy),
                 len(report.failed),
+                len(report.over_budget),
             )
         return known
 
@@ -324,15 +460,11 @@ class JobRunner:
         outcome: JobOutcome,
     ) -> None:
         options = self.options
-        margin = min(options.exit_margin, max(2.0, 0.15 * options.grace_seconds))
-        if self.watch.stopped:
-            budget = options.grace_seconds - self.watch.seconds_since() - margin
-        else:
-            budget = options.upload_timeout
+        budget = self._stop_end() - time.monotonic() if self.watch.stopped else options.upload_timeout
 
         def grace_end() -> float:
             # a stop that arrives during a normal-end upload shortens it to the stop's grace
-            return (self.watch.received_at or time.monotonic()) + options.grace_seconds - margin
+            return self._stop_end()
 
         if budget <= 1:
             log.warning("no time left to upload (%.0fs of the stop grace remain)", budget)
@@ -347,6 +479,10 @@ class JobRunner:
                 budget,
                 self.watch,
                 grace_end,
+                control=deadline,
+                stall=options.upload_stall_seconds,
+                first_answer_stall=options.stall_seconds,
+                what="upload",
             )
         except Exception as exc:  # noqa: BLE001 - the training result matters more than the cache
             log.warning("upload failed; entries stay local and go next time: %s", exc)

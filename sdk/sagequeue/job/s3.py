@@ -1,19 +1,24 @@
 """The NEFF cache in an S3 bucket: `s3://<bucket>/<prefix>`.
 
-The data tree mirrors the local cache, so the Neuron SDK's own `NEURON_COMPILE_CACHE_URL=s3://...` could
-read it too. Beside it, `manifests/neuronxcc-<version>/MODULE_<...>.json` lists an entry's files with
-their sizes and SHA-256, and is written only after every file of the entry is stored: an uploader that dies
-half-way leaves objects nobody reads, and the next uploader overwrites them.
+Each writer stores an entry's files under a prefix of its own, `neuronxcc-<version>/MODULE_<...>/.w-<writer>/`,
+then writes `manifests/neuronxcc-<version>/MODULE_<...>.json` (files, sizes, SHA-256, and that prefix) with
+`If-None-Match: *`: the first complete writer wins, a later one finds the manifest taken, deletes its own
+objects and counts the entry as already there. A reader therefore never sees a manifest over another
+writer's bytes, and an uploader that dies half-way leaves objects no manifest names. Manifests written
+before writer prefixes existed (no `prefix`) name files at `neuronxcc-<version>/MODULE_<...>/<name>`;
+`sagequeue cache verify --repair` finds and removes such entries if a race broke them.
 
 boto3 reads `AWS_ENDPOINT_URL` (and `AWS_ENDPOINT_URL_S3`) itself, so the same code talks to S3 or to a
-compatible server.
+compatible server. Every request has a connect and a read timeout and is tried at most twice, so a
+blackholed endpoint fails a call within about 2 x (connect + read) instead of boto3's 60 s x 3 attempts.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterator, Sequence
+import uuid
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
@@ -39,8 +44,17 @@ from sagequeue.job.remote import (
 )
 
 MANIFEST_DIR = "manifests"
+#: Writer-unique object prefix inside an entry's folder.
+WRITER_PREFIX = ".w-"
 _MISSING_CODES = {"NoSuchBucket", "404", "NotFound"}
+#: The manifest already exists (If-None-Match: *), or a concurrent conditional write is in flight.
+_TAKEN_CODES = {"PreconditionFailed", "412", "ConditionalRequestConflict", "409"}
 _CHUNK = 1024 * 1024
+#: Downloads are read in pieces this small so a cancel or a stop is seen within a fraction of a second.
+_READ_CHUNK = 256 * 1024
+CONNECT_TIMEOUT = 5.0
+READ_TIMEOUT = 15.0
+ATTEMPTS = 2
 
 
 def sha256_of(path: Path) -> str:
@@ -59,6 +73,8 @@ class S3Cache:
         client: Any = None,
         max_workers: int = 16,
         region: str | None = None,
+        connect_timeout: float = CONNECT_TIMEOUT,
+        read_timeout: float = READ_TIMEOUT,
     ) -> None:
         if not url.startswith("s3://"):
             raise ValueError(f"not an S3 URL: {url!r}")
@@ -73,7 +89,12 @@ class S3Cache:
         self._client = client or boto3.client(
             "s3",
             region_name=region,
-            config=Config(max_pool_connections=max(10, max_workers * 2), retries={"mode": "standard"}),
+            config=Config(
+                max_pool_connections=max(10, max_workers * 2),
+                retries={"mode": "standard", "total_max_attempts": ATTEMPTS},
+                connect_timeout=connect_timeout,
+                read_timeout=read_timeout,
+            ),
         )
         self._transfer = TransferConfig(
             multipart_threshold=64 * _CHUNK, multipart_chunksize=32 * _CHUNK, max_concurrency=4
@@ -161,8 +182,9 @@ class S3Cache:
         except ClientError as exc:
             raise self._error(f"read manifest of {entry.key}", exc) from exc
         manifest = json.loads(body)
+        prefix = str(manifest.get("prefix") or entry.key).strip("/")
         return tuple(
-            RemoteFile(name, int(info["size"]), sha256=str(info["sha256"]))
+            RemoteFile(name, int(info["size"]), sha256=str(info["sha256"]), location=f"{prefix}/{name}")
             for name, info in sorted(manifest["files"].items())
         )
 
@@ -170,7 +192,10 @@ class S3Cache:
     def open_file(
         self, entry: RemoteEntry, file: RemoteFile, offset: int = 0, end: int | None = None
     ) -> Iterator[Iterator[bytes]]:
-        kwargs: dict[str, Any] = {"Bucket": self.bucket, "Key": self._key(f"{entry.key}/{file.name}")}
+        kwargs: dict[str, Any] = {
+            "Bucket": self.bucket,
+            "Key": self._key(file.location or f"{entry.key}/{file.name}"),
+        }
         if offset or end is not None:
             kwargs["Range"] = f"bytes={offset}-{'' if end is None else end - 1}"
         try:
@@ -178,7 +203,7 @@ class S3Cache:
         except ClientError as exc:
             raise self._error(f"download {entry.key}/{file.name}", exc) from exc
         try:
-            yield body.iter_chunks(_CHUNK)
+            yield body.iter_chunks(_READ_CHUNK)
         finally:
             body.close()
 
@@ -188,33 +213,61 @@ class S3Cache:
         result = PublishResult()
         with ThreadPoolExecutor(max_workers=self.max_workers, thread_name_prefix="neff-upload") as pool:
             outcomes = list(pool.map(lambda entry: self._publish_entry(entry, deadline), entries))
-        for entry, published in zip(entries, outcomes, strict=True):
-            (result.published if published else result.skipped).append(entry.key)
+        for entry, outcome in zip(entries, outcomes, strict=True):
+            {"published": result.published, "taken": result.already_present, "skipped": result.skipped}[
+                outcome
+            ].append(entry.key)
         if records and not deadline.expired():
             for record in records:
                 self._put_bytes(self._key(record.path), record.to_json())
                 result.records.append(record.path)
         return result
 
-    def _publish_entry(self, entry: neuron.LocalEntry, deadline: Deadline) -> bool:
-        """Upload one entry whole, its manifest last; False when the deadline came before it started."""
-        if deadline.expired():
-            return False
-        files = list(neuron.iter_entry_files(entry.path))
-        manifest = {
-            "version": entry.version,
-            "module": entry.module,
-            "files": {
-                name: {"size": path.stat().st_size, "sha256": self._put_file(f"{entry.key}/{name}", path)}
-                for name, path in files
-            },
-        }
-        self._put_bytes(
-            self._manifest_key(entry.version, entry.module), json.dumps(manifest, sort_keys=True).encode()
-        )
-        return True
+    def _publish_entry(self, entry: neuron.LocalEntry, deadline: Deadline) -> str:
+        """Upload one entry whole under a prefix of its own, its manifest last and only if none exists.
 
-    def _put_file(self, relative: str, path: Path) -> str:
+        Returns "published", "taken" (another writer's manifest came first: our objects are removed) or
+        "skipped" (the deadline came before it started).
+        """
+        if deadline.expired():
+            return "skipped"
+        prefix = f"{entry.key}/{WRITER_PREFIX}{uuid.uuid4().hex[:16]}"
+        listed: dict[str, dict[str, Any]] = {}
+        for name, path in neuron.iter_entry_files(entry.path):
+            listed[name] = {
+                "size": path.stat().st_size,
+                "sha256": self._put_file(f"{prefix}/{name}", path, deadline.touch),
+            }
+            deadline.touch()
+        manifest = {"version": entry.version, "module": entry.module, "prefix": prefix, "files": listed}
+        body = json.dumps(manifest, sort_keys=True).encode()
+        try:
+            self._client.put_object(
+                Bucket=self.bucket,
+                Key=self._manifest_key(entry.version, entry.module),
+                Body=body,
+                ContentType="application/json",
+                IfNoneMatch="*",
+            )
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code", "") not in _TAKEN_CODES:
+                raise self._error(f"write manifest of {entry.key}", exc) from exc
+            # another writer published this entry first: its manifest names its own objects
+            self._delete_prefix(f"{prefix}/")
+            return "taken"
+        return "published"
+
+    def _delete_prefix(self, relative_prefix: str) -> None:
+        keys = [item["Key"] for item in self._list(relative_prefix)]
+        for start in range(0, len(keys), 1000):
+            batch = [{"Key": k} for k in keys[start : start + 1000]]
+            try:
+                self._client.delete_objects(Bucket=self.bucket, Delete={"Objects": batch, "Quiet": True})
+            except ClientError as exc:
+                raise self._error(f"delete {relative_prefix}", exc) from exc
+
+    def _put_file(self, relative: str, path: Path, touch: Callable[[], None] | None = None) -> str:
+        """Store one file; `touch` is called as parts of a large file go up (progress for the stall cut-off)."""
         checksum = sha256_of(path)
         try:
             if path.stat().st_size < self._transfer.multipart_threshold:
@@ -222,7 +275,13 @@ class S3Cache:
                 with path.open("rb") as body:
                     self._client.put_object(Bucket=self.bucket, Key=self._key(relative), Body=body)
             else:
-                self._client.upload_file(str(path), self.bucket, self._key(relative), Config=self._transfer)
+                self._client.upload_file(
+                    str(path),
+                    self.bucket,
+                    self._key(relative),
+                    Config=self._transfer,
+                    Callback=(lambda _sent: touch()) if touch is not None else None,
+                )
         except ClientError as exc:
             raise self._error(f"upload {relative}", exc) from exc
         return checksum
@@ -264,10 +323,33 @@ class S3Cache:
                 )
             except ClientError as exc:
                 raise self._error(f"delete manifest of {entry.key}", exc) from exc
-            keys = [item["Key"] for item in self._list(f"{entry.key}/")]
-            for start in range(0, len(keys), 1000):
-                batch = [{"Key": k} for k in keys[start : start + 1000]]
-                try:
-                    self._client.delete_objects(Bucket=self.bucket, Delete={"Objects": batch, "Quiet": True})
-                except ClientError as exc:
-                    raise self._error(f"delete {entry.key}", exc) from exc
+            self._delete_prefix(f"{entry.key}/")
+        self._drop_from_records({(e.version, e.module) for e in entries})
+
+    def _drop_from_records(self, gone: set[tuple[str, str]]) -> None:
+        """Records stop naming deleted entries; a record left with none is deleted."""
+        if not gone:
+            return
+        for item in self._list(f"{REGISTRY_DIR}/"):
+            key = item.get("Key", "")
+            if registry_path_parts(self._relative(key)) is None:
+                continue
+            try:
+                record = RegistryRecord.from_json(
+                    self._client.get_object(Bucket=self.bucket, Key=key)["Body"].read()
+                )
+            except ClientError as exc:
+                raise self._error(f"read {key}", exc) from exc
+            except ValueError:
+                continue
+            kept = [m for m in record.entries if (record.compiler_version, m) not in gone]
+            if kept == record.entries:
+                continue
+            try:
+                if kept:
+                    record.entries = kept
+                    self._put_bytes(key, record.to_json())
+                else:
+                    self._client.delete_object(Bucket=self.bucket, Key=key)
+            except ClientError as exc:
+                raise self._error(f"update {key}", exc) from exc

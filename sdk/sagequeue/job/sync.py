@@ -1,10 +1,16 @@
 """Restore a local compile cache from a remote one, and publish what a job compiled.
 
 Restore downloads only complete remote entries that are not complete locally, many files at a time, into
-a staging directory beside the cache: each file is resumed from where an earlier attempt stopped, checked
+a staging directory beside the cache root (outside it, so a tool that syncs the whole cache folder never
+sees a `.part` file): each file is resumed from where an earlier attempt stopped, checked
 against the checksum the remote recorded, and an entry is moved into the cache (one rename) only when all
 its files are good. The compiler therefore never sees half an entry, and an entry a compiler is writing
 right now (it holds a lock) is left alone.
+
+A restore keeps a free-space floor (checked before it starts and every few MB while it writes), and can be
+capped in bytes: what does not fit is left for the job to compile. On ENOSPC or below the floor it stops
+and removes its staging directory, so the training's own compile finds the room. It can be called off at
+any time (`Deadline.cancel`): every chunk checks the flag, and queued downloads never start.
 
 Upload sends only complete entries (NEFF and done marker written, no lock, no failure log) that the remote
 lacks, and removes failed entries from the local cache instead of sharing them.
@@ -12,6 +18,8 @@ lacks, and removes failed entries from the local cache instead of sharing them.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import logging
 import os
@@ -28,6 +36,7 @@ from tqdm import tqdm
 
 from sagequeue.job import neuron
 from sagequeue.job.remote import (
+    Cancelled,
     Deadline,
     IntegrityError,
     PublishResult,
@@ -49,6 +58,71 @@ RANGE_SIZE = 16 * 1024 * 1024
 _READ = 1024 * 1024
 #: Attempts per file; each one resumes where the previous stopped.
 FILE_ATTEMPTS = 3
+#: Free space is measured again after this many bytes written.
+SPACE_CHECK_BYTES = 4 * 1024 * 1024
+
+
+def staging_dir(root: Path) -> Path:
+    """Where restores stage files: beside the cache root, on the same file system (one rename installs)."""
+    beside = root.parent / f".{root.name}{STAGING_DIR}"
+    try:
+        same = os.stat(root).st_dev == os.stat(root.parent).st_dev
+    except OSError:
+        same = True
+    # a cache root that is a mount point of its own: renames cannot leave it, stage inside
+    return beside if same else root / STAGING_DIR
+
+
+class DiskFloorError(Cancelled):
+    """The disk is full, or free space fell below the floor kept for the job's own compile."""
+
+
+class _Guard:
+    """Per-chunk checks shared by every download of one restore: cancel flag, activity, free space."""
+
+    def __init__(self, control: Deadline, staging: Path, min_free: int) -> None:
+        self.control = control
+        self.staging = staging
+        self.min_free = min_free
+        self._lock = threading.Lock()
+        self._unchecked = 0
+        self.problem: str | None = None
+
+    def check(self) -> None:
+        if self.control.cancel.is_set():
+            raise DiskFloorError(self.problem) if self.problem else Cancelled("restore called off")
+
+    def wrote(self, size: int) -> None:
+        self.control.touch()
+        self.check()
+        with self._lock:
+            self._unchecked += size
+            due = self._unchecked >= SPACE_CHECK_BYTES
+            if due:
+                self._unchecked = 0
+        if due and self.min_free and free_bytes(self.staging) < self.min_free:
+            self.stop(f"free space below the floor of {self.min_free} bytes")
+
+    def stop(self, problem: str) -> None:
+        with self._lock:
+            self.problem = self.problem or problem
+        self.control.cancel.set()
+        raise DiskFloorError(problem)
+
+    def failed(self, exc: BaseException) -> None:
+        """Turn the end of the disk into a stop of the whole restore; other errors stay per file."""
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            self.stop(f"the disk is full ({exc.strerror})")
+        if isinstance(exc, Cancelled):
+            raise exc
+
+
+def free_bytes(path: Path) -> int:
+    """Free space on the file system of `path` (or of its nearest existing parent)."""
+    probe = path
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    return shutil.disk_usage(probe).free
 
 
 @dataclass
@@ -61,6 +135,10 @@ class RestoreReport:
     busy: list[str] = field(default_factory=list)
     failed: dict[str, str] = field(default_factory=dict)
     bytes_downloaded: int = 0
+    #: Entries left for the job to compile: over --restore-max-bytes or the free-space floor.
+    over_budget: list[str] = field(default_factory=list)
+    #: Why the restore stopped early (called off, disk full, below the floor), or None.
+    stopped: str | None = None
 
 
 class _Hasher:
@@ -101,8 +179,11 @@ def _progress(total: int, enabled: bool, description: str) -> Any:
 class _Download:
     """One file into staging: a single resumable stream, or ranges fetched in parallel for large files."""
 
-    def __init__(self, remote: RemoteCache, entry: RemoteEntry, file: RemoteFile, staging: Path) -> None:
+    def __init__(
+        self, remote: RemoteCache, entry: RemoteEntry, file: RemoteFile, staging: Path, guard: _Guard
+    ) -> None:
         self.remote = remote
+        self.guard = guard
         self.entry = entry
         self.file = file
         self.target = staging / file.name
@@ -125,9 +206,13 @@ class _Download:
         fetched = 0
         last_error: Exception | None = None
         for _ in range(FILE_ATTEMPTS):
+            self.guard.check()
             try:
                 fetched += self._attempt(advance)
                 return fetched
+            except (Cancelled, OSError) as exc:
+                self.guard.failed(exc)
+                last_error = exc
             except IntegrityError as exc:
                 # corrupt bytes are not resumable: start over
                 self.part.unlink(missing_ok=True)
@@ -159,6 +244,7 @@ class _Download:
                         hasher.update(chunk)
                         fetched += len(chunk)
                         advance(len(chunk))
+                        self.guard.wrote(len(chunk))
         except BaseException:
             advance(-(offset + fetched))  # the next attempt counts again what it re-reads
             raise
@@ -199,6 +285,7 @@ class _Download:
         start, end = self._bounds(index)
         last_error: Exception | None = None
         for _ in range(FILE_ATTEMPTS):
+            self.guard.check()
             written = 0
             try:
                 with (
@@ -210,6 +297,7 @@ class _Download:
                         out.write(chunk)
                         written += len(chunk)
                         advance(len(chunk))
+                        self.guard.wrote(len(chunk))
                 if written != end - start:
                     raise RemoteCacheError(f"{self.label}: range {start}-{end} returned {written} bytes")
                 with self._ledger_lock, self.ledger.open("a") as ledger:
@@ -217,6 +305,7 @@ class _Download:
                 return written
             except Exception as exc:  # noqa: BLE001 - retried; the last error is reported
                 advance(-written)
+                self.guard.failed(exc)
                 last_error = exc
         raise RemoteCacheError(f"{self.label}: {last_error}") from last_error
 
@@ -259,10 +348,20 @@ def restore(
     *,
     workers: int = 16,
     progress: bool = True,
+    control: Deadline | None = None,
+    min_free_bytes: int = 0,
+    max_bytes: int | None = None,
 ) -> RestoreReport:
-    """Bring the remote's complete entries of `version` (or only `modules`) into the local cache `root`."""
+    """Bring the remote's complete entries of `version` (or only `modules`) into the local cache `root`.
+
+    `control.cancel` calls the restore off (each download stops at its next chunk, queued ones never
+    start); `control.touch()` is called on every answer and chunk. At most `max_bytes` are fetched, and
+    never so much that less than `min_free_bytes` would stay free.
+    """
+    control = control or Deadline(None)
     report = RestoreReport(version)
     available = remote.entries(version)
+    control.touch()
     wanted = set(modules) if modules is not None else None
     if wanted is not None:
         available = {m: e for m, e in available.items() if m in wanted}
@@ -277,15 +376,18 @@ def restore(
             report.busy.append(entry.key)
         else:
             todo.append(entry)
-    if not todo:
+    if not todo or control.cancel.is_set():
         return report
-    staging_root = root / STAGING_DIR / neuron.version_dir(version)
-    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="neff-restore") as pool:
+    staging_top = staging_dir(root)
+    staging_root = staging_top / neuron.version_dir(version)
+    guard = _Guard(control, staging_top, min_free_bytes)
+    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="neff-restore")
+    try:
         # S3 keeps checksums in per-entry manifests: fetch those in parallel too.
         described = dict(
             zip(
                 [e.module for e in todo],
-                pool.map(_describe(remote), todo),
+                pool.map(_describe(remote, control), todo),
                 strict=True,
             )
         )
@@ -295,75 +397,163 @@ def restore(
                 report.failed[neuron.entry_key(version, module)] = str(answer)
             else:
                 ready[module] = answer
-        total = sum(f.size for files in ready.values() for f in files)
-        lock = threading.Lock()
-        remaining = {m: len(files) for m, files in ready.items()}
-        entry_of = {e.module: e for e in todo}
-        with _progress(total, progress, f"restore {neuron.version_dir(version)}") as bar:
-
-            def advance(n: int) -> None:
-                with lock:
-                    bar.update(n)
-
-            futures: dict[Any, tuple[str, _Download]] = {}
-            ranges_left: dict[int, int] = {}
-
-            def file_done(module: str) -> None:
-                remaining[module] -= 1
-                key = neuron.entry_key(version, module)
-                if remaining[module] == 0 and key not in report.failed:
-                    if _install(staging_root / module, root / neuron.version_dir(version) / module):
-                        report.restored.append(key)
-                    else:
-                        report.busy.append(key)
-
-            staged_already: list[str] = []
-            for module, files in ready.items():
-                for file in files:
-                    job = _Download(remote, entry_of[module], file, staging_root / module)
-                    if job.already_staged():
-                        advance(file.size)
-                        staged_already.append(module)
-                    elif job.ranged:
-                        pending = job.pending_ranges(advance)
-                        ranges_left[id(job)] = len(pending)
-                        for index in pending:
-                            futures[pool.submit(job.fetch_range, index, advance)] = (module, job)
-                        if not pending:
-                            futures[pool.submit(lambda: 0)] = (module, job)
-                            ranges_left[id(job)] = 1
-                    else:
-                        futures[pool.submit(job.run, advance)] = (module, job)
-            for module in staged_already:
-                file_done(module)
-            for future in as_completed(futures):
-                module, job = futures[future]
-                key = neuron.entry_key(version, module)
-                try:
-                    report.bytes_downloaded += future.result()
-                except Exception as exc:  # noqa: BLE001 - one bad entry must not stop the others
-                    report.failed.setdefault(key, str(exc))
-                if job.ranged:
-                    ranges_left[id(job)] -= 1
-                    if ranges_left[id(job)] > 0:
-                        continue
-                    if key not in report.failed:
-                        try:
-                            job.finish_ranges()
-                        except IntegrityError as exc:
-                            report.failed.setdefault(key, str(exc))
-                file_done(module)
+        ready = _within_budget(ready, version, staging_top, min_free_bytes, max_bytes, report)
+        if control.cancel.is_set():
+            report.stopped = "called off"
+            return report
+        _download_all(remote, root, version, ready, todo, staging_root, guard, pool, progress, report)
+    finally:
+        # queued downloads never start once the restore is over or called off
+        pool.shutdown(wait=not control.cancel.is_set(), cancel_futures=True)
+    if guard.problem is not None:
+        report.stopped = guard.problem
+        # the training's own compile needs the room more than a resumable half download does
+        shutil.rmtree(staging_top, ignore_errors=True)
+        log.warning("restore stopped: %s; staging removed, the job compiles the rest", guard.problem)
+    elif control.cancel.is_set():
+        report.stopped = "called off"
+    else:
+        _remove_empty_dirs(staging_top)
     for key, problem in report.failed.items():
-        log.warning("could not restore %s: %s", key, problem)
+        if report.stopped is None:
+            log.warning("could not restore %s: %s", key, problem)
     return report
 
 
-def _describe(remote: RemoteCache) -> Callable[[RemoteEntry], tuple[RemoteFile, ...] | Exception]:
+def _remove_empty_dirs(top: Path) -> None:
+    """Remove `top` and its subdirectories when they hold no file (partial downloads stay for a resume)."""
+    if not top.is_dir():
+        return
+    for path in sorted(top.rglob("*"), key=lambda p: len(p.parts), reverse=True):
+        if path.is_dir():
+            with contextlib.suppress(OSError):
+                path.rmdir()
+    with contextlib.suppress(OSError):
+        top.rmdir()
+
+
+def _within_budget(
+    ready: dict[str, tuple[RemoteFile, ...]],
+    version: str,
+    staging: Path,
+    min_free_bytes: int,
+    max_bytes: int | None,
+    report: RestoreReport,
+) -> dict[str, tuple[RemoteFile, ...]]:
+    """The entries that fit under `max_bytes` and above the free-space floor, smallest first."""
+    budget = float("inf") if max_bytes is None else float(max_bytes)
+    if min_free_bytes:
+        budget = min(budget, float(free_bytes(staging) - min_free_bytes))
+    if budget == float("inf"):
+        return ready
+    kept: dict[str, tuple[RemoteFile, ...]] = {}
+    used = 0
+    for module, files in sorted(ready.items(), key=lambda item: (sum(f.size for f in item[1]), item[0])):
+        size = sum(f.size for f in files)
+        if used + size <= budget:
+            kept[module] = files
+            used += size
+        else:
+            report.over_budget.append(neuron.entry_key(version, module))
+    if report.over_budget:
+        log.info(
+            "restoring %d entries (%d bytes); %d more do not fit (--restore-max-bytes %s, free-space floor %d bytes)",
+            len(kept),
+            used,
+            len(report.over_budget),
+            "none" if max_bytes is None else max_bytes,
+            min_free_bytes,
+        )
+    return kept
+
+
+def _download_all(
+    remote: RemoteCache,
+    root: Path,
+    version: str,
+    ready: dict[str, tuple[RemoteFile, ...]],
+    todo: list[RemoteEntry],
+    staging_root: Path,
+    guard: _Guard,
+    pool: ThreadPoolExecutor,
+    progress: bool,
+    report: RestoreReport,
+) -> None:
+    total = sum(f.size for files in ready.values() for f in files)
+    lock = threading.Lock()
+    remaining = {m: len(files) for m, files in ready.items()}
+    entry_of = {e.module: e for e in todo}
+    with _progress(total, progress, f"restore {neuron.version_dir(version)}") as bar:
+
+        def advance(n: int) -> None:
+            with lock:
+                bar.update(n)
+
+        futures: dict[Any, tuple[str, _Download]] = {}
+        ranges_left: dict[int, int] = {}
+
+        def file_done(module: str) -> None:
+            remaining[module] -= 1
+            key = neuron.entry_key(version, module)
+            if remaining[module] == 0 and key not in report.failed:
+                if _install(staging_root / module, root / neuron.version_dir(version) / module):
+                    report.restored.append(key)
+                else:
+                    report.busy.append(key)
+
+        staged_already: list[str] = []
+        for module, files in ready.items():
+            for file in files:
+                job = _Download(remote, entry_of[module], file, staging_root / module, guard)
+                if job.already_staged():
+                    advance(file.size)
+                    staged_already.append(module)
+                elif job.ranged:
+                    pending = job.pending_ranges(advance)
+                    ranges_left[id(job)] = len(pending)
+                    for index in pending:
+                        futures[pool.submit(job.fetch_range, index, advance)] = (module, job)
+                    if not pending:
+                        futures[pool.submit(lambda: 0)] = (module, job)
+                        ranges_left[id(job)] = 1
+                else:
+                    futures[pool.submit(job.run, advance)] = (module, job)
+        for module in staged_already:
+            file_done(module)
+        for future in as_completed(futures):
+            if guard.control.cancel.is_set():
+                pool.shutdown(wait=False, cancel_futures=True)
+                break
+            module, job = futures[future]
+            key = neuron.entry_key(version, module)
+            try:
+                report.bytes_downloaded += future.result()
+            except Exception as exc:  # noqa: BLE001 - one bad entry must not stop the others
+                report.failed.setdefault(key, str(exc))
+            if job.ranged:
+                ranges_left[id(job)] -= 1
+                if ranges_left[id(job)] > 0:
+                    continue
+                if key not in report.failed:
+                    try:
+                        job.finish_ranges()
+                    except IntegrityError as exc:
+                        report.failed.setdefault(key, str(exc))
+            file_done(module)
+
+
+def _describe(
+    remote: RemoteCache, control: Deadline
+) -> Callable[[RemoteEntry], tuple[RemoteFile, ...] | Exception]:
     def describe(entry: RemoteEntry) -> tuple[RemoteFile, ...] | Exception:
+        if control.cancel.is_set():
+            return Cancelled("restore called off")
         try:
-            return entry.files if entry.verified else remote.verified_files(entry)
+            files = entry.files if entry.verified else remote.verified_files(entry)
         except Exception as exc:  # noqa: BLE001 - reported per entry by the caller
             return exc
+        control.touch()
+        return files
 
     return describe
 
@@ -396,14 +586,59 @@ def upload(
     if only is not None:
         keep = set(only)
         local = [e for e in local if e.module in keep]
+    control = deadline or Deadline(None)
     present = set(remote.entries(version))
+    control.touch()
     # smallest first: under a deadline, more entries make it
     new = sorted((e for e in local if e.module not in present), key=lambda e: e.size())
     report.candidates = [e.key for e in new]
     report.result.already_present = [e.key for e in local if e.module in present]
     if not new and not records:
         return report
-    published = remote.publish(new, records, deadline or Deadline(None))
+    published = remote.publish(new, records, control)
     published.already_present = sorted(set(published.already_present) | set(report.result.already_present))
     report.result = published
+    return report
+
+
+@dataclass
+class VerifyReport:
+    version: str
+    checked: list[str] = field(default_factory=list)
+    #: Entry key -> what is wrong (a file missing, of the wrong size, or with other bytes).
+    broken: dict[str, str] = field(default_factory=dict)
+
+
+def verify(remote: RemoteCache, version: str, *, workers: int = 16) -> VerifyReport:
+    """Download every file of every visible entry of `version` and check it against the recorded checksum.
+
+    A broken entry is one no restore can install; deleting it (`remote.delete`) lets the next writer
+    publish it again instead of skipping it as "already there".
+    """
+    report = VerifyReport(version)
+
+    def check(entry: RemoteEntry) -> str | None:
+        try:
+            files = entry.files if entry.verified else remote.verified_files(entry)
+            for file in files:
+                hasher = _Hasher(file)
+                size = 0
+                with remote.open_file(entry, file) as chunks:
+                    for chunk in chunks:
+                        hasher.update(chunk)
+                        size += len(chunk)
+                if size != file.size:
+                    return f"{file.name}: {size} bytes, the manifest says {file.size}"
+                if not hasher.matches():
+                    return f"{file.name}: the bytes do not match the recorded checksum"
+        except RemoteCacheError as exc:
+            return str(exc)
+        return None
+
+    entries = sorted(remote.entries(version).values(), key=lambda e: e.module)
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="neff-verify") as pool:
+        for entry, problem in zip(entries, pool.map(check, entries), strict=True):
+            report.checked.append(entry.key)
+            if problem is not None:
+                report.broken[entry.key] = problem
     return report

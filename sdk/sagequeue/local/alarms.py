@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -162,6 +163,113 @@ def _queries(alarm: Mapping[str, Any]) -> tuple[list[dict[str, Any]], str]:
     return [{"Id": "m0", "MetricStat": stat, "ReturnData": True}], "m0"
 
 
+# --- metric math, the part the idle alarms use ----------------------------------------------------------------
+#
+# Numbers, query ids, + - * /, comparisons (> >= < <= == !=, 1 or 0 per period), parentheses, IF(c, a, b)
+# and FILL(series, value). A period missing in an input is missing in the result, except through FILL.
+
+Series = list[float | None]
+_TOKEN = re.compile(r"\s*(?:(\d+(?:\.\d*)?)|([A-Za-z_][A-Za-z0-9_]*)|(>=|<=|==|!=|[-+*/(),<>]))")
+
+
+def _names(text: str) -> set[str]:
+    return {m.group(2) for m in _TOKEN.finditer(text) if m.group(2)} - {"IF", "FILL"}
+
+
+def _tokens(text: str) -> list[str]:
+    out, position = [], 0
+    text = text.strip()
+    while position < len(text):
+        match = _TOKEN.match(text, position)
+        if match is None or match.end() == position:
+            raise ValueError(f"cannot read metric math {text!r} at {text[position:]!r}")
+        out.append(match.group(0).strip())
+        position = match.end()
+    return out
+
+
+def _lift(op: Any, *args: Series) -> Series:
+    return [
+        None if any(a[i] is None for a in args) else op(*(a[i] for a in args)) for i in range(len(args[0]))
+    ]
+
+
+_BINARY: dict[str, Any] = {
+    "+": lambda a, b: a + b,
+    "-": lambda a, b: a - b,
+    "*": lambda a, b: a * b,
+    "/": lambda a, b: a / b if b else None,
+    ">": lambda a, b: float(a > b),
+    ">=": lambda a, b: float(a >= b),
+    "<": lambda a, b: float(a < b),
+    "<=": lambda a, b: float(a <= b),
+    "==": lambda a, b: float(a == b),
+    "!=": lambda a, b: float(a != b),
+}
+
+
+def evaluate_expression(text: str, series: Mapping[str, Series], length: int) -> Series:
+    """The per-period values of one metric-math expression over the given input series."""
+    tokens = _tokens(text)
+    position = 0
+
+    def peek() -> str | None:
+        return tokens[position] if position < len(tokens) else None
+
+    def take(expected: str | None = None) -> str:
+        nonlocal position
+        word = peek()
+        if word is None or (expected is not None and word != expected):
+            raise ValueError(f"metric math {text!r}: expected {expected or 'more'}, got {word!r}")
+        position += 1
+        return word
+
+    def binary(level: int) -> Series:
+        operators = [(">", ">=", "<", "<=", "==", "!="), ("+", "-"), ("*", "/")]
+        if level == len(operators):
+            return primary()
+        left = binary(level + 1)
+        while peek() in operators[level]:
+            operator = _BINARY[take()]
+            right = binary(level + 1)
+            left = _lift(operator, left, right)
+        return left
+
+    def primary() -> Series:
+        word = take()
+        if word == "(":
+            value = binary(0)
+            take(")")
+            return value
+        if word == "-":
+            return _lift(lambda a: -a, primary())
+        if word[0].isdigit():
+            return [float(word)] * length
+        if word in ("IF", "FILL"):
+            take("(")
+            args = [binary(0)]
+            while peek() == ",":
+                take(",")
+                args.append(binary(0))
+            take(")")
+            if word == "FILL" and len(args) == 2:
+                return [v if v is not None else f for v, f in zip(args[0], args[1], strict=True)]
+            if word == "IF" and len(args) == 3:
+                return [
+                    None if c is None else (a if c else b)
+                    for c, a, b in zip(args[0], args[1], args[2], strict=True)
+                ]
+            raise ValueError(f"metric math {text!r}: wrong number of arguments to {word}")
+        if word not in series:
+            raise ValueError(f"metric math {text!r}: no query with id {word!r}")
+        return list(series[word])
+
+    result = binary(0)
+    if position != len(tokens):
+        raise ValueError(f"metric math {text!r}: unexpected {tokens[position]!r}")
+    return result
+
+
 @dataclass(frozen=True)
 class Transition:
     alarm_name: str
@@ -184,19 +292,38 @@ class AlarmEvaluator:
             yield from page.get("MetricAlarms", [])
 
     def values(self, alarm: Mapping[str, Any], now: datetime) -> list[float | None]:
-        """Per evaluation period, oldest first, the alarm's statistic, or None where there is no data."""
+        """Per evaluation period, oldest first, the alarm's statistic, or None where there is no data.
+
+        Metric-math alarms: moto answers only the metric queries; the expressions are evaluated here."""
         periods = evaluation_range(alarm, now)
         queries, chosen = _queries(alarm)
+        expressions = {str(q["Id"]): str(q["Expression"]) for q in queries if q.get("Expression")}
+        stats = [{**q, "ReturnData": True} for q in queries if not q.get("Expression")]
+        if not expressions:
+            stats = queries
         answer = self.cloudwatch.get_metric_data(
-            MetricDataQueries=queries, StartTime=periods[0][0], EndTime=periods[-1][1]
+            MetricDataQueries=stats, StartTime=periods[0][0], EndTime=periods[-1][1]
         )
-        by_start: dict[datetime, float] = {}
+        series: dict[str, list[float | None]] = {}
         for result in answer.get("MetricDataResults", []):
-            if result.get("Id") != chosen:
-                continue
+            by_start: dict[datetime, float] = {}
             for stamp, value in zip(result.get("Timestamps", []), result.get("Values", []), strict=False):
                 by_start[stamp.astimezone(UTC)] = float(value)
-        return [by_start.get(start) for start, _ in periods]
+            series[str(result.get("Id"))] = [by_start.get(start) for start, _ in periods]
+        empty: list[float | None] = [None] * len(periods)
+        for query_id in expressions:
+            series.setdefault(query_id, empty)
+        pending = dict(expressions)
+        while pending:
+            # an expression may name another one: evaluate those whose inputs are known first
+            ready = [i for i, text in pending.items() if not (_names(text) & set(pending))]
+            if not ready:
+                raise ValueError(
+                    f"alarm {alarm.get('AlarmName')}: expressions refer to each other in a cycle"
+                )
+            for query_id in ready:
+                series[query_id] = evaluate_expression(pending.pop(query_id), series, len(periods))
+        return series.get(chosen, empty)
 
     def batch_values(
         self, alarms: list[dict[str, Any]], now: datetime

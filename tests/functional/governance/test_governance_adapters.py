@@ -48,9 +48,14 @@ def test_put_alarms_are_found_by_the_jobs_prefix_and_carry_the_spec(
     found = alarms.names(alarm_prefix(name))
     assert found == [f"sagequeue-idle-{name}/algo-{n}" for n in (1, 2, 3)]
     described = cloudwatch.describe_alarms(AlarmNames=[found[0]])["MetricAlarms"][0]  # type: ignore[attr-defined]
-    assert described["MetricName"] == "NeuronCoreUtilization"
-    assert described["Namespace"] == "SageQueue/TrainingJobs"
-    assert described["Dimensions"] == [{"Name": "Host", "Value": f"{name}/algo-1"}]
+    # a Neuron host's idle alarm is metric math: utilization, and 100 while the host compiles
+    utilization, compiling, busy = described["Metrics"]
+    assert utilization["MetricStat"]["Metric"]["MetricName"] == "NeuronCoreUtilization"
+    assert compiling["MetricStat"]["Metric"]["MetricName"] == "NeuronCompiling"
+    for query in (utilization, compiling):
+        assert query["MetricStat"]["Metric"]["Namespace"] == "SageQueue/TrainingJobs"
+        assert query["MetricStat"]["Metric"]["Dimensions"] == [{"Name": "Host", "Value": f"{name}/algo-1"}]
+    assert busy["Expression"] == "IF(FILL(compiling, 0) > 0, 100, utilization)"
     assert described["AlarmActions"] == [TOPIC]
     assert described["TreatMissingData"] == "notBreaching"
     assert alarms.state(found[0]) in {"OK", "INSUFFICIENT_DATA"}

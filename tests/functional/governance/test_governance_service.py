@@ -88,7 +88,7 @@ def test_training_creates_one_alarm_per_host_once_and_the_end_deletes_them(world
     expected = [f"sagequeue-idle-{name}/algo-{n}" for n in (1, 2, 3)]
     assert world.alarm_names(f"sagequeue-idle-{name}/") == expected
     alarm = world.cloudwatch.describe_alarms(AlarmNames=[expected[0]])["MetricAlarms"][0]
-    assert alarm["MetricName"] == "NeuronCoreUtilization"
+    assert alarm["Metrics"][0]["MetricStat"]["Metric"]["MetricName"] == "NeuronCoreUtilization"
     assert alarm["AlarmActions"] == [world.deps.settings.alarm_topic_arn]
 
     world.advance(700)

@@ -52,8 +52,8 @@ def test_create_sync_list_lookup_prune_and_status(cache: Cache, cli: CliRunner, 
     assert created.exit_code == 0, created.output
     assert settings.saved_cache_url() == cache.url
 
-    (root / sync.STAGING_DIR / "x").mkdir(parents=True)
-    (root / sync.STAGING_DIR / "x" / "model.neff.part").write_bytes(b"0" * 2048)
+    (sync.staging_dir(root) / "x").mkdir(parents=True)
+    (sync.staging_dir(root) / "x" / "model.neff.part").write_bytes(b"0" * 2048)
     status = cli.invoke(main, ["cache", "status", "--cache-dir", str(root)])
     assert status.exit_code == 0, status.output
     assert f"neuronxcc-{VERSION}: 2 complete, 1 failed, 1 locked, 0 incomplete" in status.output
@@ -130,10 +130,10 @@ def test_prune_local_by_age_keeps_entries_being_compiled(cli: CliRunner, tmp_pat
     assert not old.exists()
     assert (root / neuron.version_dir(VERSION) / "MODULE_2+aaaaaaaa").exists()
     _entry(root, VERSION, "MODULE_3+aaaaaaaa", state="failed")
-    (root / sync.STAGING_DIR).mkdir()
+    (sync.staging_dir(root)).mkdir()
     cleaned = cli.invoke(main, ["cache", "status", "--cache-dir", str(root), "--clean"])
     assert "removed 1 failed entries" in cleaned.output
-    assert not (root / sync.STAGING_DIR).exists()
+    assert not (sync.staging_dir(root)).exists()
 
 
 def test_a_missing_cache_is_named_in_the_error(cli: CliRunner, base_env: dict[str, str]) -> None:

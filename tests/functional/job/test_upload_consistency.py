@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -142,3 +143,78 @@ def test_hub_commit_retried_on_409_and_412(
     report = sync.upload(cache.remote, root, VERSION)
     assert report.result.published == [neuron.entry_key(VERSION, "MODULE_501+eeeeeeee")]
     assert report.result.conflicts_retried == 2
+
+
+def test_s3_two_writers_of_the_same_entries_leave_every_entry_restorable(
+    base_env: dict[str, str], hub_server: HubServer, tmp_path: Path
+) -> None:
+    cache = make_cache("s3", base_env, hub_server)
+    modules = [f"MODULE_{7000 + i}+cccccccc" for i in range(50)]
+    # GIVEN two hosts that compiled the same 50 graphs into different bytes (NEFFs are not reproducible)
+    roots = [tmp_path / "writer-a", tmp_path / "writer-b"]
+    for root in roots:
+        for module in modules:
+            _entry(root, module, neff_bytes=8192)
+    # WHEN both publish at the same time
+    writers = [_sync(base_env, cache.url, root) for root in roots]
+    for writer in writers:
+        _, stderr = writer.communicate(timeout=120)
+        assert writer.returncode == 0, stderr
+    # THEN every entry restores whole, and each is one writer's bytes
+    fresh = tmp_path / "reader"
+    report = sync.restore(cache.remote, fresh, VERSION, progress=False)
+    assert report.failed == {}
+    assert len(report.restored) == 50
+    for module in modules:
+        neff = (fresh / neuron.version_dir(VERSION) / module / "model.neff").read_bytes()
+        sources = [
+            (root / neuron.version_dir(VERSION) / module / "model.neff").read_bytes() for root in roots
+        ]
+        assert neff in sources
+    assert sync.verify(cache.remote, VERSION).broken == {}
+    # AND the losing writer removed its objects: only the manifests' files remain
+    bucket, _, prefix = cache.url[len("s3://") :].partition("/")
+    s3 = boto3.client("s3")
+    paginator = s3.get_paginator("list_objects_v2")
+    data_keys = [
+        item["Key"]
+        for page in paginator.paginate(Bucket=bucket, Prefix=f"{prefix}/{neuron.version_dir(VERSION)}/")
+        for item in page.get("Contents", [])
+    ]
+    assert len(data_keys) == 50 * 4
+
+
+def test_verify_finds_and_repair_removes_an_entry_a_past_race_broke(
+    base_env: dict[str, str], hub_server: HubServer, tmp_path: Path
+) -> None:
+    cache = make_cache("s3", base_env, hub_server)
+    root = tmp_path / "local"
+    _entry(root, "MODULE_8001+dddddddd")
+    _entry(root, "MODULE_8002+dddddddd")
+    assert len(sync.upload(cache.remote, root, VERSION).result.published) == 2
+    # GIVEN an entry in the old layout whose bytes another writer overwrote after its manifest was written
+    bucket, _, prefix = cache.url[len("s3://") :].partition("/")
+    s3 = boto3.client("s3")
+    key = neuron.entry_key(VERSION, "MODULE_8001+dddddddd")
+    manifest_key = f"{prefix}/manifests/{key}.json"
+    manifest = json.loads(s3.get_object(Bucket=bucket, Key=manifest_key)["Body"].read())
+    manifest.pop("prefix")
+    s3.put_object(Bucket=bucket, Key=manifest_key, Body=json.dumps(manifest).encode())
+    for name in manifest["files"]:
+        s3.put_object(
+            Bucket=bucket, Key=f"{prefix}/{key}/{name}", Body=os.urandom(manifest["files"][name]["size"])
+        )
+    # THEN verify names it and fails
+    found = run_cli(["cache", "verify", "--cache", cache.url], base_env)
+    assert found.returncode == 1, found.stderr
+    assert f"broken {key}" in found.stdout
+    assert "2 entries checked, 1 broken" in found.stdout
+    # WHEN repaired, the entry is gone, and the next writer publishes it again instead of skipping it
+    repaired = run_cli(["cache", "verify", "--cache", cache.url, "--repair"], base_env)
+    assert repaired.returncode == 0, repaired.stderr
+    assert set(cache.remote.entries(VERSION)) == {"MODULE_8002+dddddddd"}
+    again = sync.upload(cache.remote, root, VERSION)
+    assert again.result.published == [key]
+    report = sync.restore(cache.remote, tmp_path / "reader", VERSION, progress=False)
+    assert report.failed == {}
+    assert len(report.restored) == 2

@@ -59,7 +59,17 @@ def test_the_idle_metric_follows_the_instance_family(
     assert idle_signal(instance_type) is signal
     (spec,) = idle_alarm_specs(job(instance_type), IdleRules())
     assert (spec.namespace, spec.metric_name) == (namespace, metric)
-    assert spec.put_metric_alarm_args(["arn:topic"])["MetricName"] == metric
+    args = spec.put_metric_alarm_args(["arn:topic"])
+    if signal is IdleSignal.NEURON:
+        # metric math: utilization, but a compiling host counts as busy
+        watched = [q["MetricStat"]["Metric"] for q in args["Metrics"] if "MetricStat" in q]
+        assert [(m["Namespace"], m["MetricName"]) for m in watched] == [
+            (namespace, metric),
+            (namespace, "NeuronCompiling"),
+        ]
+        assert [q["Id"] for q in args["Metrics"] if q["ReturnData"]] == ["busy"]
+    else:
+        assert args["MetricName"] == metric
 
 
 def test_a_trainium_job_is_never_watched_through_gpu_utilization() -> None:
@@ -75,7 +85,8 @@ def test_one_idle_alarm_per_host_named_after_the_host_dimension() -> None:
     assert [s.name for s in specs] == [f"{IDLE_ALARM_PREFIX}j/algo-{n}" for n in (1, 2, 3)]
     for n, spec in enumerate(specs, start=1):
         args = spec.put_metric_alarm_args(["arn:aws:sns:us-east-1:123456789012:idle"])
-        assert args["Dimensions"] == [{"Name": "Host", "Value": f"j/algo-{n}"}]
+        for query in args["Metrics"][:2]:
+            assert query["MetricStat"]["Metric"]["Dimensions"] == [{"Name": "Host", "Value": f"j/algo-{n}"}]
         assert args["AlarmActions"] == ["arn:aws:sns:us-east-1:123456789012:idle"]
 
 
@@ -84,9 +95,9 @@ def test_threshold_period_and_periods_come_from_the_rules() -> None:
     (spec,) = idle_alarm_specs(job("ml.trn2.48xlarge"), rules)
     args = spec.put_metric_alarm_args([])
     assert args["Threshold"] == 2.5
-    assert args["Period"] == 120
+    assert [q["MetricStat"]["Period"] for q in args["Metrics"][:2]] == [120, 120]
     assert args["EvaluationPeriods"] == args["DatapointsToAlarm"] == 4
-    assert args["Statistic"] == "Average"
+    assert [q["MetricStat"]["Stat"] for q in args["Metrics"][:2]] == ["Average", "Maximum"]
     assert args["ComparisonOperator"] == "LessThanOrEqualToThreshold"
     # a gap in the data never counts towards an idle stop; the silence alarm judges gaps
     assert args["TreatMissingData"] == "notBreaching"

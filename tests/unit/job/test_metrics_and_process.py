@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -13,8 +14,13 @@ from typing import Any
 
 from sagequeue.job.host import HostIdentity
 from sagequeue.job.metrics import UtilizationPublisher, metric_datum, summarize
-from sagequeue.job.process import SignalForwarder, StopWatch
-from sagequeue_core.defaults import HOST_DIMENSION, NEURON_METRIC_NAMESPACE, NEURONCORE_UTILIZATION_METRIC
+from sagequeue.job.process import SignalForwarder, StopWatch, group_alive, wait_for_group
+from sagequeue_core.defaults import (
+    HOST_DIMENSION,
+    NEURON_COMPILING_METRIC,
+    NEURON_METRIC_NAMESPACE,
+    NEURONCORE_UTILIZATION_METRIC,
+)
 
 
 class RecordingCloudWatch:
@@ -98,3 +104,44 @@ def test_a_child_killed_by_a_signal_reports_128_plus_the_signal() -> None:
         forwarder.run([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"], {})
         == 137
     )
+
+
+def test_a_running_compiler_is_published_as_compiling(tmp_path: Path) -> None:
+    # GIVEN a process that runs a script named neuronx-cc, the way an interpreter runs the real one
+    script = tmp_path / "neuronx-cc"
+    script.write_text("import time\ntime.sleep(30)\n")
+    cloudwatch = RecordingCloudWatch()
+    publisher = UtilizationPublisher(HostIdentity("job-1", 1), cloudwatch=cloudwatch)
+    compiler = subprocess.Popen([sys.executable, str(script), "compile"])
+    try:
+        publisher.sample_compiling()
+    finally:
+        compiler.kill()
+        compiler.wait()
+    publisher._samples.append(0.0)  # the NeuronCores read idle meanwhile
+    publisher.flush()
+    # THEN the period carries both: 0% utilization, and a compile running
+    data = {d["MetricName"]: d for d in cloudwatch.calls[0]["MetricData"]}
+    assert data[NEURONCORE_UTILIZATION_METRIC]["StatisticValues"]["Maximum"] == 0.0
+    assert data[NEURON_COMPILING_METRIC]["StatisticValues"]["Maximum"] == 1.0
+    assert data[NEURON_COMPILING_METRIC]["Dimensions"] == [{"Name": HOST_DIMENSION, "Value": "job-1/algo-1"}]
+    # AND once the compiler is gone, the next period says so
+    publisher.sample_compiling()
+    publisher.flush()
+    (datum,) = cloudwatch.calls[1]["MetricData"]
+    assert (datum["MetricName"], datum["StatisticValues"]["Maximum"]) == (NEURON_COMPILING_METRIC, 0.0)
+
+
+def test_the_process_group_wait_sees_grandchildren_and_ignores_zombies(tmp_path: Path) -> None:
+    # a launcher that exits at once, leaving a worker in its process group
+    launcher = subprocess.Popen(
+        ["bash", "-c", f"{sys.executable} -c 'import time; time.sleep(1.5)' & echo $! > {tmp_path}/pid"],
+        start_new_session=True,
+    )
+    launcher.wait()
+    assert group_alive(launcher.pid)
+    started = time.monotonic()
+    assert not wait_for_group(launcher.pid, time.monotonic() + 0.3)
+    assert wait_for_group(launcher.pid, time.monotonic() + 10)
+    assert 1.0 <= time.monotonic() - started < 5
+    assert not group_alive(launcher.pid)

@@ -76,9 +76,14 @@ def test_the_child_compiler_is_pointed_at_the_chosen_cache(flags: str) -> None:
     assert neuron.flags_without_cache_dir(flags) == "-O1"
 
 
-def test_flags_without_a_cache_dir_are_left_alone() -> None:
-    child = neuron.child_environment({"NEURON_CC_FLAGS": "--model-type transformer"}, Path("/c"))
-    assert child["NEURON_CC_FLAGS"] == "--model-type transformer"
+@pytest.mark.parametrize("flags", [None, "", "--model-type transformer"])
+def test_the_child_always_gets_the_chosen_cache_dir_in_its_flags(flags: str | None) -> None:
+    # optimum-neuron reads only --cache_dir in NEURON_CC_FLAGS, not NEURON_COMPILE_CACHE_URL
+    env = {} if flags is None else {"NEURON_CC_FLAGS": flags}
+    child = neuron.child_environment(env, Path("/c d/cache"))
+    assert neuron.cache_dir_from_flags(child["NEURON_CC_FLAGS"]) == "/c d/cache"
+    assert neuron.flags_without_cache_dir(child["NEURON_CC_FLAGS"]) == (flags or "")
+    assert child["NEURON_COMPILE_CACHE_URL"] == "/c d/cache"
 
 
 def test_entry_states_follow_the_compiler_files(tmp_path: Path) -> None:

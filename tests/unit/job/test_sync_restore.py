@@ -91,7 +91,7 @@ def test_an_interrupted_file_resumes_where_it_stopped(tmp_path: Path) -> None:
 
 def test_a_part_file_left_by_an_earlier_run_is_resumed(tmp_path: Path) -> None:
     files = _files("two")
-    staging = tmp_path / sync.STAGING_DIR / neuron.version_dir(VERSION) / "MODULE_2+aa"
+    staging = sync.staging_dir(tmp_path) / neuron.version_dir(VERSION) / "MODULE_2+aa"
     staging.mkdir(parents=True)
     (staging / "model.neff.part").write_bytes(files["model.neff"][:6000])
     remote = MemoryRemote({"MODULE_2+aa": files})
@@ -147,7 +147,7 @@ def test_large_files_arrive_as_parallel_ranges_and_resume_by_range(
     monkeypatch.setattr(sync, "SPLIT_SIZE", 4096)
     monkeypatch.setattr(sync, "RANGE_SIZE", 2048)
     files = _files("big", neff=10_000)  # 9984 bytes: five ranges
-    staging = tmp_path / sync.STAGING_DIR / neuron.version_dir(VERSION) / "MODULE_9+aa"
+    staging = sync.staging_dir(tmp_path) / neuron.version_dir(VERSION) / "MODULE_9+aa"
     staging.mkdir(parents=True)
     # GIVEN an earlier run wrote ranges 0 and 2 before it died
     partial = bytearray(len(files["model.neff"]))

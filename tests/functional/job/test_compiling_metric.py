@@ -1,0 +1,74 @@
+"""While the command's compiler runs, the wrapper publishes the host as compiling: a real neuronx-cc
+(stand-in) process under a real `sagequeue-job`, metrics on moto's CloudWatch."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import boto3
+from conftest import STANDINS, run_wrapper
+
+from sagequeue_core.defaults import HOST_DIMENSION, NEURON_COMPILING_METRIC, NEURON_METRIC_NAMESPACE
+
+
+def test_a_compile_in_progress_is_published_as_compiling(base_env: dict[str, str], tmp_path: Path) -> None:
+    job_name = f"sq-compiling-{uuid.uuid4().hex[:8]}"
+    resource_config = tmp_path / "resourceconfig.json"
+    resource_config.write_text(json.dumps({"current_host": "algo-1", "hosts": ["algo-1"]}))
+    env = dict(
+        base_env,
+        TRAINING_JOB_NAME=job_name,
+        SAGEQUEUE_RESOURCE_CONFIG=str(resource_config),
+        STANDIN_NEURONCORE_UTILIZATION="0",
+        STANDIN_COMPILE_SECONDS="4",  # each neuronx-cc run takes this long, at 0% utilization
+    )
+    started = datetime.now(UTC) - timedelta(minutes=1)
+    # GIVEN a command whose one graph compiles for 4 s, then trains for 4 s without compiling
+    result = run_wrapper(
+        [
+            "run",
+            "--metrics",
+            "on",
+            "--metrics-period",
+            "1",
+            "--cache-dir",
+            str(tmp_path / "cache"),
+            "--no-progress",
+            "--",
+            str(STANDINS / "standin-train"),
+            "--graphs",
+            f"g-{uuid.uuid4().hex[:8]}",
+            "--steps",
+            "40",
+            "--step-seconds",
+            "0.1",
+        ],
+        env,
+    )
+    assert result.returncode == 0, result.stderr
+    # THEN the host's NeuronCompiling reads 1 while the compiler ran and 0 after it
+    cloudwatch = boto3.client("cloudwatch")
+    answer = cloudwatch.get_metric_data(
+        MetricDataQueries=[
+            {
+                "Id": "compiling",
+                "MetricStat": {
+                    "Metric": {
+                        "Namespace": NEURON_METRIC_NAMESPACE,
+                        "MetricName": NEURON_COMPILING_METRIC,
+                        "Dimensions": [{"Name": HOST_DIMENSION, "Value": f"{job_name}/algo-1"}],
+                    },
+                    "Period": 1,
+                    "Stat": "Maximum",
+                },
+            }
+        ],
+        StartTime=started,
+        EndTime=datetime.now(UTC) + timedelta(minutes=1),
+    )
+    values = answer["MetricDataResults"][0]["Values"]
+    assert 1.0 in values, values
+    assert 0.0 in values, values

@@ -1,0 +1,161 @@
+"""A stop checkpoints whatever launches the workers: real process trees under a real `sagequeue-job`.
+
+The launchers are the ones that broke the promise: a shell that starts workers in the background and has
+no SIGTERM trap, and a Python launcher without a SIGTERM handler (what the SageMaker training toolkit's
+`train` is). Each worker takes seconds to write its checkpoint after SIGTERM; the wrapper must outlive
+them (within the grace) instead of leaving when its direct child dies.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import BIN, STANDINS, make_cache
+from support.hub_server import HubServer
+
+CHECKPOINT_SECONDS = 2.0
+
+
+def _worker(tmp_path: Path, name: str) -> list[str]:
+    return [
+        str(STANDINS / "standin-train"),
+        "--graphs",
+        f"g-{name}-{tmp_path.name}",
+        "--steps",
+        "600",
+        "--step-seconds",
+        "0.1",
+        "--checkpoint",
+        str(tmp_path / f"checkpoint-{name}.json"),
+        "--checkpoint-seconds",
+        str(CHECKPOINT_SECONDS),
+        "--started",
+        str(tmp_path / f"started-{name}"),
+        "--term-status",
+        "143",
+    ]
+
+
+def _launcher(kind: str, tmp_path: Path) -> list[str]:
+    workers = [_worker(tmp_path, "a"), _worker(tmp_path, "b")]
+    if kind == "bash":
+        script = " & ".join(shlex.join(w) for w in workers) + " & wait"
+        return ["bash", "-c", script]
+    # no SIGTERM handler: Python's default action ends the launcher at once, its children keep running
+    code = (
+        "import subprocess, sys, json\n"
+        "workers = [subprocess.Popen(w) for w in json.loads(sys.argv[1])]\n"
+        "raise SystemExit(max(w.wait() for w in workers))\n"
+    )
+    return [sys.executable, "-c", code, json.dumps(workers)]
+
+
+@pytest.mark.parametrize("launcher", ["bash", "python-no-handler"])
+def test_a_stop_waits_for_every_worker_of_the_group_to_checkpoint(
+    launcher: str, base_env: dict[str, str], hub_server: HubServer, tmp_path: Path
+) -> None:
+    cache = make_cache("s3", base_env, hub_server)
+    job = subprocess.Popen(
+        [
+            str(BIN / "sagequeue-job"),
+            "run",
+            "--cache",
+            cache.url,
+            "--cache-dir",
+            str(tmp_path / "cache"),
+            "--grace",
+            "20",
+            "--no-progress",
+            "--",
+            *_launcher(launcher, tmp_path),
+        ],
+        env=cache.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    # GIVEN both workers train
+    end = time.monotonic() + 60
+    while not all((tmp_path / f"started-{n}").exists() for n in "ab"):
+        assert job.poll() is None, job.communicate()[1]
+        assert time.monotonic() < end
+        time.sleep(0.05)
+    time.sleep(0.5)
+    # WHEN SageMaker stops the job
+    stopped_at = time.monotonic()
+    job.send_signal(signal.SIGTERM)
+    _, stderr = job.communicate(timeout=60)
+    elapsed = time.monotonic() - stopped_at
+    # THEN both workers wrote their (slow) checkpoints before the wrapper left, within the grace
+    for name in "ab":
+        checkpoint = tmp_path / f"checkpoint-{name}.json"
+        assert checkpoint.exists(), stderr
+        assert json.loads(checkpoint.read_text())["signal"] == signal.SIGTERM
+    assert CHECKPOINT_SECONDS <= elapsed < 20, stderr
+    assert "waiting for the rest of its process group" in stderr
+    assert "process group has exited" in stderr
+    # AND no worker outlives the wrapper
+    for name in "ab":
+        pid = int((tmp_path / f"started-{name}").read_text())
+        stat = Path(f"/proc/{pid}/stat")
+        assert not stat.exists() or stat.read_text().rsplit(")", 1)[-1].split()[0] == "Z"
+
+
+def test_a_worker_that_ignores_the_stop_is_left_at_the_end_of_the_grace(
+    base_env: dict[str, str], tmp_path: Path
+) -> None:
+    # GIVEN a launcher whose worker ignores SIGTERM entirely
+    code = (
+        "import os, signal, sys, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "open(sys.argv[1], 'w').write(str(os.getpid()))\ntime.sleep(120)\n"
+    )
+    script = f"{shlex.quote(sys.executable)} -c {shlex.quote(code)} {tmp_path}/pid & wait"
+    log = tmp_path / "wrapper.log"
+    job = subprocess.Popen(
+        [
+            str(BIN / "sagequeue-job"),
+            "run",
+            "--cache-dir",
+            str(tmp_path / "cache"),
+            "--grace",
+            "4",
+            "--no-progress",
+            "--",
+            "bash",
+            "-c",
+            script,
+        ],
+        env=base_env,
+        stdout=subprocess.DEVNULL,
+        stderr=log.open("w"),
+    )
+    end = time.monotonic() + 30
+    while not (tmp_path / "pid").exists() or not (tmp_path / "pid").read_text().strip():
+        assert time.monotonic() < end
+        time.sleep(0.05)
+    worker = int((tmp_path / "pid").read_text())
+    try:
+        stopped_at = time.monotonic()
+        job.send_signal(signal.SIGTERM)
+        job.wait(timeout=30)
+        elapsed = time.monotonic() - stopped_at
+        stderr = log.read_text()
+        # THEN the wrapper waits for it only until the grace (minus the exit margin) runs out
+        assert 1.5 <= elapsed < 4, stderr
+        assert "still run at the end of the stop grace: killing them" in stderr
+        # AND it does not outlive the wrapper
+        time.sleep(0.2)
+        stat = Path(f"/proc/{worker}/stat")
+        assert not stat.exists() or stat.read_text().rsplit(")", 1)[-1].split()[0] == "Z"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(worker, signal.SIGKILL)
