@@ -26,17 +26,20 @@ def make_snapshot(queued: int, running_per_pool: int, rng: random.Random) -> Sna
     def key(pool: str, count: int) -> ResourceKey:
         return ResourceKey(f"arn:aws:iam::1:role/r{rng.randint(0, 3)}", pool, count, 512)
 
-    running = [
-        RunningAttempt(
-            training_job_name=f"run-{pool}-{i}",
-            job_name=f"run-{pool}-{i}",
-            priority=rng.randint(0, 9),
-            started_at=NOW - timedelta(minutes=rng.randint(1, 600)),
-            demand={pool: 1},
-        )
-        for pool in POOLS
-        for i in range(running_per_pool)
-    ]
+    running = []
+    for pool in POOLS:
+        for i in range(running_per_pool):
+            started = NOW - timedelta(minutes=rng.randint(1, 600))
+            running.append(
+                RunningAttempt(
+                    training_job_name=f"run-{pool}-{i}",
+                    job_name=f"run-{pool}-{i}",
+                    priority=rng.randint(0, 9),
+                    started_at=started,
+                    demand={pool: 1},
+                    training_started_at=started + timedelta(seconds=480),  # after provisioning
+                )
+            )
     warm = [WarmPool(f"warm-{pool}", key(pool, 1)) for pool in POOLS]
     jobs = []
     for i in range(queued):

@@ -224,7 +224,8 @@ class _Pass:
         self.warm: list[WarmPool] = sorted(snapshot.warm_pools, key=lambda w: w.training_job_name)
         self.victims: set[str] = set()
         self.preemptible_by_pool: dict[str, list[RunningAttempt]] = {}
-        for attempt in sorted(snapshot.running, key=victim_order):
+        # least important first, so a scan for victims stops at the first attempt as important as the job
+        for attempt in sorted(snapshot.running, key=lambda a: (a.priority, a.training_job_name)):
             if attempt.preemptible:
                 for pool in attempt.demand:
                     self.preemptible_by_pool.setdefault(pool, []).append(attempt)
@@ -277,14 +278,15 @@ class _Pass:
             self._take(job.demand)
             self._start(job)
             return
-        releases = self._fewest_to_release(job, deficit)
+        releasable = self._releasable_warm_pools(job)
+        releases = _fewest(releasable, deficit)
         if _covered_by(releases, deficit):
             # released warm pools make room now: start rather than wait for anything to come back
             self._release(job, releases)
             self._take(job.demand)
             self._start(job)
             return
-        cover = self._cover(job, deficit)
+        cover = self._cover(job, deficit, releasable)
         if cover.complete:
             holds = self._commit(job, cover)
             kind = ReservationKind.PREEMPTED if cover.victims else ReservationKind.RELEASED
@@ -344,7 +346,7 @@ class _Pass:
         )
 
     # the ledger
-    def _cover(self, job: QueuedJob, deficit: Mapping[str, int]) -> _Cover:
+    def _cover(self, job: QueuedJob, deficit: Mapping[str, int], releasable: Sequence[WarmPool]) -> _Cover:
         """Meet `deficit` from the ledger, cheapest first: returning instances, releasable warm pools,
         then the fewest preemptible lower-priority attempts. `short` is what remains uncovered."""
         cover = _Cover()
@@ -356,7 +358,7 @@ class _Pass:
                 remaining[pool] = need - take
         remaining = {pool: need for pool, need in remaining.items() if need > 0}
         if remaining:
-            cover.releases = self._fewest_to_release(job, remaining)
+            cover.releases = _fewest(releasable, remaining)
             for warm in cover.releases:
                 remaining[warm.pool] = remaining.get(warm.pool, 0) - warm.instances
             remaining = {pool: need for pool, need in remaining.items() if need > 0}
@@ -375,7 +377,7 @@ class _Pass:
         for pool in remaining:
             for attempt in self.preemptible_by_pool.get(pool, ()):
                 if attempt.priority >= job.priority:
-                    continue  # nothing is preempted for equal or lower priority
+                    break  # nothing is preempted for equal or lower priority; the rest are at least as important
                 if attempt.training_job_name in self.victims:
                     continue
                 if budget > 0 and attempt.preemptions >= budget:
@@ -386,7 +388,7 @@ class _Pass:
     def _coverable_later(self, job: QueuedJob, cover: _Cover) -> bool:
         if not cover.short:
             return False
-        return minimal_cover(self._candidates(job, cover.short), cover.short) is not None
+        return covers(self._candidates(job, cover.short), cover.short)
 
     def _commit(self, job: QueuedJob, cover: _Cover) -> dict[str, int]:
         """Carry out a cover for `job`: promise the returning instances, release the warm pools, preempt
@@ -470,40 +472,47 @@ class _Pass:
         return next((w for w in self.warm if w.resource_key == job.resource_key), None)
 
     def _releasable_warm_pools(self, job: QueuedJob) -> list[WarmPool]:
-        """Warm pools in the job's pools that no queued job at least as important would reuse.
+        """Warm pools in the job's pools that no queued job at least as important would reuse, the ones
+        nobody queued would reuse first, then those only less important jobs match.
 
         Each such job reuses one pool, so of several pools with the same key only as many are kept as
         there are jobs wanting that key; the rest may be released.
         """
-        if not any(w.pool in job.demand for w in self.warm):
+        mine = [w for w in self.warm if w.pool in job.demand]
+        if not mine:
             return []
         # jobs admitted before this one are at least as important; of those still to come, only the ones
         # of the same priority are
-        wanted = self.waiting_keys + self.unadmitted_by_priority.get(job.priority, Counter())
+        same = self.unadmitted_by_priority.get(job.priority, Counter())
+        taken: Counter[ResourceKey] = Counter()
         releasable: list[WarmPool] = []
         for warm in self.warm:
-            if wanted[warm.resource_key] > 0:
-                wanted[warm.resource_key] -= 1
+            key = warm.resource_key
+            if taken[key] < self.waiting_keys[key] + same[key]:
+                taken[key] += 1
             elif warm.pool in job.demand:
                 releasable.append(warm)
-        return releasable
-
-    def _fewest_to_release(self, job: QueuedJob, deficit: Mapping[str, int]) -> list[WarmPool]:
-        # Pools nobody queued would reuse go first; then those only less important jobs match.
-        wanted_by_anyone = self.waiting_keys + self.unadmitted_keys
-        ranked = sorted(
-            self._releasable_warm_pools(job),
-            key=lambda w: (w.resource_key in wanted_by_anyone, -w.instances, w.training_job_name),
+        return sorted(
+            releasable,
+            key=lambda w: (
+                self.waiting_keys[w.resource_key] > 0 or self.unadmitted_keys[w.resource_key] > 0,
+                -w.instances,
+                w.training_job_name,
+            ),
         )
-        remaining = dict(deficit)
-        chosen: list[WarmPool] = []
-        for warm in ranked:
-            if not any(need > 0 for need in remaining.values()):
-                break
-            if remaining.get(warm.pool, 0) > 0:
-                chosen.append(warm)
-                remaining[warm.pool] -= warm.instances
-        return chosen
+
+
+def _fewest(ranked: Sequence[WarmPool], deficit: Mapping[str, int]) -> list[WarmPool]:
+    """The first warm pools of `ranked` that together cover `deficit` (as far as they can)."""
+    remaining = dict(deficit)
+    chosen: list[WarmPool] = []
+    for warm in ranked:
+        if not any(need > 0 for need in remaining.values()):
+            break
+        if remaining.get(warm.pool, 0) > 0:
+            chosen.append(warm)
+            remaining[warm.pool] -= warm.instances
+    return chosen
 
 
 def _covered_by(warm_pools: Sequence[WarmPool], deficit: Mapping[str, int]) -> bool:
@@ -525,10 +534,12 @@ def victim_order(attempt: RunningAttempt) -> tuple[bool, int, float, str]:
 
 
 def covers(attempts: Iterable[RunningAttempt], deficit: Mapping[str, int]) -> bool:
-    freed: Counter[str] = Counter()
+    remaining = dict(deficit)
     for attempt in attempts:
-        freed.update(attempt.demand)
-    return all(freed[pool] >= need for pool, need in deficit.items())
+        for pool, instances in attempt.demand.items():
+            if pool in remaining:
+                remaining[pool] -= instances
+    return all(need <= 0 for need in remaining.values())
 
 
 def minimal_cover(
