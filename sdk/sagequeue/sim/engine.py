@@ -136,6 +136,7 @@ class Simulation:
             on_end=self._attempt_ended,
             on_change=self._occupancy_changed,
             on_training=self._training_started,
+            on_launched=self._launched,
             seed=seed,
         )
         self.runs: dict[str, JobRun] = {}
@@ -338,10 +339,15 @@ class Simulation:
 
     # --- SageMaker's events ---------------------------------------------------------------------------------
 
-    def _training_started(self, attempt: Attempt) -> None:
+    def _launched(self, attempt: Attempt) -> None:
+        # the service moves a job to RUNNING at the first secondary status past Starting (Downloading)
         run = self.by_attempt[attempt.name]
         if run.job.state is JobState.STARTING:
-            run.job.transition(JobState.RUNNING, self.now_dt, reason="Training")
+            run.job.transition(JobState.RUNNING, self.now_dt, reason="Downloading")
+
+    def _training_started(self, attempt: Attempt) -> None:
+        """The attempt's first Training: where a policy that counts runtime from Training reads it
+        (`attempt.first_training_at`)."""
 
     def _attempt_ended(self, attempt: Attempt) -> None:
         run = self.by_attempt[attempt.name]

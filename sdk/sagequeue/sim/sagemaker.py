@@ -138,6 +138,7 @@ class ModelledSageMaker:
         on_end: Callable[[Attempt], None],
         on_change: Callable[[str, float], None],
         on_training: Callable[[Attempt], None] | None = None,
+        on_launched: Callable[[Attempt], None] | None = None,
         seed: int = 0,
     ) -> None:
         self.timings = timings
@@ -146,6 +147,7 @@ class ModelledSageMaker:
         self._on_end = on_end
         self._on_change = on_change
         self._on_training = on_training
+        self._on_launched = on_launched
         self._seed = seed
         self.attempts: dict[str, Attempt] = {}
         self.live: dict[str, Attempt] = {}
@@ -246,6 +248,9 @@ class ModelledSageMaker:
         attempt.launched = True
         attempt.phase = Phase.DOWNLOADING
         attempt.phase_since = self.now
+        self.version += 1
+        if self._on_launched is not None:
+            self._on_launched(attempt)
         self._on_change(attempt.pool, self.now)
         self._step_after(attempt, self.timings.download_seconds, self._train)
 
