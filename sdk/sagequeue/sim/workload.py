@@ -69,39 +69,43 @@ def generate(spec: WorkloadSpec | None = None, *, seed: int = 0) -> Trace:
     if spec.days <= 0:
         raise ValueError("a workload spans a positive number of days")
     rng = random.Random(seed)
+    sizes = _group_sizes(spec, rng)
     jobs: list[TraceJob] = []
-    for arrival in _arrivals(spec, rng):
-        if len(jobs) >= spec.jobs:
-            break
-        jobs.extend(_group(spec, rng, arrival, number=len(jobs), room=spec.jobs - len(jobs)))
+    for (kind, size), arrival in zip(sizes, _arrivals(spec, rng, len(sizes)), strict=True):
+        jobs.extend(_group(spec, rng, arrival, kind=kind, size=size, number=len(jobs)))
     jobs.sort(key=lambda j: (j.submit_seconds, j.name))
     description = f"generated: seed {seed}, {len(jobs)} jobs over {spec.days:g} days"
     return Trace(tuple(jobs), start=DEFAULT_START, description=description)
 
 
-def _arrivals(spec: WorkloadSpec, rng: random.Random) -> list[float]:
-    """Times of groups of submissions (a job, a sweep or a burst), following office hours.
+def _group_sizes(spec: WorkloadSpec, rng: random.Random) -> list[tuple[str, int]]:
+    """The groups of submissions (a single job, a burst or a sweep) and their sizes, adding up to the jobs."""
+    groups: list[tuple[str, int]] = []
+    left = spec.jobs
+    while left > 0:
+        draw = rng.random()
+        if draw < spec.sweep_share:
+            kind, size = "sweep", rng.randint(*spec.sweep_size)
+        elif draw < spec.sweep_share + spec.burst_share:
+            kind, size = "burst", rng.randint(2, 4)
+        else:
+            kind, size = "single", 1
+        size = min(size, left)
+        groups.append((kind, size))
+        left -= size
+    return groups
 
-    Drawn as a non-homogeneous Poisson process by thinning, with enough expected groups for the jobs asked
-    for; sorted, then repeated over the span if the draw fell short."""
+
+def _arrivals(spec: WorkloadSpec, rng: random.Random, count: int) -> list[float]:
+    """`count` arrival times over the span following the office-hours rate: given their number, the times
+    of a non-homogeneous Poisson process are independent draws with density proportional to the rate
+    (drawn here by rejection), sorted."""
     horizon = spec.days * DAY
-    weights = [_rate(spec, t * HOUR) for t in range(math.ceil(spec.days * 24))]
-    mean_rate = sum(weights) / len(weights)
-    mean_group = 1 + spec.sweep_share * (sum(spec.sweep_size) / 2 - 1) + spec.burst_share * 1.5
-    groups = spec.jobs / mean_group
-    peak = max(weights)
-    lam = groups / horizon / mean_rate * peak  # candidate rate at the peak
+    peak = max(max(spec.weekday_rate), spec.weekend_rate)
     times: list[float] = []
-    t = 0.0
-    while True:
-        t += rng.expovariate(lam)
-        if t >= horizon:
-            break
-        if rng.random() < _rate(spec, t) / peak:
-            times.append(t)
-    while len(times) < spec.jobs:  # a short draw: add office-hours arrivals until there are enough
+    while len(times) < count:
         t = rng.uniform(0, horizon)
-        if rng.random() < _rate(spec, t) / peak:
+        if rng.random() * peak < _rate(spec, t):
             times.append(t)
     times.sort()
     return times
@@ -114,10 +118,10 @@ def _rate(spec: WorkloadSpec, seconds: float) -> float:
     return spec.weekday_rate[int(seconds % DAY // HOUR)]
 
 
-def _group(spec: WorkloadSpec, rng: random.Random, at: float, *, number: int, room: int) -> list[TraceJob]:
-    kind = rng.random()
-    if kind < spec.sweep_share:
-        size = min(rng.randint(*spec.sweep_size), room)
+def _group(
+    spec: WorkloadSpec, rng: random.Random, at: float, *, kind: str, size: int, number: int
+) -> list[TraceJob]:
+    if kind == "sweep":
         family = f"sweep-{number:04d}"
         template = _job(spec, rng, at, f"{family}-1", family=family)
         keep_alive = rng.randint(*spec.sweep_keep_alive_seconds)
@@ -139,8 +143,7 @@ def _group(spec: WorkloadSpec, rng: random.Random, at: float, *, number: int, ro
             )
             moment += rng.uniform(30, 600)
         return out
-    if kind < spec.sweep_share + spec.burst_share:
-        size = min(rng.randint(2, 4), room)
+    if kind == "burst":
         out = []
         moment = at
         for index in range(size):

@@ -31,6 +31,9 @@ def test_the_documented_trace_shape(trace) -> None:  # type: ignore[no-untyped-d
     assert len(jobs) == 350
     assert len({j.name for j in jobs}) == 350
     assert all(0 <= j.submit_seconds < 21 * DAY for j in jobs)
+    # arrivals cover the whole span, not only its start
+    assert trace.last_submit_seconds > 19 * DAY
+    assert min(j.submit_seconds for j in jobs) < 2 * DAY
     assert list(jobs) == sorted(jobs, key=lambda j: (j.submit_seconds, j.name))
     assert {j.instance_count for j in jobs} >= {1, 2, 4, 8}
     assert all(j.instance_count <= CAPACITY[j.instance_type] for j in jobs)
