@@ -122,7 +122,11 @@ def ignored_settings(settings: SimSettings) -> list[str]:
     "--days", type=float, default=21.0, show_default=True, help="Generated workload: days of arrivals."
 )
 @click.option(
-    "--seed", type=int, default=1, show_default=True, help="Seed of the generator and of capacity errors."
+    "--seed",
+    type=int,
+    default=2,
+    show_default=True,
+    help="Seed of the generator and of capacity errors (2: the documented trace).",
 )
 @click.option(
     "--capacity", "capacity_flags", multiple=True, metavar="TYPE=N", help="Instances per pool (repeatable)."

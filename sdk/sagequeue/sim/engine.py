@@ -97,7 +97,9 @@ class Scheduler:
 
     name = "scheduler"
 
-    def decide(self, sim: Simulation) -> list[Start | Preempt | ReleaseWarmPool]:
+    def decide(self, sim: Simulation) -> list[Start | Preempt | ReleaseWarmPool] | None:
+        """The pass's actions; None when the scheduler knows, without deciding again, that the pass would
+        decide nothing (the engine counts it as skipped)."""
         raise NotImplementedError
 
 
@@ -219,11 +221,20 @@ class Simulation:
     def _pass(self) -> None:
         if not any(self.queued.values()):
             return  # nothing waits: no policy starts, releases or preempts anything
-        self.passes += 1
         actions = self.scheduler.decide(self)
-        self.carry_out(actions)
+        if actions is None:
+            self.skipped_passes += 1
+            actions = []
+        else:
+            self.passes += 1
+            self.carry_out(actions)
         self._last_pass = (self._version(), bool(actions))
         self._wake = self._next_wake() if not actions else self.now
+
+    @property
+    def wake(self) -> float:
+        """When, with nothing else changing, a pass that just decided nothing could decide something."""
+        return self._wake
 
     # A timer pass on a queue nothing has changed since a pass that decided nothing decides nothing again,
     # unless the clock crossed a threshold the policy compares with. Policies compare times the jobs carry

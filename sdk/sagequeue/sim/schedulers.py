@@ -13,18 +13,21 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from sagequeue.sim.engine import Scheduler, SimJob
 from sagequeue_core.domain import JobState
-from sagequeue_core.policy import Preempt, ReleaseWarmPool, Start, plan
+from sagequeue_core.policy import Preempt, ReleaseWarmPool, Snapshot, Start, plan
 from sagequeue_core.snapshot import build_snapshot, policy_settings
 
 if TYPE_CHECKING:
     from sagequeue.sim.engine import Simulation
 
 Action = Start | Preempt | ReleaseWarmPool
+_TIMELESS = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 class TrackedPool:
@@ -41,9 +44,20 @@ class TrackedPool:
 
 
 class SagequeuePolicy(Scheduler):
+    """The real policy on the service's snapshot.
+
+    `plan` is pure: on a snapshot equal to the last one but for `now`, after a plan that did nothing, it
+    does nothing again until the clock reaches the simulation's next threshold (`Simulation.wake`). Such a
+    pass is skipped, whatever triggered it (the whole snapshot is compared, so whatever a policy comes to
+    read through it is covered); `exact=True` decides every pass."""
+
     name = "sagequeue"
 
-    def decide(self, sim: Simulation) -> list[Action]:
+    def __init__(self) -> None:
+        self._last: Snapshot | None = None
+        self._idle = False
+
+    def decide(self, sim: Simulation) -> list[Action] | None:
         snapshot = build_snapshot(
             now=sim.now_dt,
             capacity=sim.settings.capacity,
@@ -51,7 +65,13 @@ class SagequeuePolicy(Scheduler):
             live=list(sim.live.values()),
             warm_pools=[TrackedPool(sim, name) for name in sim.sagemaker.warm],
         )
-        return list(plan(snapshot, policy_settings(sim.settings)).actions)
+        timeless = dataclasses.replace(snapshot, now=_TIMELESS)
+        if not sim.exact and self._idle and sim.now < sim.wake and timeless == self._last:
+            return None
+        actions = list(plan(snapshot, policy_settings(sim.settings)).actions)
+        self._last = timeless
+        self._idle = not actions
+        return actions
 
 
 class _HeadOfLine(Scheduler):
