@@ -129,6 +129,6 @@ def test_a_malformed_trace_line_and_an_unknown_instance_type(tmp_path: Path) -> 
     assert f"{path} line 4: not JSON" in err
 
     path.write_text(trace.to_jsonl())
-    code, _, err = invoke("--trace", str(path), "--capacity", "ml.trn2.48xlarge=2")
+    code, _, err = invoke("--trace", str(path), "--capacity", "ml.p5.48xlarge=2")
     assert code == 2
-    assert "has no pool (pools given with --capacity: ml.trn2.48xlarge)" in err
+    assert "has no pool (pools given with --capacity: ml.p5.48xlarge)" in err
