@@ -132,3 +132,10 @@ def test_a_malformed_trace_line_and_an_unknown_instance_type(tmp_path: Path) -> 
     code, _, err = invoke("--trace", str(path), "--capacity", "ml.p5.48xlarge=2")
     assert code == 2
     assert "has no pool (pools given with --capacity: ml.p5.48xlarge)" in err
+
+
+def test_a_progress_bar_on_request_goes_to_stderr_only() -> None:
+    code, out, err = invoke(*SMALL, "--policies", "fifo,priority", "--progress", "--json")
+    assert code == 0
+    assert "simulating" in err
+    assert json.loads(out)["runs"][1]["label"] == "priority"
