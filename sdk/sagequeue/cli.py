@@ -15,6 +15,7 @@ _COMMANDS: dict[str, str] = {
     "local": "sagequeue.local.cli:local",
     "demo": "sagequeue.local.cli:demo",
     "cache": "sagequeue.job.cache_cli:cache",
+    "simulate": "sagequeue.sim.cli:simulate_command",
 }
 # the queue commands (submit, ls, show, cancel, ...) live in sagequeue.queue_cli
 _QUEUE_COMMANDS_MODULE = "sagequeue.queue_cli"

@@ -22,7 +22,6 @@ from sagequeue_core.defaults import (
     SUBMITTED_BY_TAG,
 )
 from sagequeue_core.domain import (
-    PRIORITY_MAX,
     TRANSITIONS,
     Job,
     JobState,
@@ -66,19 +65,10 @@ from sagequeue_core.observability import (
     logger,
     pool_gauge,
 )
-from sagequeue_core.policy import (
-    PolicySettings,
-    Preempt,
-    QueuedJob,
-    ReleaseWarmPool,
-    RunningAttempt,
-    Snapshot,
-    Start,
-    WarmPool,
-    plan,
-)
+from sagequeue_core.policy import Preempt, ReleaseWarmPool, Start, plan
 from sagequeue_core.runtime import Dependencies
 from sagequeue_core.sagemaker import FailureKind, classify_failure
+from sagequeue_core.snapshot import build_snapshot, policy_settings
 from sagequeue_core.store import ExternalAttempt, PoolStatus, TrackedWarmPool
 
 #: SecondaryStatus values under InProgress before the instances are the job's.
@@ -432,57 +422,16 @@ def run_pass(deps: Dependencies) -> PassReport:
             warm_pools.append(warm)
         else:
             deps.store.forget_warm_pool(warm.training_job_name)
-    snapshot = Snapshot(
+    snapshot = build_snapshot(
         now=now,
         capacity=capacity,
         quota=quota,
-        queued=[
-            QueuedJob(
-                name=job.name,
-                priority=job.priority,
-                submitted_at=job.submitted_at,
-                demand=job.demand,
-                resource_key=job.resource_key,
-                not_before=job.not_before,
-                reservation=job.reservation,
-                queued_since=job.queued_since,
-            )
-            for job in queued.values()
-        ],
-        running=[
-            RunningAttempt(
-                training_job_name=job.training_job_name or job.name,
-                demand=job.demand,
-                priority=job.priority,
-                started_at=job.started_at or now,
-                job_name=job.name,
-                stopping=job.state in (JobState.PREEMPTING, JobState.STOPPING),
-                training_started_at=job.training_started_at,
-                preemptions=job.preemptions,
-                checkpointed=job.checkpointed,
-            )
-            for job in live.values()
-        ]
-        + [
-            RunningAttempt(
-                training_job_name=external.training_job_name,
-                demand=external.demand,
-                priority=PRIORITY_MAX,
-                started_at=external.started_at,
-            )
-            for external in externals
-        ],
-        warm_pools=[WarmPool(w.training_job_name, w.resource_key) for w in warm_pools],
+        queued=queued.values(),
+        live=live.values(),
+        external=externals,
+        warm_pools=warm_pools,
     )
-    decided = plan(
-        snapshot,
-        PolicySettings(
-            min_runtime_before_preemption_seconds=settings.min_runtime_before_preemption_seconds,
-            default_keep_alive_seconds=settings.default_keep_alive_seconds,
-            max_preemptions_per_job=settings.max_preemptions_per_job,
-            reserve_after_seconds=settings.reserve_after_seconds,
-        ),
-    )
+    decided = plan(snapshot, policy_settings(settings))
     report.waiting.update(decided.waiting)
     statuses = {status.pool.instance_type: status for status in pool_statuses}
     held: Counter[str] = Counter()

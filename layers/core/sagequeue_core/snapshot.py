@@ -1,0 +1,145 @@
+"""What the policy sees: the snapshot of one pass, built from domain objects.
+
+The scheduler service reads jobs, pools, external attempts and warm pools from the table and hands them
+here; the capacity simulator (`sagequeue.sim`) hands its own domain `Job` objects to the same function. One
+construction, so that what the simulator measures is what the scheduler decides.
+
+Pure: no clock, no table, no AWS. The inputs are read through small protocols, so neither the store's
+records nor the validated `Settings` (pydantic) have to be imported by a caller that has none.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from datetime import datetime
+from typing import Protocol
+
+from sagequeue_core.domain import PRIORITY_MAX, Job, JobState, ResourceKey
+from sagequeue_core.policy import PolicySettings, QueuedJob, RunningAttempt, Snapshot, WarmPool
+
+#: Live states whose instances come back without anything left to decide.
+_STOPPING_STATES = frozenset({JobState.PREEMPTING, JobState.STOPPING})
+
+
+class SchedulerSettings(Protocol):
+    """The settings a pass plans with (`sagequeue_core.config.Settings` has them all)."""
+
+    @property
+    def min_runtime_before_preemption_seconds(self) -> int: ...
+
+    @property
+    def default_keep_alive_seconds(self) -> int: ...
+
+    @property
+    def max_preemptions_per_job(self) -> int: ...
+
+    @property
+    def reserve_after_seconds(self) -> int: ...
+
+
+class HeldOutsideQueue(Protocol):
+    """A training job started outside the queue on a managed pool (`store.ExternalAttempt`)."""
+
+    @property
+    def training_job_name(self) -> str: ...
+
+    @property
+    def demand(self) -> Mapping[str, int]: ...
+
+    @property
+    def started_at(self) -> datetime: ...
+
+
+class RetainedWarmPool(Protocol):
+    """An Available warm pool until its keep-alive runs out (`store.TrackedWarmPool`)."""
+
+    @property
+    def training_job_name(self) -> str: ...
+
+    @property
+    def resource_key(self) -> ResourceKey: ...
+
+    @property
+    def expires_at(self) -> datetime: ...
+
+
+def policy_settings(settings: SchedulerSettings) -> PolicySettings:
+    """The policy's settings from the scheduler's."""
+    return PolicySettings(
+        min_runtime_before_preemption_seconds=settings.min_runtime_before_preemption_seconds,
+        default_keep_alive_seconds=settings.default_keep_alive_seconds,
+        max_preemptions_per_job=settings.max_preemptions_per_job,
+        reserve_after_seconds=settings.reserve_after_seconds,
+    )
+
+
+def build_snapshot(
+    *,
+    now: datetime,
+    capacity: Mapping[str, int],
+    quota: Mapping[str, int] | None = None,
+    queued: Iterable[Job],
+    live: Iterable[Job],
+    external: Iterable[HeldOutsideQueue] = (),
+    warm_pools: Iterable[RetainedWarmPool] = (),
+) -> Snapshot:
+    """The snapshot of one pass.
+
+    `quota`: pools where the account's quota, learned from a refusal, is below the capacity.
+    `queued`: the lookahead window of every pool (the first `queue_lookahead` queued jobs of each, in queue
+    order). `live`: jobs whose attempt holds instances (starting, running, preempting, stopping).
+    `external`: attempts started outside the queue; they count at the highest priority and are never
+    preempted. `warm_pools`: tracked Available warm pools; those whose keep-alive has run out by `now` are
+    left out.
+    """
+    return Snapshot(
+        now=now,
+        capacity=dict(capacity),
+        quota=dict(quota or {}),
+        queued=[
+            QueuedJob(
+                name=job.name,
+                priority=job.priority,
+                submitted_at=job.submitted_at,
+                demand=job.demand,
+                resource_key=job.resource_key,
+                not_before=job.not_before,
+                reservation=job.reservation,
+                queued_since=job.queued_since,
+            )
+            for job in queued
+        ],
+        running=[
+            RunningAttempt(
+                training_job_name=job.training_job_name or job.name,
+                demand=job.demand,
+                priority=job.priority,
+                started_at=job.started_at or now,
+                job_name=job.name,
+                stopping=job.state in _STOPPING_STATES,
+                training_started_at=job.training_started_at,
+                preemptions=job.preemptions,
+                checkpointed=job.checkpointed,
+            )
+            for job in live
+        ]
+        + [
+            RunningAttempt(
+                training_job_name=attempt.training_job_name,
+                demand=attempt.demand,
+                priority=PRIORITY_MAX,
+                started_at=attempt.started_at,
+            )
+            for attempt in external
+        ],
+        warm_pools=[WarmPool(w.training_job_name, w.resource_key) for w in warm_pools if w.expires_at > now],
+    )
+
+
+__all__ = [
+    "HeldOutsideQueue",
+    "RetainedWarmPool",
+    "SchedulerSettings",
+    "build_snapshot",
+    "policy_settings",
+]

@@ -1,0 +1,263 @@
+"""What a simulation measured: per job (waits, preemptions, work lost) and per pool (how its capacity was
+spent over time), and the summary the report prints.
+
+Definitions (docs/simulator.md repeats them):
+
+- wait: submission to the first attempt's creation; a job that never started waits until the end.
+- held in use while backlog: while a pool has a queued job, the share of its capacity not left free
+  (training, starting, stopping or kept warm); training while backlog: the share training.
+- training share, warm idle share: of the pool's capacity over the whole run (first submission to the end).
+- warm reuse: attempts created on a warm pool, of all attempts.
+- work lost: training time discarded by preemptions (since the last checkpoint), in instance-hours.
+- top-priority p95 wait ÷ (stop grace + provisioning): provisioning is creation to Training on a cold start.
+- makespan ÷ lower bound: (end of the last job - first submission) over the largest per-pool bound, that
+  pool's instance-seconds of training over its capacity, or a job's submission plus provisioning and training.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from sagequeue.sim.sagemaker import OCCUPANCY, Attempt, Outcome
+
+if TYPE_CHECKING:
+    from sagequeue.sim.engine import JobRun, Simulation
+
+STATES = ("training", "starting", "stopping", "warm", "free")
+
+
+@dataclass
+class JobRecord:
+    name: str
+    priority: int
+    pool: str
+    instances: int
+    gang: bool
+    submitted: float
+    duration: float
+    first_start: float | None = None
+    ended: float | None = None
+    outcome: str | None = None
+    attempts: int = 0
+    warm_starts: int = 0
+    preemptions: int = 0
+    work_lost: float = 0.0  # training seconds lost (per instance)
+
+
+@dataclass
+class PoolRecord:
+    capacity: int
+    totals: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STATES, 0.0))
+    backlog_seconds: float = 0.0
+    backlog_free: float = 0.0
+    backlog_training: float = 0.0
+    state: dict[str, int] = field(default_factory=dict)
+    backlog: bool = False
+    since: float = 0.0
+    timeline: list[tuple[float, int, int, int, int, int]] = field(default_factory=list)
+
+
+class Recorder:
+    def __init__(self, capacity: Mapping[str, int], *, timeline: bool = True) -> None:
+        self.jobs: dict[str, JobRecord] = {}
+        self.pools = {
+            pool: PoolRecord(cap, state={**dict.fromkeys(STATES, 0), "free": cap})
+            for pool, cap in capacity.items()
+        }
+        self.finished: set[str] = set()
+        self.keep_timeline = timeline
+        self.first_submit: float | None = None
+        self.end = 0.0
+        self.passes = 0
+        self.refused_creates = 0
+
+    # --- what happened ---------------------------------------------------------------------------------------
+
+    def submitted(self, run: JobRun, at: float) -> None:
+        spec = run.spec
+        self.jobs[spec.name] = JobRecord(
+            spec.name,
+            spec.priority,
+            spec.instance_type,
+            spec.instance_count,
+            spec.gang,
+            at,
+            spec.duration_seconds,
+        )
+        if self.first_submit is None:
+            self.first_submit = at
+
+    def started(self, run: JobRun, attempt: Attempt, at: float) -> None:
+        record = self.jobs[run.spec.name]
+        record.attempts += 1
+        if attempt.reused:
+            record.warm_starts += 1
+        if record.first_start is None:
+            record.first_start = at
+
+    def preempted(self, run: JobRun, at: float) -> None:
+        self.jobs[run.spec.name].preemptions += 1
+
+    def ended(self, run: JobRun, attempt: Attempt, lost: float, at: float) -> None:
+        record = self.jobs[run.spec.name]
+        record.work_lost += lost
+        if run.job.state.is_terminal:
+            record.ended = at
+            record.outcome = "completed" if attempt.outcome is Outcome.COMPLETED else "failed"
+            self.finished.add(run.spec.name)
+
+    def occupancy(self, sim: Simulation, pool: str, at: float) -> None:
+        record = self.pools[pool]
+        self._accumulate(record, at)
+        state = dict.fromkeys(STATES, 0)
+        for attempt in sim.sagemaker.live.values():
+            if attempt.pool == pool:
+                state[OCCUPANCY[attempt.phase]] += attempt.instances
+        for warm in sim.sagemaker.warm.values():
+            if warm.pool == pool:
+                state["warm"] += warm.instances
+        state["free"] = max(record.capacity - sum(state.values()), 0)
+        record.state = state
+        record.backlog = bool(sim.queued[pool])
+        if self.keep_timeline:
+            row = (at, state["training"], state["starting"], state["stopping"], state["warm"], state["free"])
+            if record.timeline and record.timeline[-1][0] == at:
+                record.timeline[-1] = row
+            elif not record.timeline or record.timeline[-1][1:] != row[1:]:
+                record.timeline.append(row)
+
+    def _accumulate(self, record: PoolRecord, at: float) -> None:
+        dt = at - record.since
+        if dt > 0:
+            for name, value in record.state.items():
+                record.totals[name] += value * dt
+            if record.backlog:
+                record.backlog_seconds += dt
+                record.backlog_free += record.state["free"] * dt
+                record.backlog_training += record.state["training"] * dt
+        record.since = at
+
+    def close(self, at: float, sim: Simulation) -> None:
+        self.end = at
+        for pool in self.pools:
+            self.occupancy(sim, pool, at)
+        self.passes = sim.passes
+        self.refused_creates = sim.refused_creates
+
+
+# --- the summary ---------------------------------------------------------------------------------------------
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """The q-th percentile (0-100) by linear interpolation; None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = (len(ordered) - 1) * q / 100
+    low = math.floor(rank)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    if a is None or b is None or b == 0:
+        return None
+    return a / b
+
+
+def summarize(
+    recorder: Recorder, *, stop_grace_seconds: float, provisioning_seconds: float
+) -> dict[str, Any]:
+    """The report's figures for one run, as plain JSON values (seconds, shares in 0-1, counts)."""
+    jobs = list(recorder.jobs.values())
+    end = recorder.end
+    start = recorder.first_submit or 0.0
+    waits = {
+        job.name: (job.first_start if job.first_start is not None else end) - job.submitted for job in jobs
+    }
+    unfinished = [job for job in jobs if job.ended is None]
+    completed = [job for job in jobs if job.outcome == "completed"]
+    priorities = sorted({job.priority for job in jobs}, reverse=True)
+    by_priority = {str(p): _wait_stats([waits[j.name] for j in jobs if j.priority == p]) for p in priorities}
+    gang = [waits[j.name] for j in jobs if j.gang]
+    small = [waits[j.name] for j in jobs if not j.gang]
+    worst_gang_ratio = None
+    for p in priorities:
+        wide = [waits[j.name] for j in jobs if j.priority == p and j.gang]
+        narrow = [waits[j.name] for j in jobs if j.priority == p and not j.gang]
+        ratio = _ratio(_mean(wide), _mean(narrow))
+        if ratio is not None and (worst_gang_ratio is None or ratio > worst_gang_ratio):
+            worst_gang_ratio = ratio
+    top = [waits[j.name] for j in jobs if priorities and j.priority == priorities[0]]
+    span = max(end - start, 0.0)
+    capacity_seconds = sum(r.capacity for r in recorder.pools.values()) * span
+    totals = {name: sum(r.totals[name] for r in recorder.pools.values()) for name in STATES}
+    backlog_capacity = sum(r.capacity * r.backlog_seconds for r in recorder.pools.values())
+    backlog_free = sum(r.backlog_free for r in recorder.pools.values())
+    backlog_training = sum(r.backlog_training for r in recorder.pools.values())
+    attempts = sum(j.attempts for j in jobs)
+    last_end = max((j.ended for j in jobs if j.ended is not None), default=None)
+    makespan = (end if unfinished or last_end is None else last_end) - start
+    bound = lower_bound(recorder, provisioning_seconds)
+    preemptions = [j.preemptions for j in jobs]
+    return {
+        "jobs": len(jobs),
+        "completed": len(completed),
+        "unfinished": len(unfinished),
+        "failed": sum(1 for j in jobs if j.outcome == "failed"),
+        "held_in_use_while_backlog": 1 - backlog_free / backlog_capacity if backlog_capacity else None,
+        "training_while_backlog": backlog_training / backlog_capacity if backlog_capacity else None,
+        "training_share": totals["training"] / capacity_seconds if capacity_seconds else None,
+        "warm_idle_share": totals["warm"] / capacity_seconds if capacity_seconds else None,
+        "warm_reuse": sum(j.warm_starts for j in jobs) / attempts if attempts else None,
+        "attempts": attempts,
+        "preemptions_total": sum(preemptions),
+        "preemptions_max_per_job": max(preemptions, default=0),
+        "work_lost_instance_hours": sum(j.work_lost * j.instances for j in jobs) / 3600,
+        "wait_by_priority": by_priority,
+        "wait_gang": _wait_stats(gang),
+        "wait_small": _wait_stats(small),
+        "gang_over_small_wait_same_priority": worst_gang_ratio,
+        "top_priority": priorities[0] if priorities else None,
+        "top_p95_wait_over_grace_and_provisioning": _ratio(
+            percentile(top, 95), stop_grace_seconds + provisioning_seconds
+        ),
+        "makespan_seconds": makespan,
+        "lower_bound_seconds": bound,
+        "makespan_over_lower_bound": _ratio(makespan, bound),
+        "passes": recorder.passes,
+        "refused_creates": recorder.refused_creates,
+        "simulated_seconds": span,
+    }
+
+
+def _wait_stats(values: Sequence[float]) -> dict[str, float | int | None]:
+    return {"n": len(values), "mean": _mean(values), "p95": percentile(values, 95)}
+
+
+def lower_bound(recorder: Recorder, provisioning_seconds: float) -> float | None:
+    """The shortest makespan any scheduler could reach: per pool, all its training packed onto its capacity
+    from the first submission, and no job ending before its submission plus a cold start and its training."""
+    start = recorder.first_submit
+    if start is None:
+        return None
+    best = 0.0
+    for pool, record in recorder.pools.items():
+        jobs = [j for j in recorder.jobs.values() if j.pool == pool]
+        if not jobs or record.capacity <= 0:
+            continue
+        packed = sum(j.duration * j.instances for j in jobs) / record.capacity
+        earliest = min(j.submitted for j in jobs) - start + provisioning_seconds + packed
+        single = max(j.submitted - start + provisioning_seconds + j.duration for j in jobs)
+        best = max(best, earliest, single)
+    return best or None
+
+
+__all__ = ["STATES", "JobRecord", "PoolRecord", "Recorder", "lower_bound", "percentile", "summarize"]

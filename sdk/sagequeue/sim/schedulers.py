@@ -1,0 +1,186 @@
+"""The schedulers a simulation can run: sagequeue's own policy and the baselines it is measured against.
+
+- `sagequeue`: the real `sagequeue_core.policy.plan`, on the snapshot `sagequeue_core.snapshot` builds for
+  the scheduler service, from the same lookahead window, live jobs and tracked warm pools.
+- `fifo`: each pool's jobs in submission order, the head blocks the rest (no backfill, no preemption);
+  warm pools are reused when they match and released when they stand in the head's way.
+- `priority`: the same, in priority order (then submission): priority without preemption.
+- `naive`: the preemptive scheduler of the original article (docs/simulator.md): counts the instances of
+  InProgress and Stopping jobs against the capacity and ignores warm pools (so its creates can be refused
+  while warm pools hold the instances), starts jobs in priority order and stops at the first that does not
+  fit, and preempts at most one lower-priority job per pass, with no minimum runtime.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING
+
+from sagequeue.sim.engine import Scheduler, SimJob
+from sagequeue_core.domain import JobState
+from sagequeue_core.policy import Preempt, ReleaseWarmPool, Snapshot, Start, plan
+from sagequeue_core.snapshot import build_snapshot, policy_settings
+
+if TYPE_CHECKING:
+    from sagequeue.sim.engine import Simulation
+
+Action = Start | Preempt | ReleaseWarmPool
+_TIMELESS = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+class TrackedPool:
+    """An Available warm pool as the scheduler service tracks it (`store.TrackedWarmPool`)."""
+
+    __slots__ = ("expires_at", "job_name", "resource_key", "training_job_name")
+
+    def __init__(self, sim: Simulation, name: str) -> None:
+        warm = sim.sagemaker.warm[name]
+        self.training_job_name = name
+        self.resource_key = warm.resource_key
+        self.expires_at = sim.at(warm.expires)
+        self.job_name = warm.job_name
+
+
+class SagequeuePolicy(Scheduler):
+    """The real policy on the service's snapshot.
+
+    `plan` is pure: on a snapshot equal to the last one but for `now`, after a plan that did nothing, it
+    does nothing again until the clock reaches the simulation's next threshold (`Simulation.wake`). Such a
+    pass is skipped, whatever triggered it (the whole snapshot is compared, so whatever a policy comes to
+    read through it is covered); `exact=True` decides every pass."""
+
+    name = "sagequeue"
+
+    def __init__(self) -> None:
+        self._last: Snapshot | None = None
+        self._idle = False
+
+    def decide(self, sim: Simulation) -> list[Action] | None:
+        snapshot = build_snapshot(
+            now=sim.now_dt,
+            capacity=sim.settings.capacity,
+            queued=[job for pool in sim.queued for job in sim.window(pool)],
+            live=list(sim.live.values()),
+            warm_pools=[TrackedPool(sim, name) for name in sim.sagemaker.warm],
+        )
+        timeless = dataclasses.replace(snapshot, now=_TIMELESS)
+        if not sim.exact and self._idle and sim.now < sim.wake and timeless == self._last:
+            return None
+        decided = plan(snapshot, policy_settings(sim.settings))
+        actions = list(decided.actions)
+        # what the service stores with each waiting job: the reservation it holds after this pass
+        for queued in snapshot.queued:
+            job = sim.queued_job(queued.name)
+            reservation = decided.reservations.get(queued.name)
+            if job is not None and job.reservation != reservation:
+                job.reservation = reservation
+                sim.changes += 1
+        self._last = timeless
+        self._idle = not actions
+        return actions
+
+
+class _HeadOfLine(Scheduler):
+    """Start each pool's jobs in `order` until the first that cannot start; never preempt."""
+
+    order: Callable[[SimJob], tuple[object, ...]]
+
+    def decide(self, sim: Simulation) -> list[Action]:
+        actions: list[Action] = []
+        now = sim.now_dt
+        for pool, queued in sim.queued.items():
+            if not queued:
+                continue
+            used = sum(job.demand.get(pool, 0) for job in sim.live.values())
+            warm = [w for w in sim.sagemaker.warm.values() if w.pool == pool]
+            free = sim.settings.capacity[pool] - used - sum(w.instances for w in warm)
+            for job in sorted(queued.values(), key=type(self).order):
+                if job.not_before is not None and job.not_before > now:
+                    break
+                need = job.demand[pool]
+                match = next((w for w in warm if w.resource_key == job.resource_key), None)
+                if match is not None:
+                    warm.remove(match)
+                    actions.append(Start(job.name, warm_pool=match.training_job_name))
+                    continue
+                releasable = sum(w.instances for w in warm)
+                if free + releasable < need:
+                    break
+                while free < need:
+                    victim = warm.pop(0)
+                    free += victim.instances
+                    actions.append(ReleaseWarmPool(victim.training_job_name, for_job=job.name))
+                free -= need
+                actions.append(Start(job.name))
+        return actions
+
+
+class Fifo(_HeadOfLine):
+    name = "fifo"
+
+    @staticmethod
+    def order(job: SimJob) -> tuple[object, ...]:
+        return (job.submitted_at, job.name)
+
+
+class PriorityNoPreemption(_HeadOfLine):
+    name = "priority"
+
+    @staticmethod
+    def order(job: SimJob) -> tuple[object, ...]:
+        return (-job.priority, job.submitted_at, job.name)
+
+
+class Naive(Scheduler):
+    """The article's `manage_queue`, per pool, with instances in place of its one-instance jobs."""
+
+    name = "naive"
+
+    def decide(self, sim: Simulation) -> list[Action]:
+        actions: list[Action] = []
+        for pool, queued in sim.queued.items():
+            if not queued:
+                continue
+            capacity = sim.settings.capacity[pool]
+            pending = sorted(queued.values(), key=lambda j: (-j.priority, j.submitted_at, j.name))[:capacity]
+            live = [job for job in sim.live.values() if pool in job.demand]
+            stopping = sum(
+                j.demand[pool] for j in live if j.state in (JobState.PREEMPTING, JobState.STOPPING)
+            )
+            running = [j for j in live if j.state in (JobState.STARTING, JobState.RUNNING)]
+            free = capacity - sum(j.demand[pool] for j in live)
+            started = 0
+            for job in pending:
+                if job.demand[pool] > free:
+                    break
+                free -= job.demand[pool]
+                actions.append(Start(job.name))
+                started += 1
+            still_pending = pending[started:]
+            # the instances already stopping will go to the first pending jobs: skip those
+            covered = 0
+            contenders = []
+            for job in still_pending:
+                if covered + job.demand[pool] <= stopping:
+                    covered += job.demand[pool]
+                    continue
+                contenders.append(job)
+            if not contenders or not running:
+                continue
+            victim = min(running, key=lambda j: (j.priority, j.started_at))
+            if contenders[0].priority > victim.priority:
+                assert victim.training_job_name is not None
+                actions.append(Preempt(victim.name, victim.training_job_name, for_job=contenders[0].name))
+        return actions
+
+
+SCHEDULERS: dict[str, type[Scheduler]] = {
+    "fifo": Fifo,
+    "priority": PriorityNoPreemption,
+    "naive": Naive,
+    "sagequeue": SagequeuePolicy,
+}
+
+__all__ = ["SCHEDULERS", "Fifo", "Naive", "PriorityNoPreemption", "SagequeuePolicy", "TrackedPool"]
