@@ -72,7 +72,8 @@ class FunctionFailed(LocalStackError):
 
 
 def default_template_path() -> Path:
-    """template.yaml of the source tree this package runs from, or SAGEQUEUE_TEMPLATE."""
+    """SAGEQUEUE_TEMPLATE, else template.yaml of the source checkout this package runs from, else the copy
+    an installed wheel carries (sagequeue/local/stack_files/, with the functions' code beside it)."""
     override = os.environ.get("SAGEQUEUE_TEMPLATE")
     if override:
         return Path(override)
@@ -81,8 +82,13 @@ def default_template_path() -> Path:
         candidate = parent / "template.yaml"
         if candidate.is_file() and (parent / "functions").is_dir():
             return candidate
+    packaged = here.parent / "stack_files" / "template.yaml"
+    if packaged.is_file() and (packaged.parent / "functions").is_dir():
+        return packaged
     raise LocalStackError(
-        "cannot find template.yaml next to the sagequeue sources; pass template= or set SAGEQUEUE_TEMPLATE"
+        f"cannot find template.yaml: neither a source checkout above {here.parent} nor the copy a wheel "
+        "installs (sagequeue/local/stack_files) has one; pass template= (CLI: --template) or set "
+        "SAGEQUEUE_TEMPLATE"
     )
 
 
