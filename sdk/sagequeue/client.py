@@ -319,13 +319,18 @@ def stack_endpoint(stack_name: str, session: boto3.Session, region: str | None =
 # --- The client ----------------------------------------------------------------------------------------------
 
 
+#: Variables that name credentials: when one is set, it wins over the saved local stack's keys.
+_CREDENTIAL_ENV = ("AWS_ACCESS_KEY_ID", "AWS_PROFILE")
+
+
 class QueueClient:
     """Signed client for the sagequeue API.
 
     The endpoint comes from, in order: `endpoint`, `stack_name` (the stack's ApiUrl output), the
     SAGEQUEUE_ENDPOINT and SAGEQUEUE_STACK_NAME variables, and the stack `sagequeue local` saved. Requests
-    are signed with `credentials` if given, else the `profile`'s or `boto_session`'s, else the saved local
-    stack's when talking to it, else the default AWS credential chain. A private API reached through a
+    are signed with `credentials` if given, else the `profile`'s or `boto_session`'s, else the environment's
+    (AWS_ACCESS_KEY_ID, AWS_PROFILE), else the saved local stack's when talking to it, else the default AWS
+    credential chain: explicit flags > environment > local.json. A private API reached through a
     VPC endpoint's own DNS name needs `api_id` (or SAGEQUEUE_API_ID). HTTP(S)_PROXY and NO_PROXY apply.
 
     Throttling (429) is retried with exponential backoff and jitter, `max_attempts` tries in all, and so
@@ -453,7 +458,10 @@ class QueueClient:
             raise TypeError(
                 "credentials must be sagequeue.client.Credentials or (access_key, secret_key[, token])"
             )
-        if self._profile is None and self._boto_session is None and self._resolved.local is not None:
+        # flags (credentials, profile, session) > the environment > the saved local stack's keys
+        explicit = self._profile is not None or self._boto_session is not None
+        from_environment = any(os.environ.get(name) for name in _CREDENTIAL_ENV)
+        if not explicit and not from_environment and self._resolved.local is not None:
             local = self._resolved.local
             return Credentials(local.access_key_id, local.secret_access_key)
         return None

@@ -24,6 +24,9 @@ from sagequeue.client import QueueClient
 from sagequeue.config import save_local_connection
 from sagequeue.local import LocalStack
 
+#: The test run's fake AWS keys: in the environment they would win over the saved local stack's.
+AWS_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN")
+
 POOL = "ml.trn1.32xlarge"
 IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/neuron-train:2.21"
 COMMAND = str(Path(sys.executable).with_name("sagequeue"))
@@ -71,7 +74,7 @@ def drained(stack: Any, queue: QueueClient) -> Iterator[None]:
 
 
 def sagequeue(*args: str, home: Path, stdin: str | None = None, env: dict[str, str] | None = None) -> Run:
-    environment = {k: v for k, v in os.environ.items() if not k.startswith("SAGEQUEUE_")}
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("SAGEQUEUE_") and k not in AWS_KEYS}
     environment["SAGEQUEUE_HOME"] = str(home)
     environment.update(env or {})
     done = subprocess.run(
@@ -272,7 +275,8 @@ def test_an_unreachable_endpoint_is_exit_3_with_the_address(user_home: Path) -> 
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     # nothing listens on that port once the probe is closed
-    run = sagequeue("ls", "--endpoint", f"http://127.0.0.1:{port}", home=user_home)
+    keys = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
+    run = sagequeue("ls", "--endpoint", f"http://127.0.0.1:{port}", home=user_home, env=keys)
     assert run.code == 3
     assert (
         run.err.strip()
