@@ -74,7 +74,9 @@ def drained(stack: Any, queue: QueueClient) -> Iterator[None]:
 
 
 def sagequeue(*args: str, home: Path, stdin: str | None = None, env: dict[str, str] | None = None) -> Run:
-    environment = {k: v for k, v in os.environ.items() if not k.startswith("SAGEQUEUE_") and k not in AWS_KEYS}
+    environment = {
+        k: v for k, v in os.environ.items() if not k.startswith("SAGEQUEUE_") and k not in AWS_KEYS
+    }
     environment["SAGEQUEUE_HOME"] = str(home)
     environment.update(env or {})
     done = subprocess.run(
