@@ -16,6 +16,7 @@ on the stack's clock. See docs/local-stack.md.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import itertools
 import logging
@@ -548,6 +549,11 @@ class LocalStack:
                 f"the state file {path} holds table(s) {', '.join(unknown)} that the template does not "
                 f"declare ({', '.join(sorted(by_id))}); it was left as is"
             )
+        saved_at = document.get("saved_at")
+        if isinstance(saved_at, str) and hasattr(self.clock, "advance_to"):
+            # the queue's times stay in order: a clock that ran fast before the stop resumes where it was
+            with contextlib.suppress(ValueError):
+                self.clock.advance_to(datetime.fromisoformat(saved_at))
         dynamodb = self.aws_client("dynamodb")
         for logical_id, items in tables.items():
             name = by_id[logical_id].name
