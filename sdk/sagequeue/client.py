@@ -234,7 +234,8 @@ class Pool:
         return max(self.capacity - self.used, 0)
 
     def to_dict(self) -> dict[str, Any]:
-        return dict(self.raw)
+        """The pool as the API sent it, with `free` (capacity not in use) as the table shows it."""
+        return {**self.raw, "free": self.free}
 
 
 @dataclass(frozen=True)
