@@ -36,7 +36,7 @@ from botocore.config import Config
 
 from sagequeue.local.clock import Clock, RealClock, VirtualClock
 from sagequeue.local.identities import DEFAULT_IDENTITY, Identity, IdentityTable, default_identities
-from sagequeue.local.template import StackContext, StackSpec, Template, TemplateError, build_spec
+from sagequeue.local.template import StackContext, StackSpec, Template, TemplateError, build_spec, stage_name
 
 logger = logging.getLogger("sagequeue.local")
 
@@ -394,7 +394,7 @@ class LocalStack:
             account_id=self.account_id,
             now=self.clock.now,
             api_id=template.ref(spec.routes[0].api) if spec.routes[0].api in template.resources else "local",
-            stage=_stage(template, spec.routes[0].api),
+            stage=stage_name(template, spec.routes[0].api),
             port=self.port,
         )
         self._api.start()
@@ -835,11 +835,3 @@ def _as_list(value: Any) -> list[str]:
     if isinstance(value, str):
         return [part.strip() for part in value.split(",") if part.strip()]
     return [str(item) for item in value]
-
-
-def _stage(template: Template, api_logical_id: str) -> str:
-    if api_logical_id in template.resources:
-        stage = template.raw_properties(api_logical_id).get("StageName")
-        if isinstance(stage, str) and stage:
-            return stage
-    return "Prod"
