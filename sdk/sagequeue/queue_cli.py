@@ -192,6 +192,16 @@ def _print_json(value: Any) -> None:
 # --- formatting ----------------------------------------------------------------------------------------------
 
 
+def duration_text(seconds: float | None) -> str:
+    """A duration as every sagequeue table shows it: 40s, 2m00s, 1h00m, 1d02h; '-' when unknown."""
+    return _duration(seconds)
+
+
+def table_text(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    """Columns as every sagequeue table lays them out: upper-case headings, two spaces apart."""
+    return _table(headers, rows)
+
+
 def _duration(seconds: float | None) -> str:
     if seconds is None or seconds < 0:
         return "-"
