@@ -7,6 +7,8 @@ Each command group lives beside the code it drives and is imported only when it 
 from __future__ import annotations
 
 import importlib
+import sys
+from typing import Any
 
 import click
 
@@ -22,6 +24,23 @@ _QUEUE_COMMANDS_MODULE = "sagequeue.queue_cli"
 
 
 class _LazyGroup(click.Group):
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        """Run, with every error as one line on stderr: bad usage exits 2, a refusal 1 (see queue_cli)."""
+        kwargs["standalone_mode"] = False
+        try:
+            result = super().main(*args, **kwargs)
+        except click.UsageError as exc:
+            where = exc.ctx.command_path if exc.ctx is not None else "sagequeue"
+            click.echo(f"error: {exc.format_message()} (see {where} --help)", err=True)
+            sys.exit(exc.exit_code)
+        except click.ClickException as exc:
+            exc.show()
+            sys.exit(exc.exit_code)
+        except click.Abort:
+            click.echo("error: aborted", err=True)
+            sys.exit(1)
+        sys.exit(result if isinstance(result, int) else 0)
+
     def _queue_commands(self) -> dict[str, click.Command]:
         try:
             module = importlib.import_module(_QUEUE_COMMANDS_MODULE)

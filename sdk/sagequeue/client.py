@@ -234,7 +234,8 @@ class Pool:
         return max(self.capacity - self.used, 0)
 
     def to_dict(self) -> dict[str, Any]:
-        return dict(self.raw)
+        """The pool as the API sent it, with `free` (capacity not in use) as the table shows it."""
+        return {**self.raw, "free": self.free}
 
 
 @dataclass(frozen=True)
@@ -319,13 +320,74 @@ def stack_endpoint(stack_name: str, session: boto3.Session, region: str | None =
 # --- The client ----------------------------------------------------------------------------------------------
 
 
+#: Variables that name credentials: when one is set, it wins over the saved local stack's keys.
+_CREDENTIAL_ENV = ("AWS_ACCESS_KEY_ID", "AWS_PROFILE")
+
+
+def _queue_retry_class() -> type:
+    import urllib3
+
+    class QueueRetry(urllib3.Retry):
+        """urllib3's Retry, but a 429 is retried whatever the method (it was refused before any work), and
+        the backoff is full jitter under `backoff_factor * 2**n`, capped at `backoff_max`."""
+
+        def is_retry(self, method: str, status_code: int, has_retry_after: bool = False) -> bool:
+            if status_code == 429:
+                return True
+            return bool(super().is_retry(method, status_code, has_retry_after))
+
+        def get_backoff_time(self) -> float:
+            tries = max(len(self.history), 1)
+            return random.uniform(0, min(self.backoff_max, self.backoff_factor * 2 ** (tries - 1)))
+
+    return QueueRetry
+
+
+def _queue_retry(**options: Any) -> Any:
+    """A QueueRetry; its class is made on first use, since urllib3 is imported lazily."""
+    global _QUEUE_RETRY
+    if _QUEUE_RETRY is None:
+        _QUEUE_RETRY = _queue_retry_class()
+    return _QUEUE_RETRY(**options)
+
+
+_QUEUE_RETRY: type | None = None
+
+
+def _retry_after(value: str | None, retry: Any) -> float | None:
+    """Seconds a Retry-After asks for: a number (fractions too) or an HTTP date; None if absent or bad."""
+    import urllib3
+
+    if not value:
+        return None
+    try:
+        return max(float(value), 0.0)
+    except ValueError:
+        pass
+    try:
+        return float(retry.parse_retry_after(value))
+    except urllib3.exceptions.InvalidHeader:
+        return None
+
+
+@dataclass(frozen=True)
+class _Status:
+    """What Retry.increment reads of an answer: its status (sagequeue never follows redirects)."""
+
+    status: int
+
+    def get_redirect_location(self) -> bool:
+        return False
+
+
 class QueueClient:
     """Signed client for the sagequeue API.
 
     The endpoint comes from, in order: `endpoint`, `stack_name` (the stack's ApiUrl output), the
     SAGEQUEUE_ENDPOINT and SAGEQUEUE_STACK_NAME variables, and the stack `sagequeue local` saved. Requests
-    are signed with `credentials` if given, else the `profile`'s or `boto_session`'s, else the saved local
-    stack's when talking to it, else the default AWS credential chain. A private API reached through a
+    are signed with `credentials` if given, else the `profile`'s or `boto_session`'s, else the environment's
+    (AWS_ACCESS_KEY_ID, AWS_PROFILE), else the saved local stack's when talking to it, else the default AWS
+    credential chain: explicit flags > environment > local.json. A private API reached through a
     VPC endpoint's own DNS name needs `api_id` (or SAGEQUEUE_API_ID). HTTP(S)_PROXY and NO_PROXY apply.
 
     Throttling (429) is retried with exponential backoff and jitter, `max_attempts` tries in all, and so
@@ -453,7 +515,10 @@ class QueueClient:
             raise TypeError(
                 "credentials must be sagequeue.client.Credentials or (access_key, secret_key[, token])"
             )
-        if self._profile is None and self._boto_session is None and self._resolved.local is not None:
+        # flags (credentials, profile, session) > the environment > the saved local stack's keys
+        explicit = self._profile is not None or self._boto_session is not None
+        from_environment = any(os.environ.get(name) for name in _CREDENTIAL_ENV)
+        if not explicit and not from_environment and self._resolved.local is not None:
             local = self._resolved.local
             return Credentials(local.access_key_id, local.secret_access_key)
         return None
@@ -500,13 +565,21 @@ class QueueClient:
         SigV4Auth(self._signing_credentials(), "execute-api", self.region).add_auth(request)
         return dict(request.headers.items())
 
-    def _backoff(self, attempt: int, retry_after: str | None) -> float:
-        if retry_after:
-            try:
-                return min(max(float(retry_after), 0.0), self.backoff_cap)
-            except ValueError:
-                pass
-        return random.uniform(0, min(self.backoff_cap, self.backoff_base * 2**attempt))
+    def retry_policy(self) -> urllib3.Retry:
+        """The one retry policy of every request: urllib3's Retry. `max_attempts` tries in all; refused
+        connections at most 3; throttling (429) for every method; gateway errors (502-504) and broken
+        answers only for methods that are harmless to repeat (not a submit, which may have gone through);
+        exponential backoff with full jitter, capped, honouring Retry-After."""
+        return _queue_retry(
+            total=self.max_attempts - 1,
+            connect=min(self.max_attempts, 3) - 1,
+            status_forcelist=_RETRYABLE_STATUS,
+            allowed_methods=_IDEMPOTENT_METHODS,
+            backoff_factor=self.backoff_base,
+            backoff_max=self.backoff_cap,
+            redirect=False,
+            raise_on_status=False,
+        )
 
     def request(
         self,
@@ -525,8 +598,9 @@ class QueueClient:
         if params:
             url += "?" + urlencode(sorted(params.items()))
         payload = None if body is None else json.dumps(body, default=_json_default).encode()
-        connect_failures = 0
-        for attempt in range(self.max_attempts):
+        retry = self.retry_policy()
+        while True:
+            # signed afresh for every try: a retry after a long wait must not carry a stale date
             headers = self._signed_headers(method, url, payload)
             try:
                 response = self._pool().request(
@@ -538,30 +612,30 @@ class QueueClient:
                     retries=False,
                     redirect=False,
                 )
-            except (urllib3.exceptions.NewConnectionError, urllib3.exceptions.ConnectTimeoutError) as exc:
-                # nothing reached the server: safe to retry any method, but give up quickly so a wrong
-                # endpoint is reported in about a second
-                connect_failures += 1
-                if connect_failures >= min(self.max_attempts, 3):
-                    raise EndpointUnreachable(self.endpoint, _reason(exc)) from exc
-                self._sleep(self._backoff(attempt, None))
-                continue
             except urllib3.exceptions.HTTPError as exc:
-                # the request may have been processed: only repeat what is harmless to repeat
-                if method not in _IDEMPOTENT_METHODS or attempt + 1 >= self.max_attempts:
-                    raise EndpointUnreachable(self.endpoint, _reason(exc)) from exc
-                self._sleep(self._backoff(attempt, None))
+                # a refused or timed-out connection reached nothing: any method is retried, a few times so a
+                # wrong endpoint is reported in about a second; after that the request may have been
+                # processed, so only what is harmless to repeat is repeated (the policy decides both)
+                try:
+                    retry = retry.increment(method, url, error=exc)
+                except Exception as final:
+                    raise EndpointUnreachable(self.endpoint, _reason(exc)) from final
+                self._sleep(retry.get_backoff_time())
                 continue
             status = response.status
-            # 429 means refused before any work; a gateway error on a submit may hide one that went through,
-            # so only requests that are harmless to repeat are repeated for those
-            retryable = status == 429 or (status in _RETRYABLE_STATUS and method in _IDEMPOTENT_METHODS)
-            if retryable and attempt + 1 < self.max_attempts:
-                self._sleep(self._backoff(attempt, response.headers.get("Retry-After")))
-                continue
+            if retry.is_retry(method, status):
+                try:
+                    retry = retry.increment(method, url, response=_Status(status))  # type: ignore[arg-type]
+                except urllib3.exceptions.MaxRetryError:
+                    pass  # out of tries: the answer stands
+                else:
+                    after = _retry_after(response.headers.get("Retry-After"), retry)
+                    self._sleep(
+                        min(after, self.backoff_cap) if after is not None else retry.get_backoff_time()
+                    )
+                    continue
             self._note_server_time(response.headers.get("Date"))
             return self._decode(status, response.data, method, path)
-        raise AssertionError("unreachable: the loop returns or raises")  # pragma: no cover
 
     def _note_server_time(self, header: str | None) -> None:
         if not header:

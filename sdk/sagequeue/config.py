@@ -2,10 +2,12 @@
 
 `sagequeue local` writes the connection of the stack it serves with `save_local_connection`; `QueueClient`
 reads it with `load_local_connection` when no endpoint is given. The file is JSON at
-`$SAGEQUEUE_HOME/local.json` (default `~/.sagequeue/local.json`):
+`$SAGEQUEUE_HOME/local.json`; without SAGEQUEUE_HOME, sagequeue's one configuration directory is the
+platform's (platformdirs' user config dir: `~/.config/sagequeue` on Linux, honouring XDG_CONFIG_HOME):
 
     {"endpoint": "http://127.0.0.1:8765", "region": "us-east-1",
-     "access_key_id": "...", "secret_access_key": "..."}
+     "access_key_id": "...", "secret_access_key": "...",
+     "sagemaker_endpoint": "http://127.0.0.1:8766", "pid": 4242}
 
 This module imports only the standard library and sagequeue.exceptions, so reading it costs nothing.
 """
@@ -28,7 +30,7 @@ ENDPOINT_ENV = "SAGEQUEUE_ENDPOINT"
 STACK_NAME_ENV = "SAGEQUEUE_STACK_NAME"
 #: The API's id, sent as `x-apigw-api-id` when a private API is called through a VPC endpoint's own DNS name.
 API_ID_ENV = "SAGEQUEUE_API_ID"
-#: Directory of sagequeue's per-user files; default ~/.sagequeue.
+#: Directory of sagequeue's per-user files; default: the platform's user config dir for "sagequeue".
 HOME_ENV = "SAGEQUEUE_HOME"
 
 #: The CloudFormation output of the stack that holds the API's base URL.
@@ -44,6 +46,10 @@ class LocalConnection:
     region: str
     access_key_id: str
     secret_access_key: str = field(repr=False)
+    #: The SageMaker emulator's URL (its port changes at every start).
+    sagemaker_endpoint: str | None = None
+    #: The process serving the stack.
+    pid: int | None = None
 
     @classmethod
     def from_dict(cls, data: Any, *, source: str = "local connection") -> LocalConnection:
@@ -54,15 +60,21 @@ class LocalConnection:
         ]
         if missing:
             raise ConfigurationError(f"{source} lacks {', '.join(missing)}")
+        pid = data.get("pid")
+        if pid is not None and (not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0):
+            raise ConfigurationError(f"{source}: pid must be a positive whole number, got {pid!r}")
+        sagemaker = data.get("sagemaker_endpoint")
         return cls(
             endpoint=str(data["endpoint"]),
             region=str(data["region"]),
             access_key_id=str(data["access_key_id"]),
             secret_access_key=str(data["secret_access_key"]),
+            sagemaker_endpoint=str(sagemaker) if sagemaker else None,
+            pid=pid,
         )
 
-    def to_dict(self) -> dict[str, str]:
-        return asdict(self)
+    def to_dict(self) -> dict[str, Any]:
+        return {key: value for key, value in asdict(self).items() if value is not None}
 
 
 def sagequeue_home() -> Path:
@@ -70,7 +82,11 @@ def sagequeue_home() -> Path:
     from pathlib import Path
 
     value = os.environ.get(HOME_ENV)
-    return Path(value).expanduser() if value else Path.home() / ".sagequeue"
+    if value:
+        return Path(value).expanduser()
+    import platformdirs
+
+    return Path(platformdirs.user_config_dir("sagequeue", appauthor=False))
 
 
 def local_connection_path() -> Path:

@@ -86,7 +86,9 @@ class Target:
         return self._client
 
 
-def _queue_command(name: str, *, json_output: bool = True) -> Callable[[F], click.Command]:
+def _queue_command(
+    name: str, *, json_output: bool = True, negative_numbers: bool = False
+) -> Callable[[F], click.Command]:
     """A click command with the endpoint options (and --json), whose errors become one line and an exit
     code. The function receives `target: Target` and `as_json: bool` in place of those options."""
 
@@ -101,6 +103,13 @@ def _queue_command(name: str, *, json_output: bool = True) -> Callable[[F], clic
             as_json: bool = False,
             **kwargs: Any,
         ) -> None:
+            if endpoint is not None:
+                from sagequeue.client import _check_endpoint
+
+                try:
+                    _check_endpoint(endpoint, "--endpoint")
+                except ConfigurationError as exc:
+                    _usage_error(str(exc), as_json)
             target = Target(endpoint, stack_name, region, profile, api_id)
             try:
                 func(target=target, as_json=as_json, **kwargs)
@@ -135,7 +144,9 @@ def _queue_command(name: str, *, json_output: bool = True) -> Callable[[F], clic
             metavar="URL",
             help="API base URL (default: SAGEQUEUE_ENDPOINT, then the saved local stack).",
         )(command)
-        return click.command(name)(command)
+        # a positional argument may be a negative number (`priority NAME -1`), not an unknown option
+        settings = {"ignore_unknown_options": True} if negative_numbers else {}
+        return click.command(name, context_settings=settings)(command)
 
     return decorate
 
@@ -179,6 +190,16 @@ def _print_json(value: Any) -> None:
 
 
 # --- formatting ----------------------------------------------------------------------------------------------
+
+
+def duration_text(seconds: float | None) -> str:
+    """A duration as every sagequeue table shows it: 40s, 2m00s, 1h00m, 1d02h; '-' when unknown."""
+    return _duration(seconds)
+
+
+def table_text(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    """Columns as every sagequeue table lays them out: upper-case headings, two spaces apart."""
+    return _table(headers, rows)
 
 
 def _duration(seconds: float | None) -> str:
@@ -227,23 +248,91 @@ def _table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
     return "\n".join(lines)
 
 
-def jobs_table(jobs: Sequence[Job], now: datetime) -> str:
+def _start_cell(start: datetime | None, job: Job, now: datetime) -> str | None:
+    if not job.waiting:
+        return None
+    if start is None:
+        return "?"
+    return "now" if start <= now else f"in {_duration((start - now).total_seconds())}"
+
+
+#: `ls` columns: name -> (heading, cell from (job, now, estimated starts)).
+COLUMNS: dict[str, tuple[str, Callable[[Job, datetime, dict[str, datetime | None]], Any]]] = {
+    "name": ("NAME", lambda j, now, starts: j.name),
+    "state": ("STATE", lambda j, now, starts: j.state),
+    "priority": ("PRIORITY", lambda j, now, starts: j.priority),
+    "attempt": ("ATTEMPT", lambda j, now, starts: j.attempt),
+    "pool": ("POOL", lambda j, now, starts: j.pool),
+    "instances": ("INSTANCES", lambda j, now, starts: j.instances),
+    "position": ("POSITION", lambda j, now, starts: j.position),
+    "waited": ("WAITED", lambda j, now, starts: _duration(waited(j, now))),
+    "ran": ("RAN", lambda j, now, starts: _duration(ran(j, now))),
+    "start": ("START", lambda j, now, starts: _start_cell(starts.get(j.name), j, now)),
+    "owner": ("OWNER", lambda j, now, starts: j.owner),
+    "training_job": ("TRAINING_JOB", lambda j, now, starts: j.training_job_name),
+    "submitted": ("SUBMITTED", lambda j, now, starts: _when(j.submitted_at)),
+    "reason": ("REASON", lambda j, now, starts: j.reason),
+}
+DEFAULT_COLUMNS = ("name", "state", "priority", "attempt", "pool", "position", "waited", "ran", "reason")
+
+
+def _columns(spec: str | None, with_start: bool) -> list[str]:
+    if spec is None:
+        names = list(DEFAULT_COLUMNS)
+        if with_start:
+            names.insert(names.index("waited"), "start")
+        return names
+    names = [part.strip().lower() for part in spec.split(",") if part.strip()]
+    unknown = [n for n in names if n not in COLUMNS]
+    if unknown or not names:
+        raise click.BadParameter(
+            f"unknown column(s) {', '.join(unknown) or '(none given)'}; columns: {', '.join(COLUMNS)}",
+            param_hint="'--format'",
+        )
+    if with_start and "start" not in names:
+        names.append("start")
+    return names
+
+
+def jobs_table(
+    jobs: Sequence[Job],
+    now: datetime,
+    columns: Sequence[str] = DEFAULT_COLUMNS,
+    starts: dict[str, datetime | None] | None = None,
+) -> str:
     ordered = sorted(
         jobs, key=lambda j: (-j.priority, j.submitted_at or datetime.max.replace(tzinfo=UTC), j.name)
     )
-    rows = [
-        (
-            j.name,
-            j.state,
-            j.priority,
-            j.attempt,
-            j.pool,
-            _duration(waited(j, now)),
-            _duration(ran(j, now)),
-        )
-        for j in ordered
-    ]
-    return _table(("NAME", "STATE", "PRIORITY", "ATTEMPT", "POOL", "WAITED", "RAN"), rows)
+    chosen = [COLUMNS[name] for name in columns]
+    rows = [[cell(j, now, starts or {}) for _, cell in chosen] for j in ordered]
+    return _table([heading for heading, _ in chosen], rows)
+
+
+def _with_positions(client: QueueClient, jobs: list[Job]) -> list[Job]:
+    """Listings carry no queue position; a queued job's detail does."""
+    return [client.job(j.name) if j.state == "queued" and j.position is None else j for j in jobs]
+
+
+def _estimate(client: QueueClient, jobs: Sequence[Job], now: datetime) -> dict[str, datetime | None]:
+    """Estimated starts of the waiting jobs among `jobs`, from their pools' whole queues."""
+    from sagequeue.estimate import estimate_starts, typical_duration
+
+    capacity = {p.instance_type: p.capacity for p in client.pools()}
+    starts: dict[str, datetime | None] = {}
+    for pool in sorted({j.pool for j in jobs if j.waiting}):
+        queued = client.jobs(state="queued", pool=pool)
+        order = sorted(queued, key=lambda j: (-j.priority, j.submitted_at or now, j.name))
+        live = [
+            j
+            for state in ("starting", "running", "preempting", "stopping")
+            for j in client.jobs(state=state, pool=pool)
+        ]
+        done = client.jobs(state="completed", pool=pool, limit=50)
+        starts.update(estimate_starts(capacity.get(pool, 0), live, order, typical_duration(done), now))
+    for job in jobs:
+        if job.state == "held":
+            starts[job.name] = None
+    return starts
 
 
 def pools_table(pools: Sequence[Pool]) -> str:
@@ -297,10 +386,84 @@ def _read_request(source: str, as_json: bool) -> dict[str, Any]:
     return request
 
 
+def _pairs(values: tuple[str, ...], option: str, as_json: bool) -> dict[str, str]:
+    pairs: dict[str, str] = {}
+    for value in values:
+        key, sep, item = value.partition("=")
+        if not sep or not key:
+            _usage_error(f"{option} {value!r}: expected KEY=VALUE", as_json)
+        pairs[key] = item
+    return pairs
+
+
+#: What --generate-skeleton prints for the fields no flag gave.
+_PLACEHOLDER_IMAGE = "<account>.dkr.ecr.<region>.amazonaws.com/<repository>:<tag>"
+_PLACEHOLDER_ROLE = "arn:aws:iam::<account>:role/<training role the queue allows>"
+
+
+def build_request(
+    *,
+    name: str | None,
+    image: str | None,
+    instance_type: str | None,
+    instance_count: int,
+    role: str | None,
+    output: str | None,
+    volume: int,
+    max_runtime: int,
+    environment: dict[str, str],
+    hyperparameters: dict[str, str],
+) -> dict[str, Any]:
+    """A CreateTrainingJob request from the common flags; fields not given hold placeholders."""
+    from datetime import datetime
+
+    request: dict[str, Any] = {
+        "TrainingJobName": name or f"sagequeue-{datetime.now(UTC):%Y%m%d-%H%M%S}",
+        "RoleArn": role or _PLACEHOLDER_ROLE,
+        "AlgorithmSpecification": {"TrainingImage": image or _PLACEHOLDER_IMAGE, "TrainingInputMode": "File"},
+        "OutputDataConfig": {"S3OutputPath": output or "s3://<bucket>/<prefix>"},
+        "ResourceConfig": {
+            "InstanceType": instance_type or "ml.trn1.32xlarge",
+            "InstanceCount": instance_count,
+            "VolumeSizeInGB": volume,
+        },
+        "StoppingCondition": {"MaxRuntimeInSeconds": max_runtime},
+    }
+    if environment:
+        request["Environment"] = environment
+    if hyperparameters:
+        request["HyperParameters"] = hyperparameters
+    return request
+
+
 @_queue_command("submit")
-@click.argument("file", metavar="FILE|-")
+@click.argument("file", metavar="[FILE|-]", required=False)
 @click.option("--priority", type=int, help="Priority of the job (default: its 'priority' tag, else 0).")
 @click.option("--name", "job_name", metavar="NAME", help="Use this TrainingJobName instead of the file's.")
+@click.option("--image", metavar="URI", help="Training image (AlgorithmSpecification.TrainingImage).")
+@click.option("--instance-type", metavar="TYPE", help="ResourceConfig.InstanceType, e.g. ml.trn1.32xlarge.")
+@click.option(
+    "--instance-count", type=click.IntRange(min=1), help="ResourceConfig.InstanceCount (default 1)."
+)
+@click.option("--role", metavar="ARN", help="RoleArn: the execution role the job passes.")
+@click.option("--output", metavar="S3URI", help="OutputDataConfig.S3OutputPath.")
+@click.option("--volume", type=click.IntRange(min=1), help="ResourceConfig.VolumeSizeInGB (default 64).")
+@click.option(
+    "--max-runtime", type=click.IntRange(min=1), help="StoppingCondition.MaxRuntimeInSeconds (default 86400)."
+)
+@click.option("--env", "environment", multiple=True, metavar="KEY=VALUE", help="Environment (repeatable).")
+@click.option(
+    "--hyperparameter",
+    "hyperparameters",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="HyperParameters (repeatable).",
+)
+@click.option(
+    "--generate-skeleton",
+    is_flag=True,
+    help="Print the CreateTrainingJob request (from FILE and the flags, placeholders elsewhere) and exit.",
+)
 @click.option("--wait", is_flag=True, help="Follow the job until it ends; exit 1 unless it completes.")
 @click.option(
     "--poll", type=click.FloatRange(min=0.1), default=10.0, show_default=True, help="Seconds between checks."
@@ -308,28 +471,95 @@ def _read_request(source: str, as_json: bool) -> dict[str, Any]:
 def submit(
     target: Target,
     as_json: bool,
-    file: str,
+    file: str | None,
     priority: int | None,
     job_name: str | None,
+    image: str | None,
+    instance_type: str | None,
+    instance_count: int | None,
+    role: str | None,
+    output: str | None,
+    volume: int | None,
+    max_runtime: int | None,
+    environment: tuple[str, ...],
+    hyperparameters: tuple[str, ...],
+    generate_skeleton: bool,
     wait: bool,
     poll: float,
 ) -> None:
-    """Queue the CreateTrainingJob request in FILE (JSON; - reads standard input).
+    """Queue a CreateTrainingJob request: the JSON in FILE (- reads standard input), or one built from the
+    flags (--image, --instance-type, --role, --output are needed then), the flags overriding FILE's fields.
 
-    With --wait, print each change of the job's state or place until it ends (a JSON document per change
-    with --json).
+    --generate-skeleton prints the request instead (save it, edit it, submit it). With --wait, print each
+    change of the job's state or place until it ends (a JSON document per change with --json).
     """
-    request = _read_request(file, as_json)
+    env = _pairs(environment, "--env", as_json)
+    hyper = _pairs(hyperparameters, "--hyperparameter", as_json)
+    if file is not None:
+        request = _read_request(file, as_json)
+        resource = request.setdefault("ResourceConfig", {})
+        algorithm = request.setdefault("AlgorithmSpecification", {})
+        for container, key, value in (
+            (algorithm, "TrainingImage", image),
+            (resource, "InstanceType", instance_type),
+            (resource, "InstanceCount", instance_count),
+            (resource, "VolumeSizeInGB", volume),
+            (request, "RoleArn", role),
+            (request.setdefault("OutputDataConfig", {}), "S3OutputPath", output),
+            (request.setdefault("StoppingCondition", {}), "MaxRuntimeInSeconds", max_runtime),
+        ):
+            if value is not None:
+                container[key] = value
+        if env:
+            request["Environment"] = {**(request.get("Environment") or {}), **env}
+        if hyper:
+            request["HyperParameters"] = {**(request.get("HyperParameters") or {}), **hyper}
+    else:
+        missing = [
+            flag
+            for flag, value in (
+                ("--image", image),
+                ("--instance-type", instance_type),
+                ("--role", role),
+                ("--output", output),
+            )
+            if value is None
+        ]
+        if missing and not generate_skeleton:
+            _usage_error(
+                f"give a request FILE (or - for standard input), or build one with flags: {', '.join(missing)} "
+                "missing (sagequeue submit --generate-skeleton prints a request to start from)",
+                as_json,
+            )
+        request = build_request(
+            name=job_name,
+            image=image,
+            instance_type=instance_type,
+            instance_count=instance_count or 1,
+            role=role,
+            output=output,
+            volume=volume or 64,
+            max_runtime=max_runtime or 86400,
+            environment=env,
+            hyperparameters=hyper,
+        )
     if job_name:
         request["TrainingJobName"] = job_name
+    if generate_skeleton:
+        if priority is not None:
+            request["priority"] = priority
+        _print_json(request)
+        return
     if priority is None and "priority" in request:
         # a request saved from the API's body form keeps its priority
         priority = request.pop("priority")
     client = target.client()
     job = client.submit(request, priority=priority)
+    if job.waiting and job.position is None:
+        job = client.job(job.name)  # the submit answer has no place in the queue; the detail does
     if not wait:
         if as_json:
-            _print_json(job.to_dict())
+            _print_json({**job.to_dict(), "position": job.position})
         else:
             click.echo(_job_line("queued", job))
         return
@@ -390,6 +620,18 @@ def _list(
     help="Seconds between refreshes.",
 )
 @click.option("--count", type=click.IntRange(min=1), help="With --watch, stop after this many refreshes.")
+@click.option(
+    "--format",
+    "columns",
+    metavar="COLUMNS",
+    help="Comma-separated columns to show, e.g. name,state,position,reason; columns: " + ", ".join(COLUMNS),
+)
+@click.option(
+    "--start",
+    "with_start",
+    is_flag=True,
+    help="Estimate when waiting jobs start (START column; estimated_start in --json).",
+)
 def ls(
     target: Target,
     as_json: bool,
@@ -402,14 +644,21 @@ def ls(
     watch: bool,
     interval: float,
     count: int | None,
+    columns: str | None,
+    with_start: bool,
 ) -> None:
-    """List the queue: name, state, priority, attempt, pool, time waited and time run.
+    """List the queue: name, state, priority, attempt, pool, position, time waited, time run and reason.
 
-    Highest priority first, then by time of submission. With --watch and --json, prints one JSON document
-    per refresh.
+    Highest priority first, then by time of submission. --format picks the columns; --start adds an
+    estimate of when each waiting job starts (see sagequeue.estimate). With --watch and --json, prints one
+    JSON document per refresh.
     """
     if mine and owner:
         _usage_error("--mine and --owner cannot be used together", as_json)
+    try:
+        chosen = _columns(columns, with_start)
+    except click.BadParameter as exc:
+        _usage_error(exc.format_message(), as_json)
     client = target.client()
     if mine:
         owner = client.whoami().arn
@@ -419,10 +668,18 @@ def ls(
     refreshes = 0
     try:
         while True:
-            jobs = _list(client, wanted, pool, owner, limit)
+            jobs = _with_positions(client, _list(client, wanted, pool, owner, limit))
             now = client.server_time or datetime.now(UTC)
+            starts = _estimate(client, jobs, now) if with_start else {}
             if as_json:
-                document = {"jobs": [j.to_dict() for j in jobs]}
+                listed = []
+                for j in jobs:
+                    entry = {**j.to_dict(), "position": j.position}
+                    if with_start and j.waiting:
+                        start = starts.get(j.name)
+                        entry["estimated_start"] = start.isoformat() if start else None
+                    listed.append(entry)
+                document = {"jobs": listed}
                 click.echo(
                     json.dumps(document, default=str)
                     if watch
@@ -434,7 +691,7 @@ def ls(
                     click.echo(
                         f"sagequeue at {client.endpoint}  {now:%Y-%m-%d %H:%M:%S} UTC  (every {interval:g}s)\n"
                     )
-                click.echo(jobs_table(jobs, now) if jobs else "no jobs")
+                click.echo(jobs_table(jobs, now, chosen, starts) if jobs else "no jobs")
             refreshes += 1
             if not watch or (count is not None and refreshes >= count):
                 return
@@ -507,7 +764,11 @@ def _each(
             if not as_json:
                 click.echo(f"error: {name}: {exc.message}", err=True)
     if as_json:
-        _print_json([j.to_dict() for j in done] if len(names) > 1 else (done[0].to_dict() if done else None))
+        # one name: the job, or nothing on stdout when it failed (the error is on stderr); several: a list
+        if len(names) > 1:
+            _print_json([j.to_dict() for j in done])
+        elif done:
+            _print_json(done[0].to_dict())
         for name, error in failed:
             click.echo(
                 json.dumps({"error": {"code": error.code, "message": error.message, "job": name}}), err=True
@@ -526,7 +787,7 @@ def cancel(target: Target, as_json: bool, names: tuple[str, ...]) -> None:
     _each(target, as_json, names, lambda c, n: c.cancel(n), "cancelled")
 
 
-@_queue_command("priority")
+@_queue_command("priority", negative_numbers=True)
 @click.argument("name")
 @click.argument("priority", type=int)
 def priority(target: Target, as_json: bool, name: str, priority: int) -> None:

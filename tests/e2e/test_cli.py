@@ -15,6 +15,7 @@ import sys
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,9 @@ import pytest
 from sagequeue.client import QueueClient
 from sagequeue.config import save_local_connection
 from sagequeue.local import LocalStack
+
+#: The test run's fake AWS keys: in the environment they would win over the saved local stack's.
+AWS_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN")
 
 POOL = "ml.trn1.32xlarge"
 IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/neuron-train:2.21"
@@ -71,7 +75,9 @@ def drained(stack: Any, queue: QueueClient) -> Iterator[None]:
 
 
 def sagequeue(*args: str, home: Path, stdin: str | None = None, env: dict[str, str] | None = None) -> Run:
-    environment = {k: v for k, v in os.environ.items() if not k.startswith("SAGEQUEUE_")}
+    environment = {
+        k: v for k, v in os.environ.items() if not k.startswith("SAGEQUEUE_") and k not in AWS_KEYS
+    }
     environment["SAGEQUEUE_HOME"] = str(home)
     environment.update(env or {})
     done = subprocess.run(
@@ -145,12 +151,26 @@ def test_submit_ls_show_and_the_queue_table(
     table = sagequeue("ls", home=user_home)
     assert table.code == 0, table.err
     lines = table.out.splitlines()
-    assert lines[0].split() == ["NAME", "STATE", "PRIORITY", "ATTEMPT", "POOL", "WAITED", "RAN"]
-    rows = [line.split() for line in lines[1:]]
-    assert [r[:5] for r in rows] == [
-        [first, "starting", "100", "1", POOL],
-        [second, "queued", "7", "0", POOL],
+    assert lines[0].split() == [
+        "NAME",
+        "STATE",
+        "PRIORITY",
+        "ATTEMPT",
+        "POOL",
+        "POSITION",
+        "WAITED",
+        "RAN",
+        "REASON",
     ]
+    rows = [line.split() for line in lines[1:]]
+    assert [r[:6] for r in rows] == [
+        [first, "starting", "100", "1", POOL, "-"],
+        [second, "queued", "7", "0", POOL, "1"],
+    ]
+    # the reason: why it waits
+    reason = sagequeue("show", second, "--json", home=user_home).json["reason"]
+    assert reason
+    assert lines[2].endswith(f"  {reason}")
 
     queued_only = sagequeue("ls", "--state", "queued", "--json", home=user_home)
     assert [j["name"] for j in queued_only.json["jobs"]] == [second]
@@ -272,7 +292,8 @@ def test_an_unreachable_endpoint_is_exit_3_with_the_address(user_home: Path) -> 
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     # nothing listens on that port once the probe is closed
-    run = sagequeue("ls", "--endpoint", f"http://127.0.0.1:{port}", home=user_home)
+    keys = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
+    run = sagequeue("ls", "--endpoint", f"http://127.0.0.1:{port}", home=user_home, env=keys)
     assert run.code == 3
     assert (
         run.err.strip()
@@ -307,3 +328,159 @@ def test_the_endpoint_variable_is_named_as_the_source(stack: Any, user_home: Pat
     run = sagequeue("whoami", "--json", home=user_home, env={"SAGEQUEUE_ENDPOINT": stack.endpoint})
     assert run.code == 0, run.err
     assert run.json["endpoint_from"] == "SAGEQUEUE_ENDPOINT"
+
+
+def test_submit_prints_the_position_and_ls_formats_columns(
+    stack: Any, queue: QueueClient, user_home: Path
+) -> None:
+    busy, waiting = unique("busy"), unique("waiting")
+    queue.submit(request(stack, busy), priority=900)
+    stack.run_until_idle()
+    submitted = sagequeue("submit", "-", home=user_home, stdin=json.dumps(request(stack, waiting)))
+    assert submitted.code == 0, submitted.err
+    assert submitted.out.strip() == f"queued {waiting}: queued, priority 0, pool {POOL}, position 1"
+    as_json = sagequeue("show", waiting, "--json", home=user_home).json
+    assert as_json["position"] == 1
+
+    custom = sagequeue("ls", "--format", "name,position,reason", "--state", "queued", home=user_home)
+    assert custom.code == 0, custom.err
+    assert custom.out.splitlines()[0].split() == ["NAME", "POSITION", "REASON"]
+    # no pass has run since the submit: no reason yet
+    assert custom.out.splitlines()[1].split(None, 2) == [waiting, "1", queue.job(waiting).reason or "-"]
+    listed = sagequeue("ls", "--state", "queued", "--json", home=user_home).json["jobs"]
+    assert [(j["name"], j["position"]) for j in listed] == [(waiting, 1)]
+
+    bad = sagequeue("ls", "--format", "name,colour", home=user_home)
+    assert bad.code == 2
+    assert bad.err.startswith("error: ")
+    assert "colour" in bad.err
+    assert len(bad.err.strip().splitlines()) == 1
+
+
+def test_ls_start_estimates_from_the_pools_completed_jobs(
+    stack: Any, queue: QueueClient, user_home: Path
+) -> None:
+    done = unique("done")
+    queue.submit(request(stack, done), priority=900)
+    for _ in range(60):
+        if queue.job(done).state == "completed":
+            break
+        stack.advance(60)
+    finished = queue.job(done)
+    assert finished.state == "completed"
+    assert finished.started_at is not None
+    assert finished.ended_at is not None
+    runs, waits = unique("runs"), unique("waits")
+    queue.submit(request(stack, runs), priority=900)
+    stack.run_until_idle()
+    queue.submit(request(stack, waits), priority=1)
+    listed = sagequeue("ls", "--start", "--json", "--state", "queued", "--state", "starting", home=user_home)
+    assert listed.code == 0, listed.err
+    jobs = {j["name"]: j for j in listed.json["jobs"]}
+    assert "estimated_start" not in jobs[runs]
+    estimate = datetime.fromisoformat(jobs[waits]["estimated_start"])
+    # one instance: the queued job starts when the running one has run as long as the completed one did
+    typical = (finished.ended_at - finished.started_at).total_seconds()
+    running = queue.job(runs)
+    started = running.started_at or stack.now()
+    assert abs((estimate - (started + timedelta(seconds=typical))).total_seconds()) <= 1
+    table = sagequeue("ls", "--start", "--format", "name,start", "--state", "queued", home=user_home)
+    assert table.out.splitlines()[0].split() == ["NAME", "START"]
+    assert table.out.splitlines()[1].split()[:2] == [waits, "in"]
+
+
+def test_negative_priority_release_conflict_and_bad_endpoint(
+    stack: Any, queue: QueueClient, user_home: Path
+) -> None:
+    name = unique("lowly")
+    queue.submit(request(stack, name), priority=900)
+    stack.run_until_idle()
+    # -1 parses as a number (not click's "No such option"): the API answers that priorities start at 0
+    lowered = sagequeue("priority", name, "-1", home=user_home)
+    assert lowered.code == 1
+    assert lowered.err.strip() == "error: priority: Input should be greater than or equal to 0"
+    assert sagequeue("priority", name, "0", home=user_home).code == 0
+    assert queue.job(name).priority == 0
+
+    release = sagequeue("release", name, home=user_home)
+    assert release.code == 1
+    state = queue.job(name).state
+    assert release.err.strip() == f"error: {name}: only a held job can be released; {name!r} is {state}"
+
+    endpoint = sagequeue("ls", "--endpoint", "localhost:1234", home=user_home)
+    assert endpoint.code == 2
+    assert endpoint.err.strip().startswith(
+        "error: the sagequeue endpoint from --endpoint must be an http(s) URL"
+    )
+    assert len(endpoint.err.strip().splitlines()) == 1
+
+    missing = sagequeue("cancel", unique("nobody"), "--json", home=user_home)
+    assert missing.code == 1
+    assert missing.out == ""
+    assert json.loads(missing.err)["error"]["code"]
+
+
+def test_an_unknown_instance_type_gets_no_pool(stack: Any, user_home: Path, tmp_path: Path) -> None:
+    admin = stack.identity("admin")
+    admin_env = {"AWS_ACCESS_KEY_ID": admin.access_key_id, "AWS_SECRET_ACCESS_KEY": admin.secret_access_key}
+    refused = sagequeue("capacity", "ml.bogus.huge", "1", home=user_home, env=admin_env)
+    assert refused.code == 1
+    assert refused.err.startswith("error: 'ml.bogus.huge' is not a SageMaker training instance type; valid: ")
+    assert POOL in refused.err
+    assert len(refused.err.strip().splitlines()) == 1
+    pools = sagequeue("pools", "--json", home=user_home).json["pools"]
+    assert "ml.bogus.huge" not in [p["instance_type"] for p in pools]
+    for pool in pools:
+        assert pool["free"] == max(pool["capacity"] - pool["used"], 0)
+
+
+def test_a_request_from_flags_and_the_skeleton_round_trip(
+    stack: Any, queue: QueueClient, user_home: Path, tmp_path: Path
+) -> None:
+    name = unique("flags")
+    flags = [
+        "--image",
+        IMAGE,
+        "--instance-type",
+        POOL,
+        "--role",
+        stack.training_role_arn,
+        "--output",
+        "s3://sagequeue-e2e/output",
+        "--env",
+        "SAGEQUEUE_SIM_DURATION=60",
+        "--hyperparameter",
+        "epochs=3",
+    ]
+    skeleton = sagequeue("submit", "--generate-skeleton", "--name", name, *flags, home=user_home)
+    assert skeleton.code == 0, skeleton.err
+    written = skeleton.json
+    assert written["TrainingJobName"] == name
+    assert written["ResourceConfig"] == {"InstanceType": POOL, "InstanceCount": 1, "VolumeSizeInGB": 64}
+    assert written["Environment"] == {"SAGEQUEUE_SIM_DURATION": "60"}
+    assert written["HyperParameters"] == {"epochs": "3"}
+    (tmp_path / "job.json").write_text(skeleton.out)
+    # the skeleton, unchanged, is a request the queue takes
+    submitted = sagequeue("submit", str(tmp_path / "job.json"), "--priority", "5", home=user_home)
+    assert submitted.code == 0, submitted.err
+    assert queue.job(name).priority == 5
+    negative = sagequeue("submit", str(tmp_path / "job.json"), "--priority", "-5", home=user_home)
+    assert negative.err.strip() == "error: priority: Input should be greater than or equal to 0"
+
+    direct = unique("direct")
+    built = sagequeue("submit", "--name", direct, *flags, "--json", home=user_home)
+    assert built.code == 0, built.err
+    assert built.json["name"] == direct
+
+    incomplete = sagequeue("submit", "--image", IMAGE, home=user_home)
+    assert incomplete.code == 2
+    assert incomplete.err.strip().startswith(
+        "error: give a request FILE (or - for standard input), or build one with flags: --instance-type, "
+        "--role, --output missing"
+    )
+    # the bare skeleton names what to fill in, and the queue refuses it as it stands
+    bare = sagequeue("submit", "--generate-skeleton", home=user_home)
+    assert "<account>" in bare.json["RoleArn"]
+    refused = sagequeue("submit", "-", home=user_home, stdin=bare.out)
+    assert refused.code == 1
+    assert refused.err.startswith("error: ")

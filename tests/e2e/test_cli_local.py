@@ -20,12 +20,15 @@ from typing import Any
 
 import pytest
 
+#: The test run's fake AWS keys: in the environment they would win over the saved local stack's.
+AWS_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN")
+
 COMMAND = str(Path(sys.executable).with_name("sagequeue"))
 POOL = "ml.trn1.32xlarge"
 
 
 def environment(home: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SAGEQUEUE_")}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SAGEQUEUE_") and k not in AWS_KEYS}
     env["SAGEQUEUE_HOME"] = str(home)
     return env
 
@@ -74,7 +77,15 @@ def local_stack(tmp_path: Path) -> Iterator[tuple[Path, subprocess.Popen[str]]]:
 def test_a_job_submitted_from_the_cli_runs_on_the_local_stack(local_stack: tuple[Path, Any]) -> None:
     home, server = local_stack
     saved = json.loads((home / "local.json").read_text())
-    assert set(saved) == {"endpoint", "region", "access_key_id", "secret_access_key"}
+    assert set(saved) == {
+        "endpoint",
+        "region",
+        "access_key_id",
+        "secret_access_key",
+        "sagemaker_endpoint",
+        "pid",
+    }
+    assert saved["pid"] == server.pid
 
     identity = json.loads(sagequeue(home, "whoami", "--json").stdout)
     assert identity["endpoint"] == saved["endpoint"]

@@ -5,12 +5,14 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import sys
 import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -83,7 +85,58 @@ def _local_root(cache_dir: Path | None) -> Path:
     return neuron.choose_cache_dir(os.environ, str(cache_dir) if cache_dir else None).path
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class CacheError(click.ClickException):
+    """A failed `sagequeue cache` command: one line on stderr, exit 1 (2 for bad usage, as click's)."""
+
+    def show(self, file: Any = None) -> None:
+        click.echo(f"error: {self.format_message()}", err=True)
+
+
+def one_line(exc: BaseException, limit: int = 300) -> str:
+    """What went wrong, in one line: the exception and, when it has one, the cause underneath it (an
+    offline Hub client's connection error, a missing credential), never a traceback."""
+    parts: list[str] = []
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen and len(parts) < 3:
+        seen.add(id(current))
+        text = " ".join(str(current).split()) or type(current).__name__
+        if not any(text in part for part in parts):
+            parts.append(
+                text
+                if isinstance(current, (RemoteCacheError, click.ClickException))
+                else f"{type(current).__name__}: {text}"
+            )
+        current = current.__cause__ or current.__context__
+    message = "; ".join(parts)
+    return message if len(message) <= limit else message[: limit - 3] + "..."
+
+
+class _OneLineErrors(click.Group):
+    """Every error of a cache command is one line and an exit code; a traceback is never shown."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except click.UsageError:
+            raise  # one line too: the `sagequeue` command prints it
+        except click.ClickException as exc:
+            if isinstance(exc, CacheError):
+                raise
+            raise CacheError(exc.format_message()) from None
+        except (click.exceptions.Exit, click.Abort, SystemExit, KeyboardInterrupt):
+            raise
+        except Exception as exc:  # noqa: BLE001 - a CLI says what failed in one line, never a traceback
+            command = ctx.invoked_subcommand or "cache"
+            raise CacheError(f"sagequeue cache {command}: {one_line(exc)}") from None
+
+
+def _bar(items: Any, label: str, length: int | None = None) -> Any:
+    """A progress bar on stderr (shown only on a terminal, like `hf`'s)."""
+    return click.progressbar(items, length=length, label=label, file=sys.stderr, show_pos=True)
+
+
+@click.group(cls=_OneLineErrors, context_settings={"help_option_names": ["-h", "--help"]})
 def cache() -> None:
     """Share compiled Neuron graphs (NEFFs) between jobs through the Hugging Face Hub or S3."""
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
@@ -190,8 +243,12 @@ def sync_cmd(
     root = _local_root(cache_dir)
     deadline = Deadline(timeout)
     try:
-        for version in list(versions) or neuron.local_versions(root):
-            report = sync.upload(remote, root, version, deadline=deadline)
+        chosen = list(versions) or neuron.local_versions(root)
+        reports = []
+        with _bar(chosen, f"sync to {remote.url}") as bar:
+            for version in bar:
+                reports.append((version, sync.upload(remote, root, version, deadline=deadline)))
+        for version, report in reports:
             result = report.result
             click.echo(
                 f"{neuron.version_dir(version)}: {len(result.published)} uploaded, {len(result.already_present)} already there, "
@@ -328,7 +385,11 @@ def prune(
         doomed = _choose(candidates, older_than, limit, versions, now)
         _report(doomed, yes)
         if yes and doomed:
-            remote.delete([e for _, e in doomed])
+            # in batches, so the bar moves; each batch is one request (S3) or one commit (the Hub)
+            batch = max(len(doomed) // 20, 50)
+            with _bar(range(0, len(doomed), batch), f"prune {remote.url}") as bar:
+                for start in bar:
+                    remote.delete([e for _, e in doomed[start : start + batch]])
             click.echo(f"removed {len(doomed)} entries from {remote.url}")
     except RemoteCacheError as exc:
         raise click.ClickException(str(exc)) from exc
@@ -374,9 +435,10 @@ def _prune_local(
     candidates = [(e.mtime(), RemoteEntry(e.version, e.module, tuple(_local_files(e)))) for e in local]
     doomed = _choose(candidates, older_than, limit, versions, now)
     _report(doomed, yes)
-    if yes:
-        for _, entry in doomed:
-            shutil.rmtree(root / entry.key, ignore_errors=True)
+    if yes and doomed:
+        with _bar(doomed, f"prune {root}") as bar:
+            for _, entry in bar:
+                shutil.rmtree(root / entry.key, ignore_errors=True)
 
 
 def _local_files(entry: neuron.LocalEntry) -> list[RemoteFile]:

@@ -61,7 +61,49 @@ def _fail(message: str) -> NoReturn:
     sys.exit(1)
 
 
-@click.command("local")
+class _StackLock:
+    """One `sagequeue local` per home: an exclusive lock on `<home>/local.lock`, held while the stack runs.
+
+    The lock is the kernel's (flock): it goes with the process, so a stack that was killed leaves no stale
+    lock behind, and two stacks starting at once cannot both win."""
+
+    def __init__(self, home: Path) -> None:
+        self.path = home / "local.lock"
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        import fcntl
+
+        from sagequeue.config import load_local_connection
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 64).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            try:
+                saved = load_local_connection(self.path.parent / "local.json")
+            except Exception:  # noqa: BLE001 - the message names the PID either way
+                saved = None
+            url = saved.endpoint if saved is not None else "not serving yet"
+            raise click.ClickException(
+                f"another sagequeue local (PID {holder}, {url}) runs on {self.path.parent}; stop it, or "
+                "give this one a home of its own with SAGEQUEUE_HOME=DIR"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing releases the lock
+            self._fd = None
+
+
+@click.group("local", invoke_without_command=True)
+@click.pass_context
 @click.option("--capacity", "-c", multiple=True, metavar="TYPE=N", help=_CAPACITY_HELP)
 @click.option(
     "--port",
@@ -111,7 +153,14 @@ def _fail(message: str) -> NoReturn:
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     help="The SAM template to run (default: the project's template.yaml).",
 )
+@click.option(
+    "--state",
+    type=click.Path(dir_okay=False, path_type=Path),
+    metavar="PATH",
+    help="Keep the queue across restarts: restore the tables from PATH at start, save them there at stop.",
+)
 def local(
+    ctx: click.Context,
     capacity: tuple[str, ...],
     port: int,
     speed: float,
@@ -120,13 +169,30 @@ def local(
     extra: tuple[str, ...],
     function_logs: bool,
     template: Path | None,
+    state: Path | None,
 ) -> None:
     """Run sagequeue's whole stack on localhost until Ctrl-C: the API, the scheduler and the governance
-    functions on moto and the SageMaker emulator, on the real clock (optionally faster)."""
-    from sagequeue.config import local_connection_path, remove_local_connection, save_local_connection
+    functions on moto and the SageMaker emulator, on the real clock (optionally faster).
+
+    Without --state the queue lives as long as the stack. One stack runs per home (SAGEQUEUE_HOME): a
+    second one refuses to start. `sagequeue local env` prints what a client needs, as shell exports.
+    """
+    if ctx.invoked_subcommand is not None:
+        return
+    from sagequeue.config import (
+        local_connection_path,
+        remove_local_connection,
+        sagequeue_home,
+        save_local_connection,
+    )
     from sagequeue.local.stack import LocalStack, LocalStackError
 
     settings = _settings(capacity, allowed_roles, admins, extra)
+    lock = _StackLock(sagequeue_home())
+    try:
+        lock.acquire()
+    except click.ClickException as exc:
+        _fail(exc.message)
     try:
         stack = LocalStack(
             settings=settings,
@@ -135,8 +201,10 @@ def local(
             port=port,
             template=template,
             function_logs=function_logs,
+            state=state,
         )
     except (LocalStackError, ValueError) as exc:
+        lock.release()
         _fail(str(exc))
     stopping = threading.Event()
 
@@ -154,6 +222,7 @@ def local(
         identities_file = saved.parent / "local-identities.json"
         _write_private(identities_file, json.dumps(stack.identities.to_dict(), indent=2) + "\n")
         click.echo(_banner(stack, saved, identities_file))
+        sys.stdout.flush()
         while not stopping.wait(0.5):
             pass
         click.echo("\nstopping the local stack...")
@@ -161,10 +230,86 @@ def local(
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         endpoint = stack.endpoint if stack._api is not None else None
-        stack.stop()
-        if endpoint is not None:
-            remove_local_connection(local_connection_path(), endpoint=endpoint)
+        try:
+            stack.stop()
+        finally:
+            if endpoint is not None:
+                remove_local_connection(local_connection_path(), endpoint=endpoint)
+            lock.release()
+    if state is not None:
+        click.echo(f"saved the queue to {state}")
     click.echo("stopped.")
+
+
+@local.command("env")
+@click.option(
+    "--identity",
+    "-i",
+    default="user",
+    show_default=True,
+    metavar="NAME",
+    help="Whose keys to export: user, other or admin (the names the start-up printout lists).",
+)
+def local_env(identity: str) -> None:
+    """Print shell `export` lines for the running local stack: its API endpoint, region, the identity's
+    keys, and the SageMaker emulator's URL (AWS_ENDPOINT_URL_SAGEMAKER, which boto3 and the SageMaker SDK
+    follow). Use: eval "$(sagequeue local env)"."""
+    import shlex
+
+    from sagequeue.config import ENDPOINT_ENV, load_local_connection, local_connection_path
+    from sagequeue.exceptions import ConfigurationError
+
+    path = local_connection_path()
+    try:
+        saved = load_local_connection(path)
+    except ConfigurationError as exc:
+        _fail(str(exc))
+    if saved is None:
+        _fail(f"no local stack runs on this home: {path} does not exist (start one with `sagequeue local`)")
+    if saved.pid is not None and not _alive(saved.pid):
+        _fail(
+            f"the local stack that saved {path} (PID {saved.pid}) is gone; start one with `sagequeue local`"
+        )
+    key, secret = saved.access_key_id, saved.secret_access_key
+    if identity != "user":
+        keys = _identity_keys(path.parent / "local-identities.json", identity)
+        key, secret = keys
+    values = [
+        (ENDPOINT_ENV, saved.endpoint),
+        ("AWS_ACCESS_KEY_ID", key),
+        ("AWS_SECRET_ACCESS_KEY", secret),
+        ("AWS_REGION", saved.region),
+        ("AWS_DEFAULT_REGION", saved.region),
+    ]
+    if saved.sagemaker_endpoint:
+        values.append(("AWS_ENDPOINT_URL_SAGEMAKER", saved.sagemaker_endpoint))
+    # a session token or a profile left from real AWS would be sent with, or chosen over, these keys
+    click.echo("unset AWS_SESSION_TOKEN AWS_PROFILE")
+    for name, value in values:
+        click.echo(f"export {name}={shlex.quote(value)}")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _identity_keys(path: Path, name: str) -> tuple[str, str]:
+    try:
+        document = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        _fail(f"cannot read the local identities in {path}: {exc}")
+    entries = document if isinstance(document, dict) else {}
+    entry = entries.get(name)
+    if isinstance(entry, dict) and entry.get("access_key_id") and entry.get("secret_access_key"):
+        return str(entry["access_key_id"]), str(entry["secret_access_key"])
+    found = sorted(str(n) for n in entries)
+    _fail(f"no local identity named {name!r}; known: {', '.join(found) or 'none'}")
 
 
 def _banner(stack: Any, saved: Path, identities_file: Path) -> str:
@@ -189,24 +334,44 @@ def _banner(stack: Any, saved: Path, identities_file: Path) -> str:
     for identity in stack.identities:
         role = " (admin)" if identity.admin else ""
         lines.append(f"  {identity.name:6} {identity.access_key_id}  {identity.arn}{role}")
+    client = [
+        '    "sagemaker",',
+        f'    endpoint_url="{stack.emulator.endpoint_url}",',
+        f'    region_name="{stack.region}",',
+        f'    aws_access_key_id="{user.access_key_id}",',
+        f'    aws_secret_access_key="{user.secret_access_key}",',
+    ]
     lines += [
         "",
-        "SDK v2 session (estimator.fit() queues the job):",
-        "  import boto3",
-        "  from sagequeue import QueueSession",
-        f'  session = QueueSession(sagemaker_client=boto3.client("sagemaker", endpoint_url="{stack.emulator.endpoint_url}"))',
+        "In another shell, as the user (add --identity admin for the admin's keys):",
         "",
-        "Plain boto3 (SDK v3 too): create_training_job goes to the queue:",
-        "  import boto3, sagequeue",
-        f'  sm = boto3.client("sagemaker", endpoint_url="{stack.emulator.endpoint_url}")',
-        "  sagequeue.install(sm)",
+        'eval "$(sagequeue local env)"',
         "",
-        "Elsewhere, point a client by hand:",
-        f"  export SAGEQUEUE_ENDPOINT={stack.endpoint}",
-        f"  export AWS_ACCESS_KEY_ID={user.access_key_id} AWS_SECRET_ACCESS_KEY={user.secret_access_key}",
-        f"  (as the admin: AWS_ACCESS_KEY_ID={admin.access_key_id}, secret in {identities_file.name})",
+        "SDK v2 session (estimator.fit() queues the job), Python:",
         "",
-        "Ctrl-C stops it.",
+        "import boto3",
+        "from sagequeue import QueueSession",
+        "session = QueueSession(sagemaker_client=boto3.client(",
+        *client,
+        "))",
+        "",
+        "Plain boto3 (SDK v3 too): create_training_job goes to the queue, Python:",
+        "",
+        "import boto3, sagequeue",
+        "sm = boto3.client(",
+        *client,
+        ")",
+        "sagequeue.install(sm)",
+        "",
+        f"Credentials: flags (--profile) > environment (AWS_ACCESS_KEY_ID, AWS_PROFILE) > {saved.name}.",
+        f"The admin's key is {admin.access_key_id}; its secret is in {identities_file.name}.",
+        "",
+        "Ctrl-C stops it"
+        + (
+            f"; the queue is saved to {stack.state_path}."
+            if stack.state_path
+            else " (and the queue with it: --state PATH keeps it)."
+        ),
     ]
     return "\n".join(lines)
 

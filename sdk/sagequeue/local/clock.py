@@ -74,5 +74,12 @@ class RealClock:
         elapsed = (time.monotonic() - self._start_monotonic) * self.speed
         return self._start + timedelta(seconds=elapsed)
 
+    def advance_to(self, moment: datetime) -> datetime:
+        """Never earlier than `moment` from now on (a stack resuming a saved queue whose clock ran fast)."""
+        shift = _as_utc(moment) - self.now()
+        if shift > timedelta(0):
+            self._start += shift
+        return self.now()
+
     def __repr__(self) -> str:
         return f"RealClock(speed={self.speed})"

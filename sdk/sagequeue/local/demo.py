@@ -345,27 +345,30 @@ class Demo:
 
 
 def render(rows: list[Row]) -> str:
-    header = ("name", "state", "priority", "attempt", "pool", "waited", "ran")
-    lines = [
-        (
-            r.name,
-            r.state + (" (preempted)" if r.state == "queued" and r.preemptions else ""),
-            str(r.priority),
-            str(r.attempt),
-            r.pool,
-            _clock(r.waited),
-            _clock(r.ran),
-        )
-        for r in rows
-    ]
-    widths = [max(len(row[i]) for row in [header, *lines]) for i in range(len(header))]
-    out = ["  " + "  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True))]
-    out.append("  " + "  ".join("-" * w for w in widths))
-    out.extend("  " + "  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)) for line in lines)
-    return "\n".join(out)
+    """The demo's queue in `sagequeue ls`'s table and duration style."""
+    from sagequeue.queue_cli import duration_text, table_text
+
+    table = table_text(
+        ("NAME", "STATE", "PRIORITY", "ATTEMPT", "POOL", "WAITED", "RAN"),
+        [
+            (
+                r.name,
+                r.state + (" (preempted)" if r.state == "queued" and r.preemptions else ""),
+                r.priority,
+                r.attempt,
+                r.pool,
+                duration_text(r.waited),
+                duration_text(r.ran),
+            )
+            for r in rows
+        ],
+    )
+    return "\n".join("  " + line for line in table.splitlines())
 
 
 def render_summary(summary: Summary) -> str:
+    from sagequeue.queue_cli import duration_text
+
     capacity_seconds = CAPACITY * summary.elapsed
     utilization = summary.instance_seconds / capacity_seconds if capacity_seconds else 0.0
     waits = list(summary.waits.values())
@@ -373,10 +376,10 @@ def render_summary(summary: Summary) -> str:
     longest = max(summary.waits.items(), key=lambda item: item[1]) if waits else ("-", 0.0)
     return "\n".join(
         [
-            f"Summary ({_clock(summary.elapsed)} of simulated time on {CAPACITY} x {POOL})",
+            f"Summary ({duration_text(summary.elapsed)} of simulated time on {CAPACITY} x {POOL})",
             f"  jobs: {summary.jobs} ({summary.completed} completed, {summary.idle_stops} stopped idle), none lost",
             f"  instance utilization: {utilization:.0%} (instances held by jobs / instances available)",
-            f"  waits: mean {_clock(mean_wait)}, longest {_clock(longest[1])} ({longest[0]})",
+            f"  waits: mean {duration_text(mean_wait)}, longest {duration_text(longest[1])} ({longest[0]})",
             f"  preemptions: {summary.preemptions}",
             f"  warm-pool reuses: {summary.warm_pool_reuses}",
             f"  idle stops: {summary.idle_stops}",

@@ -112,12 +112,18 @@ def _put_rule(events: Any, rule: Any, out: Provisioned, stack_name: str, sqs: An
     events.put_rule(**arguments)
     if not rule.enabled:
         return  # a disabled rule delivers nothing: without targets, neither moto nor the clock can
+    if rule.schedule is not None:
+        # moto never fires schedules: the local stack does, on its clock. Nor may moto have the targets:
+        # it treats a rule without a pattern as matching every event, where EventBridge matches none, so
+        # the target would receive every event of the bus besides its schedule.
+        for target in rule.targets:
+            if target.function is not None:
+                out.schedules.append((rule.name, target.function, target.input))
+        if rule.pattern is None:
+            return
     targets = []
     for target in rule.targets:
         if target.function is not None:
-            if rule.schedule is not None:
-                # moto never fires schedules: the local stack does, on its clock.
-                out.schedules.append((rule.name, target.function, target.input))
             arn = _queue_arn(sqs, out.inbox_urls[target.function])
         elif target.arn is not None:
             arn = target.arn

@@ -16,6 +16,7 @@ on the stack's clock. See docs/local-stack.md.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import itertools
 import logging
@@ -35,7 +36,7 @@ from botocore.config import Config
 
 from sagequeue.local.clock import Clock, RealClock, VirtualClock
 from sagequeue.local.identities import DEFAULT_IDENTITY, Identity, IdentityTable, default_identities
-from sagequeue.local.template import StackContext, StackSpec, Template, TemplateError, build_spec
+from sagequeue.local.template import StackContext, StackSpec, Template, TemplateError, build_spec, stage_name
 
 logger = logging.getLogger("sagequeue.local")
 
@@ -55,6 +56,8 @@ _LOCAL_CREDENTIALS = {
 _FUNCTION_LOGGER = "sagequeue"
 
 _accounts = itertools.count(1)
+#: The version of the file `state=` names.
+_STATE_FORMAT = 1
 #: As sagequeue_core.runtime configures the handlers' clients (standard retries, bounded timeouts).
 _HANDLER_CLIENT_CONFIG = Config(
     retries={"mode": "standard", "max_attempts": 4}, connect_timeout=5, read_timeout=30
@@ -72,7 +75,8 @@ class FunctionFailed(LocalStackError):
 
 
 def default_template_path() -> Path:
-    """template.yaml of the source tree this package runs from, or SAGEQUEUE_TEMPLATE."""
+    """SAGEQUEUE_TEMPLATE, else template.yaml of the source checkout this package runs from, else the copy
+    an installed wheel carries (sagequeue/local/stack_files/, with the functions' code beside it)."""
     override = os.environ.get("SAGEQUEUE_TEMPLATE")
     if override:
         return Path(override)
@@ -81,8 +85,13 @@ def default_template_path() -> Path:
         candidate = parent / "template.yaml"
         if candidate.is_file() and (parent / "functions").is_dir():
             return candidate
+    packaged = here.parent / "stack_files" / "template.yaml"
+    if packaged.is_file() and (packaged.parent / "functions").is_dir():
+        return packaged
     raise LocalStackError(
-        "cannot find template.yaml next to the sagequeue sources; pass template= or set SAGEQUEUE_TEMPLATE"
+        f"cannot find template.yaml: neither a source checkout above {here.parent} nor the copy a wheel "
+        "installs (sagequeue/local/stack_files) has one; pass template= (CLI: --template) or set "
+        "SAGEQUEUE_TEMPLATE"
     )
 
 
@@ -209,6 +218,7 @@ class LocalStack:
         raise_function_errors: bool | None = None,
         poll_interval: float = 0.1,
         function_logs: bool = True,
+        state: str | Path | None = None,
     ) -> None:
         if isinstance(clock, str):
             if clock == "virtual":
@@ -234,6 +244,11 @@ class LocalStack:
         #: False: the functions' INFO logs and EMF metric documents (what Lambda sends to CloudWatch Logs)
         #: are not printed; warnings and errors still are.
         self.function_logs = function_logs
+        #: A JSON file the stack's tables are restored from at start and saved to at stop (None: the queue
+        #: lives as long as the stack).
+        self.state_path = Path(state) if state is not None else None
+        #: Items restored from `state_path` at start, per table logical id.
+        self.restored: dict[str, int] = {}
         self._log_filter: logging.Filter | None = None
         self._stdout: _FunctionStdout | None = None
         self._warnings: warnings.catch_warnings[None] | None = None
@@ -303,6 +318,8 @@ class LocalStack:
 
         provisioned = provision(spec, self.stack_name, self.aws_client)
         self.settings = self._settings(spec)
+        if self.state_path is not None:
+            self._restore_state(self.state_path)
 
         from sagequeue.local.emulator import SageMakerEmulator
 
@@ -377,7 +394,7 @@ class LocalStack:
             account_id=self.account_id,
             now=self.clock.now,
             api_id=template.ref(spec.routes[0].api) if spec.routes[0].api in template.resources else "local",
-            stage=_stage(template, spec.routes[0].api),
+            stage=stage_name(template, spec.routes[0].api),
             port=self.port,
         )
         self._api.start()
@@ -415,6 +432,9 @@ class LocalStack:
         if self._api is not None:
             self._api.stop()
             self._api = None
+            if self.state_path is not None and self._moto is not None:
+                # the API served, so the tables were restored (or new): what they hold now is the state
+                self.save_state(self.state_path)
         if self._emulator is not None:
             self._emulator.stop()
             self._emulator = None
@@ -469,6 +489,80 @@ class LocalStack:
         if self._warnings is not None:
             self._warnings.__exit__(None, None, None)
             self._warnings = None
+
+    # --- state ------------------------------------------------------------------------------------------
+
+    def save_state(self, path: str | Path) -> Path:
+        """Write every item of the stack's tables to `path` (JSON, DynamoDB's typed form), atomically."""
+        import json
+        import tempfile
+
+        spec = self._require(self.spec, "saving its state")
+        dynamodb = self.aws_client("dynamodb")
+        tables: dict[str, list[Any]] = {}
+        for table in spec.tables:
+            items: list[Any] = []
+            for page in dynamodb.get_paginator("scan").paginate(TableName=table.name, ConsistentRead=True):
+                items.extend(page.get("Items", []))
+            tables[table.logical_id] = items
+        document = {"format": _STATE_FORMAT, "saved_at": self.clock.now().isoformat(), "tables": tables}
+        target = Path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".state-", suffix=".json", dir=target.parent)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                json.dump(document, handle)
+            os.chmod(tmp, 0o600)
+            os.replace(tmp, target)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return target
+
+    def _restore_state(self, path: Path) -> None:
+        import json
+
+        assert self.spec is not None
+        try:
+            text = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return  # a first start: the file is written at stop
+        except OSError as exc:
+            raise LocalStackError(f"cannot read the state file {path}: {exc.strerror or exc}") from exc
+        try:
+            document = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise LocalStackError(
+                f"the state file {path} is not valid JSON ({exc.msg} at line {exc.lineno}); it was left as is"
+            ) from exc
+        if not isinstance(document, dict) or document.get("format") != _STATE_FORMAT:
+            raise LocalStackError(
+                f"{path} is not a sagequeue local state file (format {_STATE_FORMAT}); it was left as is"
+            )
+        tables = document.get("tables")
+        if not isinstance(tables, dict):
+            raise LocalStackError(f"the state file {path} has no tables; it was left as is")
+        by_id = {table.logical_id: table for table in self.spec.tables}
+        unknown = sorted(set(tables) - set(by_id))
+        if unknown:
+            raise LocalStackError(
+                f"the state file {path} holds table(s) {', '.join(unknown)} that the template does not "
+                f"declare ({', '.join(sorted(by_id))}); it was left as is"
+            )
+        saved_at = document.get("saved_at")
+        if isinstance(saved_at, str) and hasattr(self.clock, "advance_to"):
+            # the queue's times stay in order: a clock that ran fast before the stop resumes where it was
+            with contextlib.suppress(ValueError):
+                self.clock.advance_to(datetime.fromisoformat(saved_at))
+        dynamodb = self.aws_client("dynamodb")
+        for logical_id, items in tables.items():
+            name = by_id[logical_id].name
+            for start in range(0, len(items), 25):
+                requests = [{"PutRequest": {"Item": item}} for item in items[start : start + 25]]
+                pending: dict[str, Any] = {name: requests}
+                while pending:
+                    pending = dynamodb.batch_write_item(RequestItems=pending).get("UnprocessedItems") or {}
+            self.restored[logical_id] = len(items)
 
     # --- configuration ------------------------------------------------------------------------------------
 
@@ -608,6 +702,8 @@ class LocalStack:
             region=self.region,
             access_key_id=who.access_key_id,
             secret_access_key=who.secret_access_key,
+            sagemaker_endpoint=self.emulator.endpoint_url,
+            pid=os.getpid(),
         )
 
     def now(self) -> datetime:
@@ -739,11 +835,3 @@ def _as_list(value: Any) -> list[str]:
     if isinstance(value, str):
         return [part.strip() for part in value.split(",") if part.strip()]
     return [str(item) for item in value]
-
-
-def _stage(template: Template, api_logical_id: str) -> str:
-    if api_logical_id in template.resources:
-        stage = template.raw_properties(api_logical_id).get("StageName")
-        if isinstance(stage, str) and stage:
-            return stage
-    return "Prod"

@@ -2,7 +2,9 @@
 
 The local stack creates its tables, topics, queues, buses, rules and alarms from the very template that
 `sam deploy` deploys, so the two cannot drift. This module parses the template (CloudFormation short tags
-included), resolves the intrinsic functions the stack uses (Ref, Fn::Sub, Fn::GetAtt, Fn::If and the
+included), lets aws-sam-translator (the library `sam` itself runs) apply the SAM transform offline, so the
+local stack provisions from the same CloudFormation that `sam deploy` would create, then resolves the
+intrinsic functions the stack uses (Ref, Fn::Sub, Fn::GetAtt, Fn::If and the
 condition functions, Fn::Join, Fn::Select, Fn::Split, Fn::FindInMap, ...) for given parameter values, and
 describes the result as plain specs. It makes no AWS call: `sagequeue.local.provision` does.
 
@@ -17,7 +19,7 @@ import hashlib
 import json
 import re
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +28,35 @@ import yaml
 
 class TemplateError(ValueError):
     """The template cannot be read or resolved; the message names the resource, property or function."""
+
+
+#: The made-up bucket a local CodeUri is given to the SAM translator as.
+LOCAL_CODE_BUCKET = "sagequeue-local-code"
+#: SAM properties that may name a local folder.
+_LOCAL_URI_PROPERTIES = {
+    "AWS::Serverless::Function": ("CodeUri",),
+    "AWS::Serverless::LayerVersion": ("ContentUri",),
+}
+
+
+def _is_sam(document: Mapping[str, Any]) -> bool:
+    transform = document.get("Transform")
+    names = transform if isinstance(transform, list) else [transform]
+    return "AWS::Serverless-2016-10-31" in names
+
+
+class _OfflineSession:
+    """What the SAM translator asks of a boto3 session (its region and partition), without boto3."""
+
+    def __init__(self, region: str) -> None:
+        self.region_name = region
+
+    def get_partition_for_region(self, region: str) -> str:
+        return (
+            "aws-cn"
+            if region.startswith("cn-")
+            else ("aws-us-gov" if region.startswith("us-gov-") else "aws")
+        )
 
 
 # --- Parsing ---------------------------------------------------------------------------------------------------
@@ -111,12 +142,10 @@ NO_VALUE = _NoValue()
 # Which property names a resource's physical name, when the template gives one.
 _NAME_PROPERTY = {
     "AWS::DynamoDB::Table": "TableName",
-    "AWS::Serverless::SimpleTable": "TableName",
     "AWS::SNS::Topic": "TopicName",
     "AWS::SQS::Queue": "QueueName",
     "AWS::Events::EventBus": "Name",
     "AWS::Events::Rule": "Name",
-    "AWS::Serverless::Function": "FunctionName",
     "AWS::Lambda::Function": "FunctionName",
     "AWS::CloudWatch::Alarm": "AlarmName",
     "AWS::IAM::Role": "RoleName",
@@ -124,7 +153,7 @@ _NAME_PROPERTY = {
     "AWS::Logs::LogGroup": "LogGroupName",
 }
 # Where a generated name must stay short (SQS: 80 characters, Lambda: 64).
-_NAME_LIMIT = {"AWS::SQS::Queue": 80, "AWS::Serverless::Function": 64, "AWS::Lambda::Function": 64}
+_NAME_LIMIT = {"AWS::SQS::Queue": 80, "AWS::Lambda::Function": 64}
 
 _SUB_VARIABLE = re.compile(r"\$\{([^}]*)\}")
 
@@ -161,8 +190,12 @@ class Template:
         self.document = document
         self.context = context
         self.base_dir = base_dir or Path.cwd()
-        self.resources: dict[str, dict[str, Any]] = dict(document.get("Resources") or {})
         self.parameters = self._parameter_values(parameters or {})
+        #: S3 key -> the local folder a function's CodeUri named (the translator wants S3 locations)
+        self.code_dirs: dict[str, Path] = {}
+        if _is_sam(document):
+            self.document = self._translate(document)
+        self.resources: dict[str, dict[str, Any]] = dict(self.document.get("Resources") or {})
         self._conditions: dict[str, bool] = {}
         self._physical: dict[str, str] = {}
         self._resolving: set[str] = set()
@@ -173,6 +206,56 @@ class Template:
     ) -> Template:
         source = Path(path)
         return cls(load_template(source), context, parameters, base_dir=source.parent)
+
+    # --- the SAM transform ------------------------------------------------------------------------------------
+
+    def _translate(self, document: Mapping[str, Any]) -> dict[str, Any]:
+        """The template as CloudFormation sees it after `Transform: AWS::Serverless-2016-10-31`, by
+        aws-sam-translator (the library `sam` runs), offline: local CodeUri folders become S3 locations
+        remembered in `code_dirs`, the pseudo parameters are the stack's, no AWS call is made."""
+        import copy
+
+        try:
+            from samtranslator.model.exceptions import InvalidDocumentException
+            from samtranslator.parser.parser import Parser
+            from samtranslator.translator.translator import Translator
+        except ImportError as exc:
+            raise TemplateError(
+                "a SAM template needs aws-sam-translator to run locally: pip install 'sagequeue[local]'"
+            ) from exc
+        sam = copy.deepcopy(dict(document))
+        for where in [
+            *((sam.get("Resources") or {}).values()),
+            {"Type": "AWS::Serverless::Function", "Properties": (sam.get("Globals") or {}).get("Function")},
+        ]:
+            props = (where or {}).get("Properties")
+            if not isinstance(props, dict):
+                continue
+            for key in _LOCAL_URI_PROPERTIES.get(str(where.get("Type")), ()):
+                uri = props.get(key)
+                if isinstance(uri, str) and not uri.startswith("s3://"):
+                    s3_key = f"code/{len(self.code_dirs)}"
+                    self.code_dirs[s3_key] = (self.base_dir / uri).resolve()
+                    props[key] = f"s3://{LOCAL_CODE_BUCKET}/{s3_key}"
+        values: dict[str, Any] = {
+            name: ",".join(value) if isinstance(value, list) else value
+            for name, value in self.parameters.items()
+        }
+        values.update(
+            {
+                "AWS::Region": self.context.region,
+                "AWS::AccountId": self.context.account_id,
+                "AWS::Partition": self.context.partition,
+                "AWS::StackName": self.context.stack_name,
+                "AWS::StackId": self.context.stack_id,
+            }
+        )
+        translator = Translator({}, Parser(), boto_session=_OfflineSession(self.context.region))
+        try:
+            return dict(translator.translate(sam, values, get_managed_policy_map=dict))
+        except InvalidDocumentException as exc:
+            causes = "; ".join(str(cause) for cause in exc.causes) or str(exc)
+            raise TemplateError(f"the SAM transform refused the template: {causes}") from exc
 
     # --- parameters and conditions ---------------------------------------------------------------------------
 
@@ -299,9 +382,9 @@ class Template:
             return self.arn("sns", name)
         if kind == "AWS::SQS::Queue":
             return f"{self.context.queue_url_base}/{self.context.account_id}/{name}"
-        if kind in ("AWS::Serverless::Api", "AWS::ApiGateway::RestApi", "AWS::Serverless::HttpApi"):
+        if kind == "AWS::ApiGateway::RestApi":
             return hashlib.sha256(f"{self.context.stack_name}/{logical_id}".encode()).hexdigest()[:10]
-        if kind in ("AWS::Serverless::LayerVersion", "AWS::Lambda::LayerVersion"):
+        if kind == "AWS::Lambda::LayerVersion":
             return self.arn("lambda", f"layer:{name}:1")
         return name
 
@@ -323,7 +406,7 @@ class Template:
             raise TemplateError(f"Fn::GetAtt on {logical_id}.{attribute}: no such resource")
         kind = self.resource_type(logical_id)
         name = self.physical_name(logical_id)
-        if kind in ("AWS::DynamoDB::Table", "AWS::Serverless::SimpleTable"):
+        if kind == "AWS::DynamoDB::Table":
             arn = self.arn("dynamodb", f"table/{name}")
             return {"Arn": arn, "StreamArn": f"{arn}/stream/1970-01-01T00:00:00.000"}.get(attribute, arn)
         if kind == "AWS::SNS::Topic":
@@ -343,7 +426,7 @@ class Template:
             bus_name = _bus_name(str(bus))
             path = f"rule/{name}" if bus_name == "default" else f"rule/{bus_name}/{name}"
             return self.arn("events", path)
-        if kind in ("AWS::Serverless::Function", "AWS::Lambda::Function"):
+        if kind == "AWS::Lambda::Function":
             return self.arn("lambda", f"function:{name}")
         if kind == "AWS::IAM::Role":
             return self.arn("iam", f"role/{name}", regional=False)
@@ -590,7 +673,7 @@ class RouteSpec:
     function: str  # logical id
     method: str
     path: str
-    api: str  # logical id of the API (ServerlessRestApi when implicit)
+    api: str  # logical id of the AWS::ApiGateway::RestApi (ServerlessRestApi when SAM made it implicitly)
 
 
 @dataclass(frozen=True)
@@ -671,11 +754,6 @@ class StackSpec:
         return None
 
 
-_FUNCTION_TYPES = ("AWS::Serverless::Function", "AWS::Lambda::Function")
-_API_TYPES = ("AWS::Serverless::Api", "AWS::ApiGateway::RestApi")
-IMPLICIT_API = "ServerlessRestApi"
-
-
 def build_spec(template: Template) -> StackSpec:
     """Resolve `template` into what the local stack creates and runs."""
     spec = StackSpec()
@@ -701,15 +779,14 @@ def build_spec(template: Template) -> StackSpec:
         spec.queues.append(QueueSpec(logical_id, name, template.get_att(logical_id, "Arn"), attributes))
     for logical_id in template.of_type("AWS::Events::EventBus"):
         spec.buses.append(BusSpec(logical_id, template.physical_name(logical_id)))
-    for logical_id in template.of_type(*_FUNCTION_TYPES):
+    for logical_id in template.of_type("AWS::Lambda::Function"):
         function = _function(template, logical_id)
         if function is not None:
             spec.functions[logical_id] = function
-        elif logical_id not in spec.functions:
-            spec.skipped.append(f"{logical_id}: only AWS::Serverless::Function with a CodeUri folder runs")
-    for logical_id in template.of_type(*_FUNCTION_TYPES):
-        if logical_id in spec.functions:
-            _function_events(template, spec, logical_id)
+        else:
+            spec.skipped.append(f"{logical_id}: only functions whose CodeUri is a local folder run")
+    _invoke_configs(template, spec)
+    _routes(template, spec)
     _standalone_wiring(template, spec)
     for logical_id in template.of_type("AWS::CloudWatch::Alarm"):
         props = template.properties(logical_id)
@@ -781,22 +858,6 @@ def _tables(template: Template, spec: StackSpec) -> None:
         ttl = props.get("TimeToLiveSpecification") or {}
         ttl_attribute = ttl.get("AttributeName") if _truthy(ttl.get("Enabled")) else None
         spec.tables.append(TableSpec(logical_id, name, create, ttl_attribute))
-    for logical_id in template.of_type("AWS::Serverless::SimpleTable"):
-        props = template.properties(logical_id)
-        name = template.physical_name(logical_id)
-        primary: dict[str, Any] = props.get("PrimaryKey") or {"Name": "id", "Type": "String"}
-        kind = {"String": "S", "Number": "N", "Binary": "B"}[str(primary.get("Type", "String"))]
-        create = {
-            "TableName": name,
-            "KeySchema": [{"AttributeName": primary["Name"], "KeyType": "HASH"}],
-            "AttributeDefinitions": [{"AttributeName": primary["Name"], "AttributeType": kind}],
-        }
-        if props.get("ProvisionedThroughput"):
-            create["BillingMode"] = "PROVISIONED"
-            create["ProvisionedThroughput"] = _throughput(props["ProvisionedThroughput"])
-        else:
-            create["BillingMode"] = "PAY_PER_REQUEST"
-        spec.tables.append(TableSpec(logical_id, name, create))
 
 
 def _throughput(value: Any) -> dict[str, int]:
@@ -807,76 +868,89 @@ def _throughput(value: Any) -> dict[str, int]:
     }
 
 
-def _merged_function_properties(template: Template, logical_id: str) -> dict[str, Any]:
-    """A SAM function's properties with the template's Globals.Function merged in (maps merge, lists
-    concatenate, the function's scalars win), as SAM does."""
-    own = template.raw_properties(logical_id)
-    if template.resource_type(logical_id) != "AWS::Serverless::Function":
-        return own
-    globals_: Mapping[str, Any] = ((template.document.get("Globals") or {}).get("Function")) or {}
-    return _merge(dict(globals_), own)
-
-
-def _merge(base: dict[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for key, value in override.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict) and not _is_intrinsic(value):
-            out[key] = _merge(out[key], value)
-        elif isinstance(value, list) and isinstance(out.get(key), list):
-            out[key] = [*out[key], *value]
-        else:
-            out[key] = value
-    return out
-
-
-def _is_intrinsic(value: Mapping[str, Any]) -> bool:
-    return len(value) == 1 and next(iter(value)) in _FUNCTIONS
-
-
 def _function(template: Template, logical_id: str) -> FunctionSpec | None:
-    raw = _merged_function_properties(template, logical_id)
-    if template.resource_type(logical_id) != "AWS::Serverless::Function":
-        return None
-    code_uri = template.resolve(raw.get("CodeUri"), where=f"{logical_id}.CodeUri")
-    handler = template.resolve(raw.get("Handler"), where=f"{logical_id}.Handler")
-    if not isinstance(code_uri, str) or not isinstance(handler, str) or "." not in handler:
-        return None
-    code_dir = (template.base_dir / code_uri).resolve()
-    module, _, attribute = handler.rpartition(".")
-    variables = template.resolve(
-        ((raw.get("Environment") or {}).get("Variables")) or {}, where=f"{logical_id}.Environment"
+    """A Lambda function whose code is a local folder (a CodeUri the translator was given as S3)."""
+    props = template.properties(logical_id)
+    code = props.get("Code") or {}
+    code_dir = (
+        template.code_dirs.get(str(code.get("S3Key", "")))
+        if code.get("S3Bucket") == LOCAL_CODE_BUCKET
+        else None
     )
-    environment = {str(k): _as_text(v) for k, v in variables.items()}
-    reserved = template.resolve(raw.get("ReservedConcurrentExecutions"), where=logical_id)
-    on_failure: str | None = None
-    retries = 2
-    dead_letter = template.resolve(raw.get("DeadLetterQueue"), where=f"{logical_id}.DeadLetterQueue")
-    if isinstance(dead_letter, dict) and dead_letter.get("TargetArn"):
-        on_failure = str(dead_letter["TargetArn"])
-    invoke_config = template.resolve(raw.get("EventInvokeConfig"), where=f"{logical_id}.EventInvokeConfig")
-    if isinstance(invoke_config, dict):
-        if invoke_config.get("MaximumRetryAttempts") is not None:
-            retries = int(invoke_config["MaximumRetryAttempts"])
-        failure = ((invoke_config.get("DestinationConfig") or {}).get("OnFailure")) or {}
-        if failure.get("Destination"):
-            on_failure = str(failure["Destination"])
-    timeout = template.resolve(raw.get("Timeout", 3), where=logical_id)
-    memory = template.resolve(raw.get("MemorySize", 128), where=logical_id)
-    name = template.physical_name(logical_id)
+    handler = props.get("Handler")
+    if code_dir is None or not isinstance(handler, str) or "." not in handler:
+        return None
+    module, _, attribute = handler.rpartition(".")
+    variables = (props.get("Environment") or {}).get("Variables") or {}
+    reserved = props.get("ReservedConcurrentExecutions")
+    dead_letter = (props.get("DeadLetterConfig") or {}).get("TargetArn")
     return FunctionSpec(
         logical_id=logical_id,
-        name=name,
+        name=template.physical_name(logical_id),
         arn=template.get_att(logical_id, "Arn"),
         code_dir=code_dir,
         module=module.replace("/", "."),
         attribute=attribute,
-        environment=environment,
+        environment={str(k): _as_text(v) for k, v in variables.items()},
         reserved_concurrency=None if reserved in (None, NO_VALUE) else int(reserved),
-        timeout_seconds=int(timeout),
-        memory_mb=int(memory),
-        on_failure=on_failure,
-        max_retry_attempts=retries,
+        timeout_seconds=int(props.get("Timeout", 3)),
+        memory_mb=int(props.get("MemorySize", 128)),
+        on_failure=str(dead_letter) if dead_letter else None,
+        max_retry_attempts=2,
     )
+
+
+def _invoke_configs(template: Template, spec: StackSpec) -> None:
+    """AWS::Lambda::EventInvokeConfig: retries and the on-failure destination of asynchronous events."""
+    for logical_id in template.of_type("AWS::Lambda::EventInvokeConfig"):
+        props = template.properties(logical_id)
+        target = str(props.get("FunctionName", ""))
+        function = spec.function_by_arn(target) or next(
+            (f for f in spec.functions.values() if target in (f.name, f.logical_id)), None
+        )
+        if function is None:
+            spec.skipped.append(f"{logical_id}: configures {target}, which is not a function of the stack")
+            continue
+        changes: dict[str, Any] = {}
+        if props.get("MaximumRetryAttempts") is not None:
+            changes["max_retry_attempts"] = int(props["MaximumRetryAttempts"])
+        failure = ((props.get("DestinationConfig") or {}).get("OnFailure")) or {}
+        if failure.get("Destination"):
+            changes["on_failure"] = str(failure["Destination"])
+        spec.functions[function.logical_id] = replace(function, **changes)
+
+
+_INTEGRATION = re.compile(r"functions/(?P<arn>arn:[^/]+)/invocations")
+
+
+def _routes(template: Template, spec: StackSpec) -> None:
+    """The routes of each REST API: its OpenAPI body's Lambda proxy integrations (what the translator
+    writes for `Api` events)."""
+    for logical_id in template.of_type("AWS::ApiGateway::RestApi"):
+        body = template.properties(logical_id).get("Body") or {}
+        for path, methods in (body.get("paths") or {}).items():
+            for method, operation in (methods or {}).items():
+                integration = (operation or {}).get("x-amazon-apigateway-integration") or {}
+                match = _INTEGRATION.search(str(integration.get("uri", "")))
+                function = spec.function_by_arn(match.group("arn")) if match else None
+                if function is None:
+                    spec.skipped.append(f"{logical_id} {method.upper()} {path}: not a function of the stack")
+                    continue
+                verb = "ANY" if method == "x-amazon-apigateway-any-method" else method.upper()
+                spec.routes.append(
+                    RouteSpec(function=function.logical_id, method=verb, path=path, api=logical_id)
+                )
+
+
+def stage_name(template: Template, api_logical_id: str) -> str:
+    """The stage an API is deployed to (its AWS::ApiGateway::Stage), `Prod` by SAM's default."""
+    for logical_id in template.of_type("AWS::ApiGateway::Stage"):
+        raw = template.raw_properties(logical_id)
+        if raw.get("RestApiId") == {"Ref": api_logical_id}:
+            name = template.resolve(raw.get("StageName"), where=logical_id)
+            if isinstance(name, str) and name:
+                return name
+    return "Prod"
 
 
 def _rule_state(props: Mapping[str, Any], default: bool = True) -> bool:
@@ -885,66 +959,6 @@ def _rule_state(props: Mapping[str, Any], default: bool = True) -> bool:
     if "Enabled" in props:
         return _truthy(props["Enabled"]) or props["Enabled"] is True
     return default
-
-
-def _function_events(template: Template, spec: StackSpec, logical_id: str) -> None:
-    raw = _merged_function_properties(template, logical_id)
-    events: Mapping[str, Any] = raw.get("Events") or {}
-    for event_name, event in events.items():
-        kind = str((event or {}).get("Type", ""))
-        props = template.resolve((event or {}).get("Properties") or {}, where=f"{logical_id}.{event_name}")
-        where = f"{logical_id}.Events.{event_name}"
-        if kind in ("Api", "HttpApi"):
-            api = (event.get("Properties") or {}).get("RestApiId") or (event.get("Properties") or {}).get(
-                "ApiId"
-            )
-            api_id = api["Ref"] if isinstance(api, dict) and "Ref" in api else IMPLICIT_API
-            spec.routes.append(
-                RouteSpec(
-                    function=logical_id,
-                    method=str(props.get("Method", "ANY")).upper(),
-                    path=str(props.get("Path", "/")),
-                    api=str(api_id),
-                )
-            )
-        elif kind in ("EventBridgeRule", "CloudWatchEvent", "Schedule", "ScheduleV2"):
-            schedule = props.get("Schedule") or props.get("ScheduleExpression")
-            rule_name = props.get("RuleName") or props.get("Name")
-            name = str(rule_name) if rule_name else _generated(template, f"{logical_id}{event_name}", 64)
-            target = RuleTarget(
-                target_id=str((props.get("Target") or {}).get("Id") or f"{logical_id}{event_name}"),
-                function=logical_id,
-                input=props.get("Input"),
-                input_path=props.get("InputPath"),
-                input_transformer=props.get("InputTransformer"),
-            )
-            spec.rules.append(
-                RuleSpec(
-                    logical_id=f"{logical_id}{event_name}",
-                    name=name,
-                    bus=_bus_name(str(props.get("EventBusName") or "default")),
-                    pattern=None if schedule else props.get("Pattern"),
-                    schedule=str(schedule) if schedule else None,
-                    enabled=_rule_state(props),
-                    targets=(target,),
-                )
-            )
-        elif kind == "SNS":
-            spec.subscriptions.append(
-                SubscriptionSpec(str(props["Topic"]), logical_id, props.get("FilterPolicy"))
-            )
-        elif kind == "SQS":
-            spec.queue_sources.append(
-                QueueSourceSpec(str(props["Queue"]), logical_id, int(props.get("BatchSize", 10)))
-            )
-        else:
-            spec.skipped.append(f"{where}: event type {kind or '(none)'} is not run locally")
-
-
-def _generated(template: Template, logical_id: str, limit: int) -> str:
-    suffix = hashlib.sha256(f"{template.context.stack_name}/{logical_id}".encode()).hexdigest()[:12].upper()
-    head = f"{template.context.stack_name}-{logical_id}"[: limit - len(suffix) - 1]
-    return f"{head}-{suffix}"
 
 
 def _standalone_wiring(template: Template, spec: StackSpec) -> None:

@@ -248,3 +248,28 @@ def test_schedule_expressions() -> None:
     assert weekly.next_due == datetime(2026, 3, 16, 9, 0, tzinfo=UTC)
     with pytest.raises(ScheduleError, match="neither rate"):
         Schedule("every minute", T0)
+
+
+def test_a_schedule_only_rule_gets_no_events(wired: Wired, aws: Callable[[str], Any]) -> None:
+    """As EventBridge: a rule with a schedule and no pattern fires on the clock and matches no event, so a
+    function with a schedule on the default bus sees each SageMaker event only through its own rules."""
+    aws("events").put_events(
+        Entries=[
+            {
+                "Source": "aws.sagemaker",
+                "DetailType": "SageMaker Training Job State Change",
+                "Detail": json.dumps({"TrainingJobName": "job-1", "TrainingJobStatus": "Completed"}),
+            },
+            {"Source": "anything", "DetailType": "Whatever", "Detail": "{}"},
+        ]
+    )
+    assert wired.router.drain() == 1
+    # Recorder (rate schedule) and Parallel (cron schedule with a constant Input) match nothing
+    assert wired.events("Recorder") == []
+    assert wired.events("Parallel") == []
+    assert [e["detail"]["TrainingJobName"] for e in wired.events("Serial")] == ["job-1"]
+    # the schedules still fire on the clock
+    assert wired.router.fire_due_schedules(datetime(2026, 3, 3, 2, 30, tzinfo=UTC)) == 2
+    wired.router.drain()
+    assert [e["detail-type"] for e in wired.events("Recorder")] == ["Scheduled Event"]
+    assert wired.events("Parallel") == [{"kind": "nightly"}]

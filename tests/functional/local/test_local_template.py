@@ -7,7 +7,6 @@ from pathlib import Path
 import pytest
 
 from sagequeue.local.template import (
-    IMPLICIT_API,
     StackContext,
     Template,
     TemplateError,
@@ -98,9 +97,9 @@ def test_every_event_source_is_read(mini_template: Path) -> None:
     spec = build_spec(resolved(mini_template))
     routes = {(r.method, r.path, r.function, r.api) for r in spec.routes}
     assert routes == {
-        ("GET", "/hello/{name}", "Recorder", IMPLICIT_API),
-        ("ANY", "/things", "Recorder", IMPLICIT_API),
-        ("GET", "/hello/mine", "Recorder", IMPLICIT_API),
+        ("GET", "/hello/{name}", "Recorder", "ServerlessRestApi"),
+        ("ANY", "/things", "Recorder", "ServerlessRestApi"),
+        ("GET", "/hello/mine", "Recorder", "ServerlessRestApi"),
     }
     rules = {rule.logical_id: rule for rule in spec.rules}
     assert rules["RecorderCustom"].bus == "unit-stack-bus"
@@ -152,3 +151,36 @@ def test_the_stack_template_routes_and_rules() -> None:
     assert {"source": ["aws.sagemaker"], "detail-type": ["SageMaker Training Job State Change"]} in patterns
     assert any(rule.schedule == "rate(1 minute)" for rule in triggers)
     assert spec.functions[scheduler.logical_id].environment["SAGEQUEUE_TABLE_NAME"] == spec.tables[0].name
+
+
+def test_the_sam_transform_is_sam_s_own_and_leaves_only_cloudformation(mini_template: Path) -> None:
+    """aws-sam-translator turns the SAM resources into what CloudFormation would create; the specs are
+    read from those (a function's Events become rules, permissions, subscriptions and mappings)."""
+    template = resolved(mini_template)
+    kinds = {template.resource_type(logical_id) for logical_id in template.resources}
+    assert not [kind for kind in kinds if kind.startswith("AWS::Serverless::")]
+    assert {"AWS::Lambda::Function", "AWS::ApiGateway::RestApi", "AWS::Lambda::EventInvokeConfig"} <= kinds
+    assert "Transform" not in template.document
+    spec = build_spec(template)
+    recorder = spec.functions["Recorder"]
+    assert recorder.code_dir == (mini_template.parent / "functions" / "recorder").resolve()
+    assert recorder.max_retry_attempts == 1  # from the EventInvokeConfig the translator made
+    assert recorder.on_failure == spec.queues[0].arn
+
+
+def test_a_template_the_sam_transform_refuses_is_named_with_the_reason(tmp_path: Path) -> None:
+    broken = tmp_path / "template.yaml"
+    broken.write_text(
+        "Transform: AWS::Serverless-2016-10-31\n"
+        "Resources:\n"
+        "  Fn:\n"
+        "    Type: AWS::Serverless::Function\n"
+        "    Properties:\n"
+        "      CodeUri: fn/\n"
+        "      Handler: app.handler\n"
+        "      Runtime: python3.12\n"
+        "      Events:\n"
+        "        Get: {Type: Api, Properties: {Path: /x}}\n"
+    )
+    with pytest.raises(TemplateError, match=r"the SAM transform refused the template: .*Fn.*Method"):
+        Template.from_file(broken, CONTEXT)

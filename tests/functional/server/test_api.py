@@ -260,3 +260,35 @@ def test_a_cancel_racing_the_schedulers_write_is_applied_not_refused(world: Queu
 
     assert raced == ["once"]
     assert (status, job["state"]) == (200, "stopping")
+
+
+def test_an_unknown_instance_type_gets_no_pool_and_the_answer_lists_the_valid_ones(world: QueueWorld) -> None:
+    status, answer = world.api("PUT", "/pools/ml.bogus.huge", {"capacity": 1}, caller=ADMIN)
+    assert status == 400
+    message = answer["message"]
+    assert message.startswith("'ml.bogus.huge' is not a SageMaker training instance type; valid: ")
+    valid = message.split("valid: ", 1)[1].split(", ")
+    assert TRN1 in valid
+    assert "ml.trn2.48xlarge" in valid
+    assert valid == sorted(valid)
+    assert "ml.bogus.huge" not in [p["instance_type"] for p in world.api("GET", "/pools")[1]["pools"]]
+    # a real type that is not a training type (an endpoint's) is refused too
+    assert world.api("PUT", "/pools/ml.t2.medium", {"capacity": 1}, caller=ADMIN)[0] == 400
+
+
+def test_releasing_a_job_that_is_not_held_is_a_conflict_that_says_why(world: QueueWorld) -> None:
+    world.submit("runs", duration=3600)
+    world.submit("runs-too", duration=3600)
+    world.submit("waits", duration=60)
+    assert world.state("runs") == "starting"
+    status, answer = world.api("PATCH", "/jobs/runs", {"held": False})
+    assert status == 409
+    assert answer["message"] == "only a held job can be released; 'runs' is starting"
+    status, answer = world.api("PATCH", "/jobs/waits", {"held": False})
+    assert (status, answer["message"]) == (409, "only a held job can be released; 'waits' is queued")
+    assert world.state("waits") == "queued"
+    # holding twice stays harmless; releasing the held job works once
+    assert world.api("PATCH", "/jobs/waits", {"held": True})[0] == 200
+    assert world.api("PATCH", "/jobs/waits", {"held": True})[0] == 200
+    assert world.api("PATCH", "/jobs/waits", {"held": False})[0] == 200
+    assert world.api("PATCH", "/jobs/waits", {"held": False})[0] == 409

@@ -87,6 +87,13 @@ def test_without_any_endpoint_the_error_lists_every_way_to_give_one() -> None:
         assert hint in message
 
 
+@pytest.fixture
+def no_aws_keys(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.mark.usefixtures("no_aws_keys")
 def test_the_saved_local_stack_gives_endpoint_region_and_signing_keys() -> None:
     save_local_connection(LOCAL)
     client = QueueClient()
@@ -96,11 +103,45 @@ def test_the_saved_local_stack_gives_endpoint_region_and_signing_keys() -> None:
     assert client._signing_credentials().access_key == "AKLOCAL"
 
 
+@pytest.mark.usefixtures("no_aws_keys")
 def test_naming_the_saved_endpoint_explicitly_still_signs_with_its_keys() -> None:
     save_local_connection(LOCAL)
     client = QueueClient("http://127.0.0.1:8765/")
     assert client.endpoint == "http://127.0.0.1:8765"
     assert client._signing_credentials().secret_key == "sk-local"
+
+
+def test_keys_in_the_environment_win_over_the_saved_stack_s(monkeypatch: pytest.MonkeyPatch) -> None:
+    """flags > environment > local.json: keys exported as `sagequeue local env --identity admin` prints
+    them sign, though local.json names the user's."""
+    save_local_connection(LOCAL)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKADMIN")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "sk-admin")
+    monkeypatch.delenv("AWS_SESSION_TOKEN", raising=False)
+    monkeypatch.delenv("AWS_SECURITY_TOKEN", raising=False)
+    client = QueueClient()
+    assert client.endpoint_origin == "the saved local stack"
+    signing = client._signing_credentials()
+    assert (signing.access_key, signing.secret_key) == ("AKADMIN", "sk-admin")
+    # an explicit flag wins over both
+    explicit = QueueClient(credentials=("AKFLAG", "sk-flag"))
+    assert explicit._signing_credentials().access_key == "AKFLAG"
+
+
+def test_a_profile_in_the_environment_wins_over_the_saved_stack_s(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    save_local_connection(LOCAL)
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    credentials = tmp_path / "credentials"
+    credentials.write_text("[ops]\naws_access_key_id = AKPROFILE\naws_secret_access_key = sk-profile\n")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(credentials))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "config"))
+    monkeypatch.setenv("AWS_PROFILE", "ops")
+    assert QueueClient()._signing_credentials().access_key == "AKPROFILE"
+    monkeypatch.delenv("AWS_PROFILE")
+    assert QueueClient()._signing_credentials().access_key == "AKLOCAL"
 
 
 def test_the_environment_variable_wins_over_the_saved_stack(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -63,10 +63,10 @@ def test_the_table_is_ordered_by_priority_then_submission_with_short_durations()
     ]
     lines = jobs_table(jobs, NOW).splitlines()
     assert [line.split() for line in lines] == [
-        ["NAME", "STATE", "PRIORITY", "ATTEMPT", "POOL", "WAITED", "RAN"],
-        ["high", "running", "300", "1", "ml.trn1.32xlarge", "1h00m", "1d02h"],
-        ["early-low", "queued", "1", "0", "ml.trn1.32xlarge", "2m00s", "-"],
-        ["late-low", "queued", "1", "0", "ml.trn1.32xlarge", "40s", "-"],
+        ["NAME", "STATE", "PRIORITY", "ATTEMPT", "POOL", "POSITION", "WAITED", "RAN", "REASON"],
+        ["high", "running", "300", "1", "ml.trn1.32xlarge", "-", "1h00m", "1d02h", "-"],
+        ["early-low", "queued", "1", "0", "ml.trn1.32xlarge", "-", "2m00s", "-", "-"],
+        ["late-low", "queued", "1", "0", "ml.trn1.32xlarge", "-", "40s", "-", "-"],
     ]
     # columns line up: every row starts its POOL column at the same place
     assert len({line.index("ml.trn1") for line in lines[1:]}) == 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -204,7 +205,9 @@ def change(
             if job.state is not JobState.QUEUED:
                 raise InvalidTransition(f"only a queued job can be held; {name!r} is {job.state.value}")
             job.transition(JobState.HELD, now, reason=f"held by {me}")
-        elif held is False and job.state is JobState.HELD:
+        elif held is False:
+            if job.state is not JobState.HELD:
+                raise InvalidTransition(f"only a held job can be released; {name!r} is {job.state.value}")
             job.transition(JobState.QUEUED, now, reason=f"released by {me}")
         return True
 
@@ -215,6 +218,20 @@ def change(
         {"name": name, "change": "changed", "priority": job.priority, "state": job.state},
     )
     return job
+
+
+@functools.cache
+def training_instance_types() -> frozenset[str]:
+    """The instance types CreateTrainingJob accepts: the TrainingInstanceType enum of the SageMaker service
+    model botocore carries (empty if it cannot be read, so nothing is refused for want of a model)."""
+    from botocore.exceptions import BotoCoreError
+    from botocore.loaders import Loader
+
+    try:
+        model = Loader().load_service_model("sagemaker", "service-2")
+        return frozenset(model["shapes"]["TrainingInstanceType"]["enum"])
+    except (BotoCoreError, KeyError, TypeError):
+        return frozenset()
 
 
 def pools(deps: Dependencies) -> list[PoolView]:
@@ -255,6 +272,11 @@ def set_pool(deps: Dependencies, instance_type: str, capacity: Any, caller: str 
         pool = Pool(instance_type, capacity)
     except DomainError as exc:
         raise RequestInvalid(str(exc)) from None
+    known = training_instance_types()
+    if known and instance_type not in known:
+        raise RequestInvalid(
+            f"{instance_type!r} is not a SageMaker training instance type; valid: {', '.join(sorted(known))}"
+        )
     deps.ensure_pools()
     deps.store.set_capacity(pool)
     announce(

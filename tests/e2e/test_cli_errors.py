@@ -1,0 +1,97 @@
+"""Every error of the `sagequeue` command is one line on stderr and a documented exit code, never a
+traceback: run through the installed entry point, as a user runs it."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+COMMAND = str(Path(sys.executable).with_name("sagequeue"))
+
+
+def closed_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def run(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    environment = {k: v for k, v in os.environ.items() if not k.startswith(("SAGEQUEUE_", "HF_"))}
+    environment.update(SAGEQUEUE_HOME=str(tmp_path / "home"), HF_HOME=str(tmp_path / "hf"), **env)
+    return subprocess.run(
+        [COMMAND, *args], capture_output=True, text=True, env=environment, timeout=120, check=False
+    )
+
+
+def one_line(done: subprocess.CompletedProcess[str]) -> str:
+    assert "Traceback" not in done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith("error: ")
+    return lines[0]
+
+
+def test_an_unreachable_hub_cache_is_one_line(tmp_path: Path) -> None:
+    done = run(
+        tmp_path,
+        "cache",
+        "ls",
+        "--cache",
+        "hf://org/neff-cache",
+        HF_ENDPOINT=f"http://127.0.0.1:{closed_port()}",
+    )
+    assert done.returncode == 1
+    line = one_line(done)
+    assert line.startswith("error: sagequeue cache ls: ")
+    assert "Connection refused" in line or "connect" in line.lower()
+
+
+def test_an_offline_hub_client_is_one_line(tmp_path: Path) -> None:
+    done = run(tmp_path, "cache", "ls", "--cache", "hf://org/neff-cache", HF_HUB_OFFLINE="1")
+    assert done.returncode == 1
+    assert "offline" in one_line(done).lower()
+
+
+def test_an_unreachable_s3_cache_is_one_line(tmp_path: Path) -> None:
+    done = run(
+        tmp_path,
+        "cache",
+        "ls",
+        "--cache",
+        "s3://neff-bucket/cache",
+        AWS_ENDPOINT_URL_S3=f"http://127.0.0.1:{closed_port()}",
+        AWS_MAX_ATTEMPTS="1",
+    )
+    assert done.returncode == 1
+    assert "Could not connect to the endpoint URL" in one_line(done)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["cache", "ls", "--cache", "ftp://x"], "unknown NEFF cache URL 'ftp://x'"),
+        (["ls", "--bogus"], "No such option '--bogus'"),
+        (["priority"], "Missing argument 'NAME'"),
+        (["no-such-command"], "No such command 'no-such-command'"),
+        (["cache", "prune"], "say what to prune"),
+    ],
+)
+def test_bad_usage_is_one_line_and_exit_2(tmp_path: Path, args: list[str], message: str) -> None:
+    done = run(tmp_path, *args)
+    assert done.returncode == 2
+    line = one_line(done)
+    assert message in line
+    assert line.endswith("--help)")
+
+
+def test_help_and_version_exit_0(tmp_path: Path) -> None:
+    assert run(tmp_path, "--version").returncode == 0
+    helped = run(tmp_path, "ls", "--help")
+    assert helped.returncode == 0
+    assert "--format" in helped.stdout
+    assert "--start" in helped.stdout
