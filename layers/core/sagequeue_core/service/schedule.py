@@ -471,16 +471,15 @@ def run_pass(deps: Dependencies) -> PassReport:
 
 
 def _note_waiting(deps: Dependencies, queued: Mapping[str, Job], waiting: Mapping[str, str]) -> None:
-    """Tell users why a job waits (its `reason`), writing only jobs whose reason changed."""
-    for name, reason in waiting.items():
-        job = queued.get(name)
-        if job is None or job.reason == reason:
-            continue
-        job.reason = reason
-        try:
-            deps.store.save_job(job, was=JobState.QUEUED)
-        except StaleVersion:
-            continue  # changed since this pass read it; the next pass says why it waits
+    """Tell users why a job waits (its `reason`): only reasons that changed are written, many per request;
+    a job changed since this pass read it is skipped (the next pass says why it waits)."""
+    changed = [
+        (job, reason)
+        for name, reason in waiting.items()
+        if (job := queued.get(name)) is not None and job.reason != reason
+    ]
+    if changed:
+        deps.store.note_reasons(changed)
 
 
 def _queue_metrics(pool: str, window: list[Job], now: datetime) -> None:
