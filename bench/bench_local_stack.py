@@ -1,6 +1,6 @@
 """Start-up time of the embedded stack, and what one scheduling round trip costs on it.
 
-    python bench/bench_local_stack.py [--repeat N]
+    python bench/bench_local_stack.py [--repeat N] [--pass-cost] [--queued 10,1000,10000]
 
 - cold start: a fresh interpreter imports sagequeue.local and starts a LocalStack (moto's server, the
   resources of template.yaml, the SageMaker emulator, the handlers, the API), measured from before the
@@ -10,19 +10,30 @@
 - submit to running: a job submitted over the signed API until the scheduler has it running on the
   emulator, on the virtual clock (API, EventBridge, SQS, scheduler, SageMaker events, all over HTTP).
 
+- pass cost (`--pass-cost`): DynamoDB read and write requests and SageMaker calls of one scheduler pass
+  with 8 pools of 2 instances, all running, and 10 / 1,000 / 10,000 queued jobs behind them: the first pass
+  after the burst (it writes why each job in the pools' windows waits), the next one (nothing changed),
+  and a timer pass; then the ratio 10,000 / 10 (goal for reads: at most 1.1).
+
 Figures are medians; the machine's load shows in them, so the load average is printed too.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import os
 import statistics
 import subprocess
 import sys
 import time
+import uuid
+from collections import Counter
+from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -90,12 +101,180 @@ def warm_figures(repeat: int) -> tuple[list[float], list[float]]:
     return starts, round_trips
 
 
+#: Eight pools (instance types) of two instances each, as in issue #17's figures.
+POOLS = (
+    "ml.trn1.32xlarge",
+    "ml.trn1n.32xlarge",
+    "ml.trn2.48xlarge",
+    "ml.trn1.2xlarge",
+    "ml.p5.48xlarge",
+    "ml.p4d.24xlarge",
+    "ml.g5.12xlarge",
+    "ml.g6.12xlarge",
+)
+READS = {"GetItem", "Query", "Scan", "BatchGetItem", "TransactGetItems"}
+WRITES = {"PutItem", "UpdateItem", "DeleteItem", "BatchWriteItem", "TransactWriteItems"}
+
+
+def _training_request(name: str, instance_type: str, role: str) -> dict[str, Any]:
+    return {
+        "TrainingJobName": name,
+        "RoleArn": role,
+        "AlgorithmSpecification": {
+            "TrainingImage": "123456789012.dkr.ecr.us-east-1.amazonaws.com/t:1",
+            "TrainingInputMode": "File",
+        },
+        "OutputDataConfig": {"S3OutputPath": "s3://bench/out"},
+        "ResourceConfig": {"InstanceType": instance_type, "InstanceCount": 1, "VolumeSizeInGB": 64},
+        "StoppingCondition": {"MaxRuntimeInSeconds": 86400},
+        "Environment": {"SAGEQUEUE_SIM_DURATION": "86400"},
+    }
+
+
+def _metered(deps: Any, run: Any) -> Counter[str]:
+    """Requests by operation ("dynamodb:Query", "sagemaker:DescribeTrainingJob") while `run()` runs, and
+    the CPU milliseconds of the handler's own thread ("cpu_ms"; moto and the emulator serve on others)."""
+    counts: Counter[str] = Counter()
+
+    def count(model: Any, **_: Any) -> None:
+        counts[f"{model.service_model.service_name}:{model.name}"] += 1
+
+    clients = [deps.store.client, deps.clients["sagemaker"]]
+    for client in clients:
+        client.meta.events.register("before-call.*.*", count)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):  # the handler's EMF metric documents
+            began = time.thread_time()
+            run()
+            counts["cpu_ms"] = round((time.thread_time() - began) * 1000)
+    finally:
+        for client in clients:
+            client.meta.events.unregister("before-call.*.*", count)
+    return counts
+
+
+def _summary(counts: Counter[str]) -> tuple[int, int, int]:
+    def total(service: str, operations: set[str] | None) -> int:
+        return sum(
+            n
+            for op, n in counts.items()
+            if op.startswith(service + ":") and (operations is None or op.split(":")[1] in operations)
+        )
+
+    return total("dynamodb", READS), total("dynamodb", WRITES), total("sagemaker", None)
+
+
+def pass_cost(queued: int) -> dict[str, Counter[str]]:
+    """Metered scheduler passes with every pool full and `queued` jobs waiting behind them."""
+    import pynamodb.settings
+
+    # moto copies the whole table for each TransactWriteItems (to roll back), so with 10,000 jobs one
+    # transaction takes seconds here, never on DynamoDB: let it finish rather than time out and retry.
+    pynamodb.settings.default_settings_dict["read_timeout_seconds"] = 600
+    from sagequeue.local import LocalStack
+    from sagequeue.local.router import LambdaContext
+    from sagequeue_core import runtime
+    from sagequeue_core.domain import Job
+
+    stack = LocalStack(
+        settings={"capacity": dict.fromkeys(POOLS, 2), "min_runtime_before_preemption_seconds": 3600},
+        emulator={"provisioning_seconds": 60, "download_seconds": 10},
+        function_logs=False,
+    ).start()
+    try:
+        queue = stack.client()
+        for pool_index, pool in enumerate(POOLS):
+            for n in range(2):
+                name = f"running-{pool_index}-{n}"
+                queue.submit({**_training_request(name, pool, stack.training_role_arn), "priority": 9})
+        stack.run_until_idle()
+        stack.advance(120)
+        deps = runtime.dependencies()
+        jobs = []
+        for n in range(queued):
+            name = f"waiting-{n:05d}"
+            body = _training_request(name, POOLS[n % len(POOLS)], stack.training_role_arn)
+            jobs.append(
+                Job(
+                    name=name,
+                    request=body,
+                    priority=n % 7,
+                    owner=stack.identity().arn,
+                    submitted_at=stack.now() + timedelta(milliseconds=n),
+                )
+            )
+        deps.store.import_jobs(jobs)  # bulk: submitting 10,000 over the API would measure the API
+        scheduler = _load_handler("scheduler")
+        context = LambdaContext(
+            "bench-scheduler", "arn:aws:lambda:us-east-1:123456789012:function:bench", 512, 120
+        )
+
+        def changed() -> None:
+            event = {
+                "version": "0",
+                "id": str(uuid.uuid4()),
+                "source": "sagequeue",
+                "detail-type": "JobChanged",
+                "detail": {"name": "bench", "change": "changed"},
+            }
+            scheduler.handler(event, context)
+
+        def timer() -> None:
+            event = json.loads((ROOT / "tests/events/scheduled-reconcile.json").read_text())
+            scheduler.handler(event, context)
+
+        return {
+            "first pass after the burst": _metered(deps, changed),
+            "next pass (nothing changed)": _metered(deps, changed),
+            "timer pass": _metered(deps, timer),
+        }
+    finally:
+        stack.stop()
+
+
+def _load_handler(function: str) -> Any:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        f"bench_{function}", ROOT / "functions" / function / "app.py"
+    )
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def print_pass_cost(sizes: list[int]) -> None:
+    results = {size: pass_cost(size) for size in sizes}
+    print(f"scheduler pass cost: {len(POOLS)} pools x 2 instances, all running; requests per pass")
+    print(f"  {'queued':>7}  {'pass':<28} {'DDB reads':>9} {'DDB writes':>10} {'SageMaker':>9} {'CPU ms':>7}")
+    for size, passes in results.items():
+        for label, counts in passes.items():
+            reads, writes, sagemaker = _summary(counts)
+            print(f"  {size:>7}  {label:<28} {reads:>9} {writes:>10} {sagemaker:>9} {counts['cpu_ms']:>7}")
+    small, large = min(sizes), max(sizes)
+    for label in results[small]:
+        (r1, w1, s1), (r2, w2, s2) = _summary(results[small][label]), _summary(results[large][label])
+        print(
+            f"  {large:,} / {small:,} {label}: reads {r2 / max(r1, 1):.2f}, writes {w2 / max(w1, 1):.2f}, "
+            f"SageMaker {s2 / max(s1, 1):.2f}"
+        )
+    detail = {label: dict(sorted(counts.items())) for label, counts in results[large].items()}
+    print(f"  by operation at {large:,} queued: {json.dumps(detail)}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--pass-cost", action="store_true", help="only the scheduler's per-pass cost")
+    parser.add_argument("--queued", default="10,1000,10000", help="queue sizes for --pass-cost")
     args = parser.parse_args()
+    if args.pass_cost:
+        print_pass_cost([int(size) for size in args.queued.split(",")])
+        return
     colds = [cold_start() for _ in range(args.repeat)]
     starts, round_trips = warm_figures(args.repeat)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")

@@ -13,7 +13,7 @@ from aws_lambda_powertools.event_handler.openapi.exceptions import RequestValida
 from aws_lambda_powertools.event_handler.openapi.params import Query
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from sagequeue_core.observability import logger, metrics, tracer
+from sagequeue_core.observability import logger, metrics
 from sagequeue_core.runtime import dependencies
 from sagequeue_core.service import jobs, submit
 from sagequeue_core.service.access import is_admin, require_caller
@@ -126,7 +126,6 @@ def _error(status: int, body: dict[str, str]) -> Response[Any]:
 
 
 @logger.inject_lambda_context(clear_state=True)
-@tracer.capture_lambda_handler
 @metrics.log_metrics
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     return app.resolve(event, context)

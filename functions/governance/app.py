@@ -6,7 +6,7 @@ from dataclasses import asdict
 from typing import Any
 
 from sagequeue_core.events import MalformedEvent, is_training_job_event
-from sagequeue_core.observability import logger, metrics, tracer
+from sagequeue_core.observability import logger, metrics
 from sagequeue_core.runtime import dependencies
 from sagequeue_core.service.govern import governance_from
 
@@ -16,7 +16,6 @@ SCHEDULED_EVENT = "Scheduled Event"
 
 @logger.inject_lambda_context(clear_state=True)
 @metrics.log_metrics
-@tracer.capture_lambda_handler
 def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     governance = governance_from(dependencies())
     if is_training_job_event(event):

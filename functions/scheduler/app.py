@@ -7,13 +7,12 @@ from typing import Any
 
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
-from sagequeue_core.observability import logger, metrics, tracer
+from sagequeue_core.observability import logger, metrics
 from sagequeue_core.runtime import dependencies
 from sagequeue_core.service.schedule import handle_event
 
 
 @logger.inject_lambda_context(clear_state=True)
-@tracer.capture_lambda_handler
 @metrics.log_metrics
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
     report = handle_event(dependencies(), event)

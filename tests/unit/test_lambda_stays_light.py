@@ -1,7 +1,9 @@
-"""Lambda code must not pull in the SageMaker SDK or anything else heavy the layer does not carry."""
+"""Lambda code must not pull in the SageMaker SDK or anything else heavy the layer does not carry, and each
+handler loads only what it uses: a cold start pays for every module imported (docs/adr/0004)."""
 
 from __future__ import annotations
 
+import ast
 import json
 import subprocess
 import sys
@@ -13,6 +15,27 @@ ROOT = Path(__file__).resolve().parents[2]
 HANDLERS = sorted(ROOT.glob("functions/*/app.py"))
 #: Importable here, but not in the Lambda layer (or far too slow for a cold start).
 FORBIDDEN = ("sagemaker", "moto", "huggingface_hub", "sagequeue", "pandas", "numpy", "torch")
+#: In the layer's reach but loaded by no handler: traces come from Lambda's active tracing, not the X-Ray
+#: SDK behind Powertools' Tracer, which cost more to import than boto3.
+NEVER = ("aws_xray_sdk", "wrapt")
+#: Modules that only some handlers need, and the handlers that may load them.
+ONLY_FOR = {
+    "pydantic": {"api"},
+    "pydantic_core": {"api"},
+    "aws_lambda_powertools.event_handler": {"api"},
+    "sagequeue_core.service.http": {"api"},
+    "sagequeue_core.service.jobs": {"api"},
+    "sagequeue_core.service.submit": {"api"},
+    "sagequeue_core.service.access": {"api"},
+    "sagequeue_core.service.schedule": {"scheduler"},
+    "sagequeue_core.policy": {"scheduler"},
+    "sagequeue_core.service.govern": {"governance"},
+    "sagequeue_core.service.stop_idle": {"idle_stop"},
+    "sagequeue_core.alarms": {"governance", "idle_stop"},
+    "sagequeue_core.notify": {"governance", "idle_stop"},
+    # the tag and policy rules: the API checks submissions, governance checks running jobs
+    "sagequeue_core.governance": {"api", "governance", "idle_stop"},
+}
 
 PROBE = """
 import importlib.util, json, sys
@@ -22,21 +45,89 @@ spec.loader.exec_module(module)
 print(json.dumps({"handler": callable(getattr(module, "handler", None)), "modules": sorted(sys.modules)}))
 """
 
+_loaded: dict[Path, dict[str, object]] = {}
+
+
+def loaded(handler: Path) -> dict[str, object]:
+    """What a fresh interpreter holds after importing `handler` (one probe per handler per session)."""
+    if handler not in _loaded:
+        out = subprocess.run(
+            [sys.executable, "-c", PROBE, str(handler)], capture_output=True, text=True, check=True
+        )
+        _loaded[handler] = json.loads(out.stdout.splitlines()[-1])
+    return _loaded[handler]
+
+
+def _modules(handler: Path) -> list[str]:
+    modules = loaded(handler)["modules"]
+    assert isinstance(modules, list)
+    return [str(name) for name in modules]
+
+
+def _within(name: str, package: str) -> bool:
+    return name == package or name.startswith(package + ".")
+
 
 def test_every_function_in_the_layout_has_a_handler() -> None:
-    assert {h.parent.name for h in HANDLERS} >= {"api", "scheduler"}
+    assert {h.parent.name for h in HANDLERS} >= {"api", "scheduler", "governance", "idle_stop"}
 
 
 @pytest.mark.parametrize("handler", HANDLERS, ids=lambda p: p.parent.name)
 def test_handler_imports_only_what_the_layer_carries(handler: Path) -> None:
-    out = subprocess.run(
-        [sys.executable, "-c", PROBE, str(handler)], capture_output=True, text=True, check=True
-    )
-    loaded = json.loads(out.stdout.splitlines()[-1])
-    assert loaded["handler"], f"{handler} has no callable `handler`"
+    assert loaded(handler)["handler"], f"{handler} has no callable `handler`"
     heavy = sorted(
         name
-        for name in loaded["modules"]
-        if name.split(".")[0] in FORBIDDEN and not name.startswith("sagequeue_")
+        for name in _modules(handler)
+        if name.split(".")[0] in FORBIDDEN + NEVER and not name.startswith("sagequeue_")
     )
     assert heavy == [], f"{handler.relative_to(ROOT)} imports {heavy}"
+
+
+@pytest.mark.parametrize("handler", HANDLERS, ids=lambda p: p.parent.name)
+def test_nothing_only_another_handler_needs_is_imported(handler: Path) -> None:
+    function = handler.parent.name
+    foreign = sorted(
+        name
+        for name in _modules(handler)
+        for package, users in ONLY_FOR.items()
+        if _within(name, package) and function not in users
+    )
+    assert foreign == [], f"{handler.relative_to(ROOT)} loads what only other handlers need: {foreign}"
+
+
+@pytest.mark.parametrize("handler", HANDLERS, ids=lambda p: p.parent.name)
+def test_each_handler_loads_its_own_use_case(handler: Path) -> None:
+    """The table above is not vacuous: each handler does load the modules reserved for it."""
+    function = handler.parent.name
+    own = {package for package, users in ONLY_FOR.items() if users == {function}}
+    assert own, f"no module is reserved for {function}; add its use case to ONLY_FOR"
+    modules = set(_modules(handler))
+    assert own <= modules, f"{function} does not load {sorted(own - modules)}"
+
+
+def _unused_imports(source: str) -> list[str]:
+    tree = ast.parse(source)
+    imported: dict[str, int] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            if isinstance(node, ast.ImportFrom) and node.module == "__future__":
+                continue
+            for alias in node.names:
+                imported[(alias.asname or alias.name).split(".")[0]] = node.lineno
+    used = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)}
+    used |= {
+        node.value.id
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+    }
+    return sorted(name for name in imported if name not in used)
+
+
+@pytest.mark.parametrize("handler", HANDLERS, ids=lambda p: p.parent.name)
+def test_handler_imports_nothing_it_does_not_use(handler: Path) -> None:
+    assert _unused_imports(handler.read_text()) == []
+
+
+def test_the_unused_import_check_sees_an_unused_import() -> None:
+    source = "from typing import Any\nimport json\nfrom x import tracer, logger\n\n@logger.wrap\ndef f(a: Any): ...\n"
+    assert _unused_imports(source) == ["json", "tracer"]

@@ -122,3 +122,11 @@ class CloudWatchAlarms:
             raise _translate(exc, f"cannot describe alarm {name}") from exc
         alarms = page.get("MetricAlarms", [])
         return str(alarms[0]["StateValue"]) if alarms else None
+
+
+def alarms_of(deps: Any) -> CloudWatchAlarms:
+    """The alarm adapter of a `runtime.Dependencies`: the one installed, else one over its CloudWatch client."""
+    if deps.alarms is None:
+        deps.alarms = CloudWatchAlarms(deps.client("cloudwatch"))
+    alarms: CloudWatchAlarms = deps.alarms
+    return alarms

@@ -4,26 +4,35 @@ Every variable sagequeue reads is named here, once, with its default. Field name
 the stack parameters (`Capacity` -> `capacity`); the environment variable is `SAGEQUEUE_` plus the field
 name in upper case (`SAGEQUEUE_CAPACITY`). Lists are comma-separated; the capacity is
 `<instance type>=<instances>` pairs, e.g. `ml.trn1.32xlarge=2,ml.trn2.48xlarge=1`.
+
+Settings are a plain dataclass whose fields each name their parser: every handler reads them at its cold
+start, and a validation library would cost more to import than the handler's own code
+(docs/adr/0004-cold-start-budget.md).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import os
 import re
-from collections.abc import Mapping
-from typing import Any
-
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 from sagequeue_core.defaults import EXEMPT_TAG
-from sagequeue_core.domain import DomainError, is_pool_name
-from sagequeue_core.governance import PolicyRules, parse_required_tags
+from sagequeue_core.domain import DomainError, is_pool_name, parse_required_tags
+
+if TYPE_CHECKING:
+    from sagequeue_core.governance import PolicyRules
 
 ENV_PREFIX = "SAGEQUEUE_"
 
 _INSTANCE_TYPE = re.compile(r"ml\.[a-z0-9]+\.[a-z0-9]+")
 _ROLE_ARN = re.compile(r"arn:aws[a-z-]*:iam::\d{12}:role/[\w+=,.@/-]+")
 _PRINCIPAL_ARN = re.compile(r"arn:aws[a-z-]*:(iam|sts)::\d{12}:[\w+=,.@/-]+")
+_INTEGER = re.compile(r"[+-]?\d+")
+
+Parser = Callable[[Any], Any]
 
 
 class ConfigError(ValueError):
@@ -32,12 +41,6 @@ class ConfigError(ValueError):
 
 def env_name(field_name: str) -> str:
     return ENV_PREFIX + field_name.upper()
-
-
-def _split(value: Any) -> Any:
-    if isinstance(value, str):
-        return tuple(part.strip() for part in value.split(",") if part.strip())
-    return value
 
 
 def parse_capacity(spec: str) -> dict[str, int]:
@@ -61,141 +64,217 @@ def parse_capacity(spec: str) -> dict[str, int]:
     return capacity
 
 
-class Settings(BaseModel):
-    """sagequeue's settings; `Settings.from_env()` reads them, each from `SAGEQUEUE_<FIELD>`."""
+# --- parsers: a value as given (a string from the environment, or a typed value) -> the typed value ------------
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+
+def _text(value: Any) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"must be a string, got {value!r}")
+    return value
+
+
+def _bounded(number: Any, ge: float | None, le: float | None) -> Any:
+    if ge is not None and number < ge:
+        raise ValueError(f"must be greater than or equal to {ge}, got {number}")
+    if le is not None and number > le:
+        raise ValueError(f"must be less than or equal to {le}, got {number}")
+    return number
+
+
+def _to_int(value: Any) -> int:
+    if isinstance(value, bool):
+        raise ValueError(f"must be an integer, got {value!r}")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str) and _INTEGER.fullmatch(value.strip()):
+        return int(value.strip())
+    raise ValueError(f"must be an integer, got {value!r}")
+
+
+def _integer(*, ge: int | None = None, le: int | None = None) -> Parser:
+    def parse(value: Any) -> int:
+        number: int = _bounded(_to_int(value), ge, le)
+        return number
+
+    return parse
+
+
+def _optional_integer(*, ge: int | None = None) -> Parser:
+    """None, an empty string or 0 (how a stack parameter says "no limit") mean None."""
+
+    def parse(value: Any) -> int | None:
+        if value is None or (isinstance(value, str) and value.strip() in ("", "0")):
+            return None
+        number: int = _bounded(_to_int(value), ge, None)
+        return number
+
+    return parse
+
+
+def _number(*, ge: float | None = None, le: float | None = None) -> Parser:
+    def parse(value: Any) -> float:
+        if isinstance(value, bool) or not isinstance(value, int | float | str):
+            raise ValueError(f"must be a number, got {value!r}")
+        try:
+            number = float(value)
+        except ValueError:
+            raise ValueError(f"must be a number, got {value!r}") from None
+        if not math.isfinite(number):
+            raise ValueError(f"must be a finite number, got {value!r}")
+        result: float = _bounded(number, ge, le)
+        return result
+
+    return parse
+
+
+def _list(pattern: re.Pattern[str], what: str) -> Parser:
+    """A comma-separated string or a sequence of strings, each matching `pattern` in full."""
+
+    def parse(value: Any) -> tuple[str, ...]:
+        if isinstance(value, str):
+            items = tuple(part.strip() for part in value.split(",") if part.strip())
+        elif isinstance(value, list | tuple | set | frozenset):
+            items = tuple(value)
+        else:
+            raise ValueError(f"must be a comma-separated list, got {value!r}")
+        for item in items:
+            if not isinstance(item, str) or not pattern.fullmatch(item):
+                raise ValueError(f"{item!r} is not {what}")
+        return items
+
+    return parse
+
+
+def _capacity(value: Any) -> dict[str, int]:
+    if isinstance(value, str):
+        return parse_capacity(value)
+    if not isinstance(value, Mapping):
+        raise ValueError(f"must be <instance type>=<instances> pairs, got {value!r}")
+    capacity: dict[str, int] = {}
+    for instance_type, count in value.items():
+        if not is_pool_name(instance_type):
+            raise ValueError(
+                f"{instance_type!r} is not a pool: an instance type like ml.trn1.32xlarge or plan:<name>"
+            )
+        try:
+            capacity[instance_type] = _to_int(count)
+        except ValueError:
+            raise ValueError(f"capacity of {instance_type} must be an integer, got {count!r}") from None
+        if capacity[instance_type] < 0:
+            raise ValueError(f"capacity of {instance_type} must not be negative")
+    return capacity
+
+
+def _required_tags(value: Any) -> str:
+    spec = _text(value)
+    try:
+        parse_required_tags(spec)
+    except DomainError as exc:
+        raise ValueError(str(exc)) from exc
+    return spec
+
+
+def setting(default: Any, parse: Parser) -> Any:
+    """A settings field: its default and the parser its values go through."""
+    return dataclasses.field(default=default, metadata={"parse": parse})
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """sagequeue's settings; `Settings.from_env()` reads them, each from `SAGEQUEUE_<FIELD>`. Values given
+    to the constructor are parsed as the environment's strings are; an invalid one raises ConfigError."""
 
     # --- where things live ------------------------------------------------------------------------------
     #: The DynamoDB table that holds jobs, pools, warm pools and the idempotency ledger.
-    table_name: str = "sagequeue"
+    table_name: str = setting("sagequeue", _text)
     #: The EventBridge bus sagequeue publishes its own events on.
-    event_bus_name: str = "sagequeue"
+    event_bus_name: str = setting("sagequeue", _text)
 
     # --- scheduler ----------------------------------------------------------------------------------------
     #: Instances per pool (instance type), seeded into the table; PUT /pools changes them at runtime.
-    capacity: dict[str, int] = Field(default_factory=dict)
+    capacity: dict[str, int] = dataclasses.field(default_factory=dict, metadata={"parse": _capacity})
     #: Roles a submitted job may pass to SageMaker (RoleArn). Empty refuses every submission: the scheduler
     #: passes the role, so an open list would let any submitter run code as any role.
-    allowed_role_arns: tuple[str, ...] = ()
+    allowed_role_arns: tuple[str, ...] = setting(
+        (), _list(_ROLE_ARN, "an IAM role ARN (arn:aws:iam::<account>:role/<name>)")
+    )
     #: Principals (role or user ARNs) that may change any job and set pool capacity.
-    admin_role_arns: tuple[str, ...] = ()
+    admin_role_arns: tuple[str, ...] = setting((), _list(_PRINCIPAL_ARN, "an IAM principal ARN"))
     #: A running attempt is not preempted before it has run this long, so preemption cannot thrash.
-    min_runtime_before_preemption_seconds: int = Field(default=600, ge=0)
+    min_runtime_before_preemption_seconds: int = setting(600, _integer(ge=0))
     #: Past this many preemptions a job is not preempted again until it ends (0: no limit).
-    max_preemptions_per_job: int = Field(default=3, ge=0, le=1000)
+    max_preemptions_per_job: int = setting(3, _integer(ge=0, le=1000))
     #: A job waiting at the head of its pool this long reserves the instances it needs, so smaller jobs
     #: behind it stop overtaking it (drain; 0 never reserves).
-    reserve_after_seconds: int = Field(default=1800, ge=0)
+    reserve_after_seconds: int = setting(1800, _integer(ge=0))
     #: Keep-alive set on a start when a queued job would reuse its instances next (0 disables it).
-    default_keep_alive_seconds: int = Field(default=600, ge=0, le=21_600)
+    default_keep_alive_seconds: int = setting(600, _integer(ge=0, le=21_600))
     #: Attempts per job before capacity or internal failures fail it for good.
-    max_attempts: int = Field(default=5, ge=1, le=100)
+    max_attempts: int = setting(5, _integer(ge=1, le=100))
     #: Queued jobs read per pool per pass (K): the pass reads this many, whatever the queue's length.
-    queue_lookahead: int = Field(default=50, ge=1, le=1000)
+    queue_lookahead: int = setting(50, _integer(ge=1, le=1000))
     #: First backoff after a capacity or internal failure; doubles per retry up to max_backoff_seconds.
-    retry_backoff_seconds: int = Field(default=60, ge=0)
-    max_backoff_seconds: int = Field(default=1800, ge=0)
+    retry_backoff_seconds: int = setting(60, _integer(ge=0))
+    max_backoff_seconds: int = setting(1800, _integer(ge=0))
     #: Largest request body the API accepts, in bytes (the job item must fit DynamoDB's 400 KB).
-    max_request_bytes: int = Field(default=131_072, ge=1024, le=300_000)
+    max_request_bytes: int = setting(131_072, _integer(ge=1024, le=300_000))
 
     # --- governance ---------------------------------------------------------------------------------------
     #: Tags every job must carry: `team,project=^[a-z-]+$` (a key, optionally `=<regex>` for its value).
-    required_tags: str = ""
+    required_tags: str = setting("", _required_tags)
     #: Instance types jobs may use; empty allows every type.
-    allowed_instance_types: tuple[str, ...] = ()
+    allowed_instance_types: tuple[str, ...] = setting(
+        (), _list(_INSTANCE_TYPE, "an instance type like ml.trn1.32xlarge")
+    )
     #: Instances one job may request in total; None: no limit.
-    max_instances_per_job: int | None = Field(default=None, ge=1)
+    max_instances_per_job: int | None = setting(None, _optional_integer(ge=1))
     #: Longest StoppingCondition.MaxRuntimeInSeconds a job may ask for; None: no limit.
-    max_runtime_seconds: int | None = Field(default=None, ge=1)
+    max_runtime_seconds: int | None = setting(None, _optional_integer(ge=1))
     #: A job tagged `<exempt_tag>=true` is exempt from the tag and policy rules and from the idle stop.
-    exempt_tag: str = EXEMPT_TAG
+    exempt_tag: str = setting(EXEMPT_TAG, _text)
     #: A host is idle below this NeuronCore (or GPU) utilization, in percent.
-    idle_threshold_percent: float = Field(default=5.0, ge=0.0, le=100.0)
+    idle_threshold_percent: float = setting(5.0, _number(ge=0.0, le=100.0))
     #: Length of one idle-alarm evaluation period.
-    idle_period_seconds: int = Field(default=300, ge=60)
+    idle_period_seconds: int = setting(300, _integer(ge=60))
     #: Consecutive idle periods before a job is stopped.
-    idle_periods: int = Field(default=6, ge=1)
+    idle_periods: int = setting(6, _integer(ge=1))
     #: A host that reports no metrics at all is stopped after this many idle windows (docs/adr/0002).
-    idle_silence_factor: int = Field(default=2, ge=1)
+    idle_silence_factor: int = setting(2, _integer(ge=1))
     #: A job that fails after running at least this long may be resumed from its checkpoints.
-    resume_after_failure_min_runtime_seconds: int = Field(default=600, ge=0)
+    resume_after_failure_min_runtime_seconds: int = setting(600, _integer(ge=0))
     #: Resumes after failures per job.
-    max_resumes: int = Field(default=2, ge=0)
+    max_resumes: int = setting(2, _integer(ge=0))
     #: Spot interruptions per job before it is no longer resumed.
-    max_spot_interruptions: int = Field(default=3, ge=0)
+    max_spot_interruptions: int = setting(3, _integer(ge=0))
     #: SNS topic the idle alarms notify; empty until the governance part of the stack exists.
-    alarm_topic_arn: str = ""
+    alarm_topic_arn: str = setting("", _text)
     #: SNS topic for notifications to people (policy violations, idle stops).
-    notification_topic_arn: str = ""
+    notification_topic_arn: str = setting("", _text)
 
-    @field_validator("capacity", mode="before")
-    @classmethod
-    def _parse_capacity(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            return parse_capacity(value)
-        return value
+    def __post_init__(self) -> None:
+        problems = []
+        for spec in dataclasses.fields(self):
+            try:
+                parsed = spec.metadata["parse"](getattr(self, spec.name))
+            except (ValueError, TypeError) as exc:
+                problems.append(f"{env_name(spec.name)}: {exc}")
+                continue
+            object.__setattr__(self, spec.name, parsed)
+        if problems:
+            raise ConfigError("invalid settings: " + "; ".join(problems))
 
-    @field_validator("capacity")
     @classmethod
-    def _check_capacity(cls, value: dict[str, int]) -> dict[str, int]:
-        for instance_type, count in value.items():
-            if not is_pool_name(instance_type):
-                raise ValueError(
-                    f"{instance_type!r} is not a pool: an instance type like ml.trn1.32xlarge or plan:<name>"
-                )
-            if count < 0:
-                raise ValueError(f"capacity of {instance_type} must not be negative")
-        return value
-
-    @field_validator("allowed_role_arns", "admin_role_arns", "allowed_instance_types", mode="before")
-    @classmethod
-    def _parse_list(cls, value: Any) -> Any:
-        return _split(value)
-
-    @field_validator("allowed_role_arns")
-    @classmethod
-    def _check_roles(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        for arn in value:
-            if not _ROLE_ARN.fullmatch(arn):
-                raise ValueError(f"{arn!r} is not an IAM role ARN (arn:aws:iam::<account>:role/<name>)")
-        return value
-
-    @field_validator("admin_role_arns")
-    @classmethod
-    def _check_admins(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        for arn in value:
-            if not _PRINCIPAL_ARN.fullmatch(arn):
-                raise ValueError(f"{arn!r} is not an IAM principal ARN")
-        return value
-
-    @field_validator("allowed_instance_types")
-    @classmethod
-    def _check_types(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        for instance_type in value:
-            if not _INSTANCE_TYPE.fullmatch(instance_type):
-                raise ValueError(f"{instance_type!r} is not an instance type like ml.trn1.32xlarge")
-        return value
-
-    @field_validator("required_tags")
-    @classmethod
-    def _check_required_tags(cls, value: str) -> str:
-        try:
-            PolicyRules(required_tags=parse_required_tags(value))
-        except DomainError as exc:
-            raise ValueError(str(exc)) from exc
-        return value
-
-    @field_validator("max_instances_per_job", "max_runtime_seconds", mode="before")
-    @classmethod
-    def _empty_is_none(cls, value: Any) -> Any:
-        if isinstance(value, str) and value.strip() in ("", "0"):
-            return None
-        return value
+    def field_names(cls) -> tuple[str, ...]:
+        """Every setting's name, in declaration order."""
+        return tuple(spec.name for spec in dataclasses.fields(cls))
 
     @property
     def policy_rules(self) -> PolicyRules:
         """The governance rules submissions and running jobs are checked against."""
+        from sagequeue_core.governance import PolicyRules  # only the API and governance need the rules
+
         return PolicyRules(
             required_tags=parse_required_tags(self.required_tags),
             allowed_instance_types=frozenset(self.allowed_instance_types),
@@ -207,19 +286,16 @@ class Settings(BaseModel):
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> Settings:
         """Settings from `SAGEQUEUE_*` variables; raises ConfigError naming the variable that is wrong."""
-        values = {name: environ[env_name(name)] for name in cls.model_fields if env_name(name) in environ}
+        values = {name: environ[env_name(name)] for name in cls.field_names() if env_name(name) in environ}
         return cls.build(**values)
 
     @classmethod
     def build(cls, **values: Any) -> Settings:
         """Settings from keyword values (strings as in the environment, or typed values)."""
-        try:
-            return cls(**values)
-        except ValidationError as exc:
-            problems = []
-            for error in exc.errors():
-                field = str(error["loc"][0]) if error["loc"] else "settings"
-                name = env_name(field) if field in cls.model_fields else field
-                message = str(error["msg"]).removeprefix("Value error, ")
-                problems.append(f"{name}: {message}")
-            raise ConfigError("invalid settings: " + "; ".join(problems)) from None
+        unknown = sorted(set(values) - set(cls.field_names()))
+        if unknown:
+            raise ConfigError(
+                f"invalid settings: unknown setting(s) {', '.join(unknown)}; "
+                f"known: {', '.join(cls.field_names())}"
+            )
+        return cls(**values)

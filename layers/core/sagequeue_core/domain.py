@@ -556,3 +556,32 @@ def parse_time(value: Any) -> datetime | None:
 
 def _iso(value: datetime | None) -> str | None:
     return value.isoformat() if value else None
+
+
+def check_tag_pattern(key: str, pattern: str) -> None:
+    """DomainError unless `pattern`, the rule a required tag's value must match, is a regular expression."""
+    try:
+        re.compile(pattern)
+    except re.error as exc:
+        raise DomainError(f"required tag {key!r}: invalid pattern {pattern!r}: {exc}") from exc
+
+
+def parse_required_tags(spec: str) -> dict[str, str | None]:
+    """`team,project=^[a-z-]+$,cost-center` -> {team: None, project: '^[a-z-]+$', cost-center: None}.
+
+    Entries are separated by commas; a key may carry `=<regex>` that its value must match in full. It lives
+    here rather than in governance so that reading the settings does not load the governance rules.
+    """
+    rules: dict[str, str | None] = {}
+    for raw in spec.split(","):
+        entry = raw.strip()
+        if not entry:
+            continue
+        key, sep, pattern = entry.partition("=")
+        key = key.strip()
+        if not key:
+            raise DomainError(f"required tag entry {entry!r} has no key")
+        rules[key] = pattern.strip() if sep else None
+        if sep:
+            check_tag_pattern(key, rules[key] or "")
+    return rules

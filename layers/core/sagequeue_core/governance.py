@@ -35,7 +35,14 @@ from sagequeue_core.defaults import (
     is_gpu_instance,
     is_neuron_instance,
 )
-from sagequeue_core.domain import DomainError, attempt_name, demand_of, parse_time, tags_to_dict
+from sagequeue_core.domain import (
+    DomainError,
+    attempt_name,
+    check_tag_pattern,
+    demand_of,
+    parse_time,
+    tags_to_dict,
+)
 
 #: What SageMaker uses when StoppingCondition.MaxRuntimeInSeconds is absent (one day).
 SAGEMAKER_DEFAULT_MAX_RUNTIME_SECONDS = 86_400
@@ -60,28 +67,7 @@ class PolicyRules:
     def __post_init__(self) -> None:
         for key, pattern in self.required_tags.items():
             if pattern is not None:
-                try:
-                    re.compile(pattern)
-                except re.error as exc:
-                    raise DomainError(f"required tag {key!r}: invalid pattern {pattern!r}: {exc}") from exc
-
-
-def parse_required_tags(spec: str) -> dict[str, str | None]:
-    """`team,project=^[a-z-]+$,cost-center` -> {team: None, project: '^[a-z-]+$', cost-center: None}.
-
-    Entries are separated by commas; a key may carry `=<regex>` that its value must match.
-    """
-    rules: dict[str, str | None] = {}
-    for raw in spec.split(","):
-        entry = raw.strip()
-        if not entry:
-            continue
-        key, sep, pattern = entry.partition("=")
-        key = key.strip()
-        if not key:
-            raise DomainError(f"required tag entry {entry!r} has no key")
-        rules[key] = pattern.strip() if sep else None
-    return rules
+                check_tag_pattern(key, pattern)
 
 
 def is_exempt(tags: Mapping[str, str], rules: PolicyRules) -> bool:

@@ -64,3 +64,11 @@ class SnsNotifier:
 
 def notifier_for(client: Any, topic_arn: str) -> Notifier:
     return SnsNotifier(client, topic_arn) if topic_arn else NullNotifier()
+
+
+def notifier_of(deps: Any) -> Notifier:
+    """The notifier of a `runtime.Dependencies`: the one installed, else SNS on the notification topic."""
+    if deps.notifier is None:
+        deps.notifier = notifier_for(deps.client("sns"), deps.settings.notification_topic_arn)
+    notifier: Notifier = deps.notifier
+    return notifier

@@ -1,14 +1,17 @@
 """Logging, metrics and tracing through Powertools, configured in one place.
 
 Logs are structured JSON with the job name and attempt as keys; metrics are CloudWatch EMF under the
-namespace POWERTOOLS_METRICS_NAMESPACE (template.yaml sets `SageQueue`); traces go to X-Ray when the
-function has active tracing. Handlers decorate themselves with `logger.inject_lambda_context`,
-`metrics.log_metrics` and `tracer.capture_lambda_handler`; use cases add keys and metrics.
+namespace POWERTOOLS_METRICS_NAMESPACE (template.yaml sets `SageQueue`). Handlers decorate themselves with
+`logger.inject_lambda_context` and `metrics.log_metrics`; use cases add keys and metrics.
+
+Traces come from Lambda's active tracing (`Tracing: Active` in template.yaml), which records each
+invocation's segment without any SDK in the package. Powertools' Tracer is deliberately not used: the X-Ray
+SDK it loads cost more at every cold start than boto3 itself (docs/adr/0004-cold-start-budget.md).
 """
 
 from __future__ import annotations
 
-from aws_lambda_powertools import Logger, Metrics, Tracer, single_metric
+from aws_lambda_powertools import Logger, Metrics, single_metric
 from aws_lambda_powertools.metrics import MetricUnit
 
 SERVICE = "sagequeue"
@@ -16,7 +19,6 @@ NAMESPACE = "SageQueue"
 
 logger = Logger(service=SERVICE)
 metrics = Metrics(service=SERVICE, namespace=NAMESPACE)
-tracer = Tracer(service=SERVICE)
 
 # --- metric names (one place, so dashboards and alarms agree with the code) ----------------------------------
 QUEUE_DEPTH = "QueueDepth"  # queued jobs per pool (dimension Pool)
@@ -43,4 +45,4 @@ def pool_gauge(name: str, pool: str, value: float, unit: MetricUnit = MetricUnit
         metric.add_dimension(name="Pool", value=pool)
 
 
-__all__ = ["MetricUnit", "count", "logger", "metrics", "pool_gauge", "tracer"]
+__all__ = ["MetricUnit", "count", "logger", "metrics", "pool_gauge"]

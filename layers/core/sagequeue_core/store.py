@@ -65,6 +65,9 @@ _CLAIM_SK = "CLAIM"
 
 _CONDITION_FAILED = "ConditionalCheckFailedException"
 
+#: Items DynamoDB accepts in one TransactWriteItems request.
+TRANSACTION_ITEMS = 100
+
 
 def _job_pk(name: str) -> str:
     return f"JOB#{name}"
@@ -223,6 +226,22 @@ def _condition_failed(exc: Exception) -> bool:
     return any(getattr(r, "code", None) == "ConditionalCheckFailed" for r in reasons if r is not None)
 
 
+#: Per-item codes of a cancelled transaction that mean "this item changed under us" (DynamoDB drops the
+#: "Exception" suffix there); "None" marks an item that was fine.
+_LOST_RACE_CODES = frozenset({"ConditionalCheckFailed", "TransactionConflict"})
+
+
+def _without_lost_races(pending: list[Any], exc: TransactWriteError) -> list[Any]:
+    """`pending` without the items a cancelled transaction names as changed; re-raise any other failure."""
+    reasons = list(getattr(exc, "cancellation_reasons", None) or [])
+    codes = [getattr(reason, "code", None) for reason in reasons]
+    if len(codes) != len(pending) or not any(code in _LOST_RACE_CODES for code in codes):
+        raise exc
+    if any(code not in _LOST_RACE_CODES and code not in (None, "None") for code in codes):
+        raise exc
+    return [item for item, code in zip(pending, codes, strict=True) if code not in _LOST_RACE_CODES]
+
+
 class Repository:
     """sagequeue's table. `host` is an endpoint URL (moto, DynamoDB Local); None means AWS."""
 
@@ -304,6 +323,44 @@ class Repository:
             raise
         job.version += 1
         return job
+
+    def note_waiting(self, notes: Sequence[tuple[Job, str | None, Reservation | None]]) -> list[str]:
+        """Set each queued job's `reason` (why it waits) and reservation (what a pass promised it), many
+        per request; the names written.
+
+        Both are written only on the job as it was read (its version), without moving the version, so they
+        never make a concurrent change of the job stale: a cancel, a hold or a start that wins the race
+        writes the whole job, reservation cleared. A job changed since it was read keeps its old values (the
+        next pass decides again). Up to TRANSACTION_ITEMS jobs go in one TransactWriteItems request; when
+        some of them were changed, the request is cancelled as a whole and sent again without them.
+        """
+        written: list[str] = []
+        for start in range(0, len(notes), TRANSACTION_ITEMS):
+            pending = list(notes[start : start + TRANSACTION_ITEMS])
+            while pending:
+                try:
+                    with self._transaction() as tx:
+                        for job, reason, reservation in pending:
+                            tx.update(
+                                self._item(_job_pk(job.name), _JOB_SK),
+                                actions=[
+                                    self._item.reason.set(reason) if reason else self._item.reason.remove(),
+                                    self._item.reservation.set(json.dumps(reservation.to_dict()))
+                                    if reservation
+                                    else self._item.reservation.remove(),
+                                ],
+                                condition=self._item.version == job.version,
+                                add_version_condition=False,
+                            )
+                except TransactWriteError as exc:
+                    pending = _without_lost_races(pending, exc)
+                    continue
+                for job, reason, reservation in pending:
+                    job.reason = reason
+                    job.reservation = reservation
+                    written.append(job.name)
+                pending = []
+        return written
 
     def find_job_by_training_job(self, training_job_name: str) -> Job | None:
         """The queue entry whose current attempt is `training_job_name`."""

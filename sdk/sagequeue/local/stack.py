@@ -614,14 +614,14 @@ class LocalStack:
                 environment[name] = value
         values: dict[str, Any] = {
             field: environment[env_name(field)]
-            for field in Settings.model_fields
+            for field in Settings.field_names()
             if env_name(field) in environment
         }
-        unknown = sorted(set(self._direct_settings) - set(Settings.model_fields))
+        unknown = sorted(set(self._direct_settings) - set(Settings.field_names()))
         if unknown:
             raise LocalStackError(
                 f"unknown setting(s) {', '.join(unknown)}; settings are the stack parameters in snake_case: "
-                + ", ".join(sorted(Settings.model_fields))
+                + ", ".join(sorted(Settings.field_names()))
             )
         values.update(self._direct_settings)
         return Settings.build(**values)

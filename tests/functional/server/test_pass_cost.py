@@ -116,3 +116,19 @@ def test_a_pass_reads_once_per_pool_plus_a_constant(two_pools: QueueWorld) -> No
     assert meter.requests["Query"] == 6
     assert meter.requests["Scan"] == 0
     assert meter.requests["GetItem"] == 0
+
+
+@pytest.mark.slow
+def test_waiting_reasons_are_written_once_and_in_batches(moto_endpoint: str) -> None:
+    for world in make_world(moto_endpoint, settings={"queue_lookahead": 150}):
+        # GIVEN both instances busy and 150 jobs waiting behind them, none told why yet
+        queue_of(world, 150)
+        # WHEN a pass runs, then another with nothing changed
+        first, second = measure_pass(world), measure_pass(world)
+        # THEN the first writes the 150 reasons in two requests (100 per transaction), the second nothing
+        assert first.requests["TransactWriteItems"] == 2
+        assert first.requests["PutItem"] == first.requests["UpdateItem"] == 0
+        writes = {"PutItem", "UpdateItem", "DeleteItem", "BatchWriteItem", "TransactWriteItems"}
+        assert sum(n for op, n in second.requests.items() if op in writes) == 0
+        waiting = world.api("GET", "/jobs/waiting-00149")[1]
+        assert waiting["reason"].startswith("waiting for capacity")

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import random
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from datetime import timedelta
+from typing import Any
 
 import boto3
 import pytest
@@ -135,3 +138,64 @@ def test_the_ledger_grants_a_claim_once(store: Repository) -> None:
     assert store.claim("idle-stop", "job-1", {"by": "alarm-b"}) is False
     assert store.get_claim("idle-stop", "job-1") == {"by": "alarm-a"}
     assert store.claim("idle-stop", "job-2") is True
+
+
+def _count_requests(store: Repository) -> Counter[str]:
+    counts: Counter[str] = Counter()
+
+    def before(model: Any, **_: Any) -> None:
+        counts[model.name] += 1
+
+    store.client.meta.events.register("before-call.dynamodb.*", before)
+    return counts
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_reasons_are_written_in_batches_and_skip_jobs_changed_since_read(
+    store: Repository, seed: int
+) -> None:
+    # GIVEN 230 queued jobs read by a pass, some of which a user changes before the pass writes reasons
+    rng = random.Random(seed)
+    store.import_jobs([job(f"wait-{n:03d}", minutes=n) for n in range(230)])
+    read = {j.name: j for j in store.queued_jobs(TRN1, 1000)}
+    assert len(read) == 230
+    changed = set(rng.sample(sorted(read), rng.randint(1, 25)))
+    for name in changed:
+        fresh = store.get_job(name)
+        fresh.priority = 9
+        store.save_job(fresh, was=JobState.QUEUED)
+    counts = _count_requests(store)
+
+    # WHEN the pass notes why each job waits
+    written = store.note_waiting(
+        [(read[name], f"waiting for capacity ({name})", None) for name in sorted(read)]
+    )
+
+    # THEN every unchanged job has its reason, in a few requests, and no change of a user was lost
+    assert sorted(written) == sorted(set(read) - changed)
+    after = {j.name: j for j in store.queued_jobs(TRN1, 1000)}
+    for name in sorted(read):
+        stored = after[name]
+        if name in changed:
+            assert (stored.priority, stored.reason, stored.version) == (9, None, 2)
+        else:
+            assert (stored.priority, stored.reason, stored.version) == (
+                0,
+                f"waiting for capacity ({name})",
+                1,
+            )
+    # 3 chunks of at most 100; a chunk holding a changed job is sent once more without it
+    chunks_with_changes = len({sorted(read).index(name) // 100 for name in changed})
+    assert counts["TransactWriteItems"] == 3 + chunks_with_changes
+    assert counts["PutItem"] == counts["UpdateItem"] == 0
+
+
+def test_a_reason_does_not_make_the_job_stale_for_its_next_change(store: Repository) -> None:
+    store.create_job(job("patient"))
+    held_by_user = store.get_job("patient")
+    by_pass = store.get_job("patient")
+    assert store.note_waiting([(by_pass, "waiting for capacity", None)]) == ["patient"]
+    held_by_user.priority = 4
+    store.save_job(held_by_user, was=JobState.QUEUED)  # no StaleVersion: the reason moved no version
+    assert store.get_job("patient").priority == 4
+    assert store.note_waiting([]) == []

@@ -76,3 +76,61 @@ def test_names_follow_the_stack_parameters() -> None:
         env_name("min_runtime_before_preemption_seconds") == "SAGEQUEUE_MIN_RUNTIME_BEFORE_PREEMPTION_SECONDS"
     )
     assert parse_capacity("") == {}
+
+
+@pytest.mark.parametrize(
+    ("values", "words"),
+    [
+        ({"max_attempts": True}, "integer"),
+        ({"max_attempts": 2.5}, "integer"),
+        ({"max_attempts": "5 attempts"}, "integer"),
+        ({"idle_threshold_percent": "nan"}, "finite"),
+        ({"idle_threshold_percent": "101"}, "less than or equal to 100"),
+        ({"capacity": {"ml.trn1.32xlarge": -1}}, "negative"),
+        ({"capacity": {"ml.trn1.32xlarge": "two"}}, "integer"),
+        ({"capacity": ["ml.trn1.32xlarge"]}, "pairs"),
+        ({"table_name": 7}, "string"),
+        ({"admin_role_arns": ["arn:aws:iam::123456789012:role/A", 3]}, "principal"),
+        ({"max_runtime_seconds": -5}, "greater than or equal to 1"),
+    ],
+)
+def test_typed_values_are_checked_like_strings(values: dict[str, object], words: str) -> None:
+    with pytest.raises(ConfigError) as raised:
+        Settings.build(**values)
+    assert env_name(next(iter(values))) in str(raised.value)
+    assert words in str(raised.value)
+
+
+def test_typed_values_are_accepted_and_normalised() -> None:
+    settings = Settings.build(
+        capacity={"ml.trn1.32xlarge": "2"},
+        admin_role_arns=["arn:aws:iam::123456789012:role/A"],
+        max_attempts=3.0,
+        idle_threshold_percent=1,
+        max_instances_per_job="",
+    )
+    assert settings.capacity == {"ml.trn1.32xlarge": 2}
+    assert settings.admin_role_arns == ("arn:aws:iam::123456789012:role/A",)
+    assert settings.max_attempts == 3
+    assert isinstance(settings.max_attempts, int)
+    assert settings.idle_threshold_percent == 1.0
+    assert settings.max_instances_per_job is None
+
+
+def test_every_problem_is_named_at_once_and_unknown_settings_are_refused() -> None:
+    with pytest.raises(ConfigError) as raised:
+        Settings.from_env({"SAGEQUEUE_MAX_ATTEMPTS": "0", "SAGEQUEUE_QUEUE_LOOKAHEAD": "many"})
+    assert "SAGEQUEUE_MAX_ATTEMPTS" in str(raised.value)
+    assert "SAGEQUEUE_QUEUE_LOOKAHEAD" in str(raised.value)
+    with pytest.raises(ConfigError, match=r"unknown setting.*queue_look_ahead"):
+        Settings.build(queue_look_ahead=3)
+
+
+def test_settings_are_frozen_and_the_constructor_validates() -> None:
+    settings = Settings()
+    with pytest.raises(AttributeError):
+        settings.max_attempts = 9  # type: ignore[misc]
+    with pytest.raises(ConfigError, match="SAGEQUEUE_MAX_ATTEMPTS"):
+        Settings(max_attempts=0)
+    assert Settings.field_names()[0] == "table_name"
+    assert "required_tags" in Settings.field_names()

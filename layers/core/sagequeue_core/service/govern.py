@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sagequeue_core.alarms import CloudWatchAlarms
+from sagequeue_core.alarms import CloudWatchAlarms, alarms_of
 from sagequeue_core.config import ConfigError, env_name
 from sagequeue_core.defaults import IDLE_ALARM_PREFIX, JOB_TAG
 from sagequeue_core.domain import DomainError, Job, JobState, StopReason
@@ -42,7 +42,7 @@ from sagequeue_core.governance import (
     lineage_of,
     owner_of,
 )
-from sagequeue_core.notify import Notifier, notifier_for
+from sagequeue_core.notify import Notifier, notifier_of
 from sagequeue_core.observability import POLICY_STOPS, RESUMES, count, logger
 from sagequeue_core.sagemaker import SageMakerAdapter
 from sagequeue_core.store import Repository
@@ -363,22 +363,6 @@ class Governance:
     def _tags(self, detail: Mapping[str, Any]) -> dict[str, str]:
         arn = detail.get("TrainingJobArn")
         return self.sagemaker.tags(str(arn)) if arn else {}
-
-
-def alarms_of(deps: Any) -> CloudWatchAlarms:
-    """The alarm adapter of a `runtime.Dependencies`: the one installed, else one over its CloudWatch client."""
-    if deps.alarms is None:
-        deps.alarms = CloudWatchAlarms(deps.client("cloudwatch"))
-    alarms: CloudWatchAlarms = deps.alarms
-    return alarms
-
-
-def notifier_of(deps: Any) -> Notifier:
-    """The notifier of a `runtime.Dependencies`: the one installed, else SNS on the notification topic."""
-    if deps.notifier is None:
-        deps.notifier = notifier_for(deps.client("sns"), deps.settings.notification_topic_arn)
-    notifier: Notifier = deps.notifier
-    return notifier
 
 
 def governance_from(deps: Any) -> Governance:

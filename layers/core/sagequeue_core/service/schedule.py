@@ -485,30 +485,33 @@ def _note_waiting(
     waiting: Mapping[str, str],
     reservations: Mapping[str, Reservation],
 ) -> None:
-    """Store why each job waits (its `reason`) and what it was promised (its reservation), writing only
-    the jobs where either changed."""
+    """Store why each job waits (its `reason`) and what it was promised (its reservation): only jobs where
+    either changed are written, many per request; a job changed since this pass read it is skipped (the
+    next pass decides again)."""
+    changed: list[tuple[Job, str | None, Reservation | None]] = []
     for name, job in queued.items():
         if name not in waiting and job.reservation is None:
-            continue  # started in this pass, or outside the window: nothing to say
+            continue  # started in this pass: nothing to say
         reason = waiting.get(name, job.reason)
         reservation = reservations.get(name)
-        if job.reason == reason and job.reservation == reservation:
-            continue
-        if job.reservation != reservation:
-            _announce_reservation(deps, job, reservation)
-        job.reason = reason
-        job.reservation = reservation
-        try:
-            deps.store.save_job(job, was=JobState.QUEUED)
-        except StaleVersion:
-            continue  # changed since this pass read it; the next pass says why it waits
+        if job.reason != reason or job.reservation != reservation:
+            changed.append((job, reason, reservation))
+    if not changed:
+        return
+    before = {job.name: job.reservation for job, _, _ in changed}
+    written = set(deps.store.note_waiting(changed))
+    for job, _, reservation in changed:
+        if job.name in written and before[job.name] != reservation:
+            _announce_reservation(deps, job, before[job.name], reservation)
 
 
-def _announce_reservation(deps: Dependencies, job: Job, reservation: Reservation | None) -> None:
+def _announce_reservation(
+    deps: Dependencies, job: Job, was: Reservation | None, reservation: Reservation | None
+) -> None:
     detail: dict[str, Any] = {"name": job.name, "pool": job.pool}
     if reservation is None:
         detail["reservation"] = None
-        detail["ended"] = job.reservation.kind.value if job.reservation else None
+        detail["ended"] = was.kind.value if was else None
     else:
         detail["reservation"] = reservation.to_dict()
     announce(deps.publisher, EventType.JOB_RESERVED, detail)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sagequeue_core.alarms import CloudWatchAlarms
+from sagequeue_core.alarms import CloudWatchAlarms, alarms_of
 from sagequeue_core.domain import JobState, StopReason, tags_to_dict
 from sagequeue_core.errors import StaleVersion, TrainingJobNotFound
 from sagequeue_core.events import EventType, Publisher
@@ -26,10 +26,9 @@ from sagequeue_core.governance import (
     owner_of,
     parse_alarm_name,
 )
-from sagequeue_core.notify import Notifier
+from sagequeue_core.notify import Notifier, notifier_of
 from sagequeue_core.observability import IDLE_STOPS, count, logger
 from sagequeue_core.sagemaker import SageMakerAdapter
-from sagequeue_core.service.govern import alarms_of, notifier_of
 from sagequeue_core.store import Repository
 
 IDLE_STOP_CLAIM = "governance-idle-stop"
