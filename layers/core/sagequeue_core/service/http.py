@@ -17,6 +17,9 @@ from sagequeue_core.errors import (
     Throttled,
 )
 
+#: A pool larger than any account's quota is a typo (training plans hold at most 64 instances).
+MAX_POOL_CAPACITY = 100_000
+
 # --- requests --------------------------------------------------------------------------------------------------
 
 
@@ -27,7 +30,7 @@ class SubmitRequest(BaseModel):
     passed to SageMaker unchanged.
     """
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
 
     TrainingJobName: str = Field(description="1-63 letters, digits and hyphens; the first attempt's name")
     RoleArn: str = Field(description="execution role; must be one of the stack's AllowedRoleArns")
@@ -46,16 +49,16 @@ class SubmitRequest(BaseModel):
 
 
 class ChangeRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     priority: int | None = Field(default=None, ge=PRIORITY_MIN, le=PRIORITY_MAX)
     held: bool | None = Field(default=None, description="true holds a queued job, false releases it")
 
 
 class CapacityRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
-    capacity: int = Field(ge=0, description="instances of this type the queue may use")
+    capacity: int = Field(ge=0, le=MAX_POOL_CAPACITY, description="instances of this type the queue may use")
 
 
 # --- answers ---------------------------------------------------------------------------------------------------

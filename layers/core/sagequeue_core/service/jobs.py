@@ -35,7 +35,10 @@ class JobDetail:
     def to_api(self) -> dict[str, Any]:
         out = self.job.to_api()
         out["position"] = self.position
-        out["attempts"] = [attempt_name(self.job.name, n) for n in range(1, self.job.attempt + 1)]
+        attempts = [attempt_name(self.job.name, n) for n in range(1, self.job.attempt + 1)]
+        if attempts and self.job.training_job_name:
+            attempts[-1] = self.job.training_job_name  # it may have had to choose another name
+        out["attempts"] = attempts
         out["history"] = list(self.job.history)
         return out
 

@@ -22,6 +22,7 @@ from sagequeue_core.governance import check_policy
 from sagequeue_core.observability import SUBMISSIONS, count, logger
 from sagequeue_core.runtime import Dependencies
 from sagequeue_core.service.access import is_admin, require_caller
+from sagequeue_core.validation import validate_create_training_job
 
 #: CreateTrainingJob's required members (ResourceConfig included: sagequeue needs it to schedule).
 REQUIRED_FIELDS = (
@@ -49,11 +50,16 @@ def validate(deps: Dependencies, body: Any, caller: str, body_bytes: int | None 
         raise RequestInvalid("request body must be a JSON object (a CreateTrainingJob request)")
     request = copy.deepcopy(dict(body))
     explicit_priority = request.pop("priority", None)
+    if explicit_priority is not None and (
+        isinstance(explicit_priority, bool) or not isinstance(explicit_priority, int)
+    ):
+        raise RequestInvalid(f"priority must be an integer, got {explicit_priority!r}")
     missing = [name for name in REQUIRED_FIELDS if request.get(name) in (None, "", {}, [])]
     if missing:
         raise RequestInvalid(f"missing required field{'s' if len(missing) > 1 else ''}: {', '.join(missing)}")
     try:
         name = validate_job_name(request["TrainingJobName"])
+        validate_create_training_job(request)
         priority = priority_of(request, explicit_priority)
         demand = demand_of(request)
         tags = tags_to_dict(request.get("Tags"))
