@@ -130,12 +130,12 @@ def test_a_transient_failure_is_resumed_as_a_clone_at_most_max_resumes_times(wor
         clones = [n for n in names(world) if n.startswith(root) and n not in lineage]
         assert len(clones) <= 1
         lineage += clones
-    assert lineage == [root, f"{root}-2", f"{root}-3"]
+    assert lineage == [root, f"{root}--2", f"{root}--3"]
     assert all(world.status(n)[0] == "Failed" for n in lineage)
-    last = tags_of(world, f"{root}-3")
+    last = tags_of(world, f"{root}--3")
     assert (last[CLONE_OF_TAG], last[CLONE_ATTEMPT_TAG], last[RESUMES_TAG]) == (root, "3", "2")
     assert last["owner"] == "ml-platform"
-    clone = world.sagemaker.describe_training_job(TrainingJobName=f"{root}-2")
+    clone = world.sagemaker.describe_training_job(TrainingJobName=f"{root}--2")
     assert clone["CheckpointConfig"] == {"S3Uri": f"s3://bucket/checkpoints/{root}"}
     assert len(world.publisher.of_type(EventType.JOB_RESUMED)) == 2
 
@@ -171,7 +171,7 @@ def test_a_spot_job_interrupted_too_often_is_stopped_and_cloned_without_spot(wor
             replaced = replaced or outcome.clone
         if replaced:
             break
-    assert replaced == f"{name}-2"
+    assert replaced == f"{name}--2"
     described = world.sagemaker.describe_training_job(TrainingJobName=name)
     interruptions = [t for t in described["SecondaryStatusTransitions"] if t["Status"] == "Interrupted"]
     assert len(interruptions) == 3
