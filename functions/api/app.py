@@ -21,6 +21,7 @@ from sagequeue_core.service.http import (
     ERROR_RESPONSES,
     CapacityRequest,
     ChangeRequest,
+    ExemptionOut,
     JobDetailOut,
     JobList,
     JobOut,
@@ -100,6 +101,15 @@ def list_pools() -> PoolList:
 def set_pool(instanceType: str, request: CapacityRequest) -> PoolOut:
     view = jobs.set_pool(dependencies(), instanceType, request.capacity, _caller())
     return PoolOut(**view.to_api())
+
+
+@app.put(
+    "/exemptions/<trainingJobName>",
+    responses=ERROR_RESPONSES,
+    summary="Exempt a training job from the policy rules and idle stops (admin)",
+)
+def exempt(trainingJobName: str) -> ExemptionOut:
+    return ExemptionOut(**jobs.exempt(dependencies(), trainingJobName, _caller()).to_api())
 
 
 @app.get("/whoami", responses=ERROR_RESPONSES, summary="The caller's identity and whether it is an admin")

@@ -137,6 +137,13 @@ def validate_job_name(name: Any) -> str:
     return name
 
 
+def check_training_job_name(name: Any) -> str:
+    """A name SageMaker accepts for a training job (attempt names included), or DomainError."""
+    if not isinstance(name, str) or len(name) > TRAINING_JOB_NAME_MAX_LENGTH or not _NAME_RE.fullmatch(name):
+        raise DomainError(f"{name!r} is not a training job name (it must match {TRAINING_JOB_NAME_PATTERN})")
+    return name
+
+
 def attempt_name(job_name: str, attempt: int, choice: int = 0) -> str:
     """The SageMaker training job name of attempt `attempt` (1-based) of queue entry `job_name`.
 

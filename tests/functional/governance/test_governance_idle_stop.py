@@ -11,6 +11,7 @@ from governance_world import TRN1, World, training_request, unique
 
 from sagequeue_core.domain import Job, JobState, StopReason
 from sagequeue_core.events import EventType
+from sagequeue_core.service.govern import grant_exemption
 from sagequeue_core.service.stop_idle import MalformedAlarmMessage
 
 SAMPLE = Path(__file__).resolve().parents[2] / "unit" / "governance" / "events" / "idle-alarm-sns.json"
@@ -107,16 +108,32 @@ def test_other_transitions_change_nothing(world: World, state: str) -> None:
     assert world.alarm_names(f"sagequeue-idle-{name}/") == [f"sagequeue-idle-{name}/algo-1"]
 
 
-def test_a_job_tagged_exempt_after_its_alarm_was_made_is_spared(world: World) -> None:
+def test_a_job_an_admin_exempted_after_its_alarm_was_made_is_spared(world: World) -> None:
     name = unique("spared")
     training(world, name, count=1)
     arn = world.sagemaker.describe_training_job(TrainingJobName=name)["TrainingJobArn"]
     world.sagemaker.add_tags(ResourceArn=arn, Tags=[{"Key": "sagequeue:exempt", "Value": "true"}])
+    grant_exemption(world.deps.store, name, "arn:aws:iam::123456789012:role/QueueAdmin", world.clock.now())
     in_alarm(world, f"sagequeue-idle-{name}/algo-1")
     (outcome,) = world.idle_stop.on_sns(alarm_event(f"sagequeue-idle-{name}/algo-1"))
     assert (outcome.stopped, outcome.detail) == (False, "the training job is exempt")
     assert world.status(name) == ("InProgress", "Training")
     assert world.alarm_names(f"sagequeue-idle-{name}/") == []
+
+
+def test_an_exempt_tag_added_on_sagemaker_without_a_grant_does_not_spare_the_job(world: World) -> None:
+    # GIVEN a user with sagemaker:AddTags on their idle job tags it exempt themselves
+    name = unique("selfspared")
+    training(world, name, count=1)
+    arn = world.sagemaker.describe_training_job(TrainingJobName=name)["TrainingJobArn"]
+    world.sagemaker.add_tags(ResourceArn=arn, Tags=[{"Key": "sagequeue:exempt", "Value": "true"}])
+    # WHEN its idle alarm fires
+    in_alarm(world, f"sagequeue-idle-{name}/algo-1")
+    (outcome,) = world.idle_stop.on_sns(alarm_event(f"sagequeue-idle-{name}/algo-1"))
+    # THEN it is stopped anyway, and the ignored tag is reported
+    assert outcome.stopped
+    assert world.status(name)[0] == "Stopping"
+    assert [e["training_job_name"] for e in world.publisher.of_type(EventType.POLICY_VIOLATION)] == [name]
 
 
 def test_an_alarm_that_outlived_its_job_is_cleaned_up_without_a_stop(world: World) -> None:

@@ -118,6 +118,12 @@ class WhoAmI(BaseModel):
     admin: bool
 
 
+class ExemptionOut(BaseModel):
+    training_job_name: str
+    granted_by: str
+    granted_at: str
+
+
 class ErrorOut(BaseModel):
     message: str
     code: str

@@ -15,6 +15,7 @@ from sagequeue_core.domain import (
     Pool,
     StopReason,
     attempt_name,
+    check_training_job_name,
     parse_priority,
 )
 from sagequeue_core.errors import RequestInvalid, SageMakerError, StaleVersion
@@ -22,6 +23,7 @@ from sagequeue_core.events import EventType, announce
 from sagequeue_core.observability import logger
 from sagequeue_core.runtime import Dependencies
 from sagequeue_core.service.access import require_admin, require_caller, require_owner_or_admin
+from sagequeue_core.service.govern import EXEMPTION_CLAIM, grant_exemption
 from sagequeue_core.store import Page
 
 MAX_PAGE = 100
@@ -232,3 +234,32 @@ def set_pool(deps: Dependencies, instance_type: str, capacity: Any, caller: str 
     )
     logger.info("pool capacity set", extra={"pool": instance_type, "capacity": capacity, "by": me})
     return next(view for view in pools(deps) if view.instance_type == instance_type)
+
+
+@dataclass(frozen=True)
+class Exemption:
+    training_job_name: str
+    granted_by: str
+    granted_at: str
+
+    def to_api(self) -> dict[str, Any]:
+        return {
+            "training_job_name": self.training_job_name,
+            "granted_by": self.granted_by,
+            "granted_at": self.granted_at,
+        }
+
+
+def exempt(deps: Dependencies, training_job_name: str, caller: str | None) -> Exemption:
+    """An admin exempts a training job (queued or not) from the policy rules and idle stops. Governance
+    honours an exempt tag only when an admin granted it: here, or by submitting the job with the tag."""
+    me = require_caller(caller)
+    require_admin(me, deps.settings.admin_role_arns, "exempt a training job")
+    try:
+        name = check_training_job_name(training_job_name)
+    except DomainError as exc:
+        raise RequestInvalid(str(exc)) from None
+    grant_exemption(deps.store, name, me, deps.now())
+    record = deps.store.get_claim(EXEMPTION_CLAIM, name) or {}
+    logger.info("exemption granted", extra={"training_job_name": name, "by": me})
+    return Exemption(name, str(record.get("by", me)), str(record.get("at", "")))

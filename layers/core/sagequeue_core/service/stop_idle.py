@@ -30,7 +30,7 @@ from sagequeue_core.governance import (
 from sagequeue_core.notify import Notifier
 from sagequeue_core.observability import IDLE_STOPS, count, logger
 from sagequeue_core.sagemaker import SageMakerAdapter
-from sagequeue_core.service.govern import alarms_of, notifier_of
+from sagequeue_core.service.govern import alarms_of, honoured_tags, notifier_of
 from sagequeue_core.store import Repository
 
 IDLE_STOP_CLAIM = "governance-idle-stop"
@@ -155,8 +155,9 @@ class IdleStop:
             return IdleStopOutcome(notice.alarm_name, name, False, f"the training job is already {status}")
         arn = detail.get("TrainingJobArn")
         tags = self.sagemaker.tags(str(arn)) if arn else tags_to_dict(detail.get("Tags"))
+        tags = honoured_tags(self.store, self.publisher, name, tags, self.policy.exempt_tag)
         if is_exempt(tags, self.policy):
-            # Tagged exempt after its alarms were made: honour the tag, and stop watching.
+            # Exempted by an admin after its alarms were made: honour it, and stop watching.
             self._drop_alarms(name)
             return IdleStopOutcome(notice.alarm_name, name, False, "the training job is exempt")
 
@@ -181,8 +182,8 @@ class IdleStop:
                 f"sagequeue stopped idle training job {name}",
                 f"Training job {name} (owner {owner}) was stopped because host {ref.host} "
                 f"{'reported no metrics' if ref.kind is AlarmKind.SILENCE else 'was idle'}.\n\n{reason}\n\n"
-                "It is not requeued. An admin can exempt a job from idle stops by tagging it "
-                f"{self.policy.exempt_tag}=true.",
+                "It is not requeued. An admin can exempt a job from idle stops (submit it tagged "
+                f"{self.policy.exempt_tag}=true, or PUT /exemptions/<training job name>).",
                 {"event": "IdleStopped", "training_job_name": name, "owner": owner},
             )
             logger.info("stopped idle training job %s: %s", name, reason)
