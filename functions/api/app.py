@@ -6,9 +6,11 @@ routes and the models in sagequeue_core.service.http.
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any
 
 from aws_lambda_powertools.event_handler import APIGatewayRestResolver, Response
+from aws_lambda_powertools.event_handler.exceptions import NotFoundError
 from aws_lambda_powertools.event_handler.openapi.exceptions import RequestValidationError
 from aws_lambda_powertools.event_handler.openapi.params import Query
 from aws_lambda_powertools.utilities.typing import LambdaContext
@@ -30,6 +32,7 @@ from sagequeue_core.service.http import (
     SubmitRequest,
     WhoAmI,
     error_answer,
+    precheck,
     validation_message,
 )
 
@@ -118,6 +121,23 @@ def whoami() -> WhoAmI:
     return WhoAmI(arn=caller, admin=is_admin(caller, dependencies().settings.admin_role_arns))
 
 
+@app.not_found
+def _no_route(exc: NotFoundError) -> Response[Any]:
+    event = app.current_event
+    path = event.path or "/"
+    routes = [*getattr(app, "_static_routes", ()), *getattr(app, "_dynamic_routes", ())]
+    allowed = sorted({route.method for route in routes if route.rule.match(path)})
+    if allowed:
+        return _error(
+            405,
+            {
+                "message": f"{event.http_method} is not allowed here; allowed: {', '.join(allowed)}",
+                "code": "MethodNotAllowed",
+            },
+        )
+    return _error(404, {"message": f"no route for {event.http_method} {path!r}", "code": "NotFound"})
+
+
 @app.exception_handler(RequestValidationError)
 def _invalid(exc: RequestValidationError) -> Response[Any]:
     return _error(400, {"message": validation_message(exc.errors()), "code": "ValidationError"})
@@ -139,4 +159,13 @@ def _error(status: int, body: dict[str, str]) -> Response[Any]:
 @tracer.capture_lambda_handler
 @metrics.log_metrics
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
+    refused = precheck(event)
+    if refused is not None:
+        status, body = refused
+        return {
+            "statusCode": status,
+            "headers": {"Content-Type": "application/json"},
+            "body": json.dumps(body),
+            "isBase64Encoded": False,
+        }
     return app.resolve(event, context)

@@ -3,6 +3,8 @@ named errors become HTTP answers (docs/contracts.md: `{"message", "code"}`)."""
 
 from __future__ import annotations
 
+import base64
+from collections.abc import Mapping
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -145,8 +147,74 @@ ERROR_STATUS: tuple[tuple[type[BaseException], int, str], ...] = (
 
 ERROR_RESPONSES: dict[int, Any] = {
     status: {"description": code, "content": {"application/json": {"model": ErrorOut}}}
-    for status, code in ((400, "ValidationError"), (403, "Forbidden"), (404, "NotFound"), (409, "Conflict"))
+    for status, code in (
+        (400, "ValidationError"),
+        (403, "Forbidden"),
+        (404, "NotFound"),
+        (405, "MethodNotAllowed"),
+        (409, "Conflict"),
+        (415, "UnsupportedMediaType"),
+    )
 }
+
+
+#: Deepest JSON nesting a request may have (a CreateTrainingJob request is about 5 deep); deeper bodies are
+#: refused before they are parsed, so a hostile body cannot exhaust the parser's recursion.
+MAX_JSON_DEPTH = 32
+#: Media types a request body may declare.
+JSON_MEDIA_TYPES = frozenset({"application/json"})
+
+
+def precheck(event: Mapping[str, Any]) -> tuple[int, dict[str, str]] | None:
+    """What is wrong with a proxy event's body before any route sees it (status and error body), or None.
+
+    415 for a body of another media type than JSON; 400 for a body that is not UTF-8 or nests deeper
+    than MAX_JSON_DEPTH. A request without a body passes (the route decides whether it needs one)."""
+    raw = event.get("body")
+    if raw is None or raw == "":
+        return None
+    headers = {str(k).lower(): str(v) for k, v in (event.get("headers") or {}).items()}
+    media = headers.get("content-type", "application/json").split(";", 1)[0].strip().lower()
+    if media not in JSON_MEDIA_TYPES:
+        return 415, {
+            "message": f"Content-Type must be application/json, got {media!r}",
+            "code": "UnsupportedMediaType",
+        }
+    if not isinstance(raw, str):
+        return 400, {"message": "the request body must be UTF-8 JSON text", "code": "ValidationError"}
+    try:
+        text = base64.b64decode(raw, validate=True).decode("utf-8") if event.get("isBase64Encoded") else raw
+        text.encode("utf-8")
+    except (ValueError, UnicodeError):
+        return 400, {"message": "the request body is not valid UTF-8", "code": "ValidationError"}
+    if json_depth(text) > MAX_JSON_DEPTH:
+        return 400, {
+            "message": f"the request body nests deeper than {MAX_JSON_DEPTH} levels",
+            "code": "ValidationError",
+        }
+    return None
+
+
+def json_depth(text: str) -> int:
+    """The deepest nesting of arrays and objects in JSON text, counted without parsing it (strings skipped)."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for char in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in "]}":
+            depth -= 1
+    return deepest
 
 
 def error_answer(exc: BaseException) -> tuple[int, dict[str, str]]:

@@ -27,6 +27,8 @@ from sagequeue_core.service.govern import EXEMPTION_CLAIM, grant_exemption
 from sagequeue_core.store import Page
 
 MAX_PAGE = 100
+#: An ARN is at most 2048 characters; no owner or pool filter is longer.
+MAX_FILTER_CHARS = 2048
 
 
 @dataclass(frozen=True)
@@ -87,6 +89,11 @@ def list_jobs(
         raise RequestInvalid(f"state must be one of {states}, got {state!r}") from None
     if not 1 <= limit <= MAX_PAGE:
         raise RequestInvalid(f"limit must be between 1 and {MAX_PAGE}, got {limit}")
+    for label, value in (("owner", owner), ("pool", pool)):
+        if value is not None and not (0 < len(value) <= MAX_FILTER_CHARS and value.isprintable()):
+            raise RequestInvalid(
+                f"{label} must be 1 to {MAX_FILTER_CHARS} printable characters when given, got {value!r}"
+            )
     if owner is None and wanted_state is None and pool is None:
         owner = me
     try:
