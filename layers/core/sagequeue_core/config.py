@@ -77,6 +77,8 @@ class Settings(BaseModel):
     allowed_role_arns: tuple[str, ...] = ()
     #: Principals (role or user ARNs) that may change any job and set pool capacity.
     admin_role_arns: tuple[str, ...] = ()
+    #: Highest priority a non-admin may submit or set; admins may use the whole range.
+    max_priority_for_non_admins: int = Field(default=1000, ge=0, le=1000)
     #: A running attempt is not preempted before it has run this long, so preemption cannot thrash.
     min_runtime_before_preemption_seconds: int = Field(default=600, ge=0)
     #: Keep-alive set on a start when a queued job would reuse its instances next (0 disables it).

@@ -22,7 +22,13 @@ from sagequeue_core.errors import RequestInvalid, SageMakerError, StaleVersion
 from sagequeue_core.events import EventType, announce
 from sagequeue_core.observability import logger
 from sagequeue_core.runtime import Dependencies
-from sagequeue_core.service.access import require_admin, require_caller, require_owner_or_admin
+from sagequeue_core.service.access import (
+    owner_of_caller,
+    require_admin,
+    require_caller,
+    require_owner_or_admin,
+    require_priority_allowed,
+)
 from sagequeue_core.service.govern import EXEMPTION_CLAIM, grant_exemption
 from sagequeue_core.store import Page
 
@@ -96,6 +102,8 @@ def list_jobs(
             )
     if owner is None and wanted_state is None and pool is None:
         owner = me
+    if owner is not None:
+        owner = owner_of_caller(owner)  # a session's jobs are its role's
     try:
         return deps.store.list_jobs(
             owner=owner, state=wanted_state, pool=pool, limit=limit, next_token=next_token
@@ -173,6 +181,9 @@ def change(
         new_priority = parse_priority(priority) if priority is not None else None
     except DomainError as exc:
         raise RequestInvalid(str(exc)) from None
+
+    if new_priority is not None:
+        require_priority_allowed(new_priority, me, deps.settings)
 
     def step(job: Job) -> bool:
         require_owner_or_admin(job, me, deps.settings.admin_role_arns)

@@ -21,7 +21,12 @@ from sagequeue_core.events import EventType, announce
 from sagequeue_core.governance import check_policy
 from sagequeue_core.observability import SUBMISSIONS, count, logger
 from sagequeue_core.runtime import Dependencies
-from sagequeue_core.service.access import is_admin, require_caller
+from sagequeue_core.service.access import (
+    is_admin,
+    owner_of_caller,
+    require_caller,
+    require_priority_allowed,
+)
 from sagequeue_core.validation import validate_create_training_job
 
 #: CreateTrainingJob's required members (ResourceConfig included: sagequeue needs it to schedule).
@@ -97,7 +102,10 @@ def validate(deps: Dependencies, body: Any, caller: str, body_bytes: int | None 
     violations = check_policy(request, rules, tags)
     if violations:
         raise RequestInvalid("; ".join(f"policy {v.rule}: {v.message}" for v in violations))
-    return Job(name=name, request=request, priority=priority, owner=caller, submitted_at=deps.now())
+    require_priority_allowed(priority, caller, settings)
+    return Job(
+        name=name, request=request, priority=priority, owner=owner_of_caller(caller), submitted_at=deps.now()
+    )
 
 
 def submit(deps: Dependencies, body: Any, caller: str | None, body_bytes: int | None = None) -> Job:
@@ -110,7 +118,7 @@ def submit(deps: Dependencies, body: Any, caller: str | None, body_bytes: int | 
             "at": job.submitted_at.isoformat(),
             "state": JobState.QUEUED.value,
             "attempt": 0,
-            "reason": "submitted",
+            "reason": f"submitted by {owner}",
         }
     )
     deps.store.create_job(job)
