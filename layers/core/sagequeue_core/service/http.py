@@ -19,6 +19,11 @@ from sagequeue_core.errors import (
     Throttled,
 )
 
+#: Path parameters as whole-string patterns (pydantic's regex engine: `$` is the very end, a trailing
+#: newline does not pass).
+NAME_PATTERN = r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$"
+INSTANCE_TYPE_PATTERN = r"^ml\.[a-z0-9]+\.[a-z0-9]+$"
+
 #: A pool larger than any account's quota is a typo (training plans hold at most 64 instances).
 MAX_POOL_CAPACITY = 100_000
 
@@ -146,16 +151,39 @@ ERROR_STATUS: tuple[tuple[type[BaseException], int, str], ...] = (
 )
 
 ERROR_RESPONSES: dict[int, Any] = {
-    status: {"description": code, "content": {"application/json": {"model": ErrorOut}}}
-    for status, code in (
-        (400, "ValidationError"),
-        (403, "Forbidden"),
-        (404, "NotFound"),
-        (405, "MethodNotAllowed"),
-        (409, "Conflict"),
-        (415, "UnsupportedMediaType"),
-    )
+    429: {"description": "Throttled", "content": {"application/json": {"model": ErrorOut}}},
+    **{
+        status: {"description": code, "content": {"application/json": {"model": ErrorOut}}}
+        for status, code in (
+            (400, "ValidationError"),
+            (403, "Forbidden"),
+            (404, "NotFound"),
+            (405, "MethodNotAllowed"),
+            (409, "Conflict"),
+            (415, "UnsupportedMediaType"),
+        )
+    },
 }
+
+
+def answers(status: int, description: str, model: type[BaseModel]) -> dict[int, Any]:
+    """A route's documented answers: its success and every error the API gives."""
+    return {
+        status: {"description": description, "content": {"application/json": {"model": model}}},
+        **ERROR_RESPONSES,
+    }
+
+
+def tidy_openapi(document: dict[str, Any]) -> dict[str, Any]:
+    """The generated OpenAPI document without the 422 answer the generator adds to every route: this API
+    answers request-validation failures with 400 {message, code}, never 422."""
+    for operations in document.get("paths", {}).values():
+        for operation in operations.values():
+            operation.get("responses", {}).pop("422", None)
+    schemas = document.get("components", {}).get("schemas", {})
+    for unused in ("HTTPValidationError", "ValidationError", "ResponseValidationError"):
+        schemas.pop(unused, None)
+    return document
 
 
 #: Deepest JSON nesting a request may have (a CreateTrainingJob request is about 5 deep); deeper bodies are
