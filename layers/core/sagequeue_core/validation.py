@@ -75,9 +75,15 @@ def validate_create_training_job(request: Mapping[str, Any]) -> None:
     """RequestShapeInvalid naming every member of `request` SageMaker's model refuses; None when it fits."""
     shape = _input_shape(CREATE_TRAINING_JOB)
     report = ParamValidator().validate(dict(request), shape)
-    # botocore's report has one line per problem, each naming the member ("Invalid type for parameter
-    # HyperParameters.epochs, value: 3, ..."); the header line says only that validation failed.
-    problems = [line.strip() for line in report.generate_report().splitlines()[1:] if line.strip()]
+    # botocore formats one message per problem, each naming the member ("Invalid type for parameter
+    # HyperParameters.epochs, value: 3, ..."); its joined report would split a member name that holds a
+    # newline, so the messages are taken one by one.
+    errors = getattr(report, "_errors", None)
+    format_error = getattr(report, "_format_error", None)
+    if errors is not None and format_error is not None:
+        problems = [str(format_error(error)) for error in errors]
+    else:
+        problems = [line.strip() for line in report.generate_report().splitlines()[1:] if line.strip()]
     if report.has_errors() and not problems:
         problems = [report.generate_report()]
     if not problems:
@@ -115,7 +121,12 @@ def _limits(value: Any, shape: Shape, where: str) -> list[str]:
         if "max" in metadata and len(value) > metadata["max"]:
             problems.append(f"{label} is {len(value)} characters; at most {metadata['max']}")
         enum = getattr(shape, "enum", None) or metadata.get("enum")
-        if enum and value not in enum:
+        if shape.name == "TrainingInstanceType":
+            try:
+                check_training_instance_type(value, label)
+            except DomainError as exc:
+                problems.append(str(exc))
+        elif enum and value not in enum:
             problems.append(f"{label} {value!r} is not one of {', '.join(_enum_order(enum))}")
         pattern = _pattern(metadata.get("pattern"))
         if pattern is not None and not pattern.fullmatch(value):
