@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from conftest import SUBMITTER, TRN1, QueueWorld
+from conftest import SUBMITTER_ROLE, TRN1, QueueWorld
 
 
 def test_article_scenario_preempts_resumes_and_completes_every_job(world: QueueWorld) -> None:
@@ -59,7 +59,7 @@ def test_article_scenario_preempts_resumes_and_completes_every_job(world: QueueW
     tags = {t["Key"]: t["Value"] for t in sagemaker.list_tags(ResourceArn=second["TrainingJobArn"])["Tags"]}
     assert tags["sagequeue:job"] == "job1"
     assert tags["sagequeue:attempt"] == "2"
-    assert tags["sagequeue:submitted-by"] == SUBMITTER
+    assert tags["sagequeue:submitted-by"] == SUBMITTER_ROLE
     assert tags["team"] == "research"
 
     detail = world.job("job1")
