@@ -6,21 +6,26 @@ routes and the models in sagequeue_core.service.http.
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any
 
 from aws_lambda_powertools.event_handler import APIGatewayRestResolver, Response
+from aws_lambda_powertools.event_handler.exceptions import NotFoundError
 from aws_lambda_powertools.event_handler.openapi.exceptions import RequestValidationError
-from aws_lambda_powertools.event_handler.openapi.params import Query
+from aws_lambda_powertools.event_handler.openapi.params import Path, Query
 from aws_lambda_powertools.utilities.typing import LambdaContext
 
+from sagequeue_core.defaults import TRAINING_JOB_NAME_MAX_LENGTH
 from sagequeue_core.observability import logger, metrics
 from sagequeue_core.runtime import dependencies
 from sagequeue_core.service import jobs, submit
 from sagequeue_core.service.access import is_admin, require_caller
 from sagequeue_core.service.http import (
-    ERROR_RESPONSES,
+    INSTANCE_TYPE_PATTERN,
+    NAME_PATTERN,
     CapacityRequest,
     ChangeRequest,
+    ExemptionOut,
     JobDetailOut,
     JobList,
     JobOut,
@@ -28,16 +33,24 @@ from sagequeue_core.service.http import (
     PoolOut,
     SubmitRequest,
     WhoAmI,
+    answers,
     error_answer,
+    precheck,
     validation_message,
 )
 
 app = APIGatewayRestResolver(enable_validation=True)
 
-QUEUED_RESPONSES = {
-    201: {"description": "the job, queued", "content": {"application/json": {"model": JobOut}}},
-    **ERROR_RESPONSES,
-}
+#: Path parameters, checked whole (fullmatch) before any use case runs.
+JobName = Annotated[
+    str,
+    Path(pattern=NAME_PATTERN, max_length=TRAINING_JOB_NAME_MAX_LENGTH, description="a training job name"),
+]
+InstanceType = Annotated[
+    str, Path(pattern=INSTANCE_TYPE_PATTERN, max_length=64, description="e.g. ml.trn1.32xlarge")
+]
+
+QUEUED_RESPONSES = answers(201, "the job, queued", JobOut)
 
 
 def _caller() -> str | None:
@@ -61,7 +74,11 @@ def add_job(request: SubmitRequest) -> JobOut:
     return JobOut(**_submit())
 
 
-@app.get("/jobs", responses=ERROR_RESPONSES, summary="List jobs (the caller's when no filter is given)")
+@app.get(
+    "/jobs",
+    responses=answers(200, "a page of jobs", JobList),
+    summary="List jobs (the caller's when no filter is given)",
+)
 def list_jobs(
     state: Annotated[str | None, Query()] = None,
     pool: Annotated[str | None, Query()] = None,
@@ -75,37 +92,87 @@ def list_jobs(
     return JobList(jobs=[JobOut(**job.to_api()) for job in page.jobs], next_token=page.next_token)
 
 
-@app.get("/jobs/<name>", responses=ERROR_RESPONSES, summary="A job, its place in the queue and its history")
-def get_job(name: str) -> JobDetailOut:
+@app.get(
+    "/jobs/<name>",
+    responses=answers(200, "the job", JobDetailOut),
+    summary="A job, its place in the queue and its history",
+)
+def get_job(name: JobName) -> JobDetailOut:
     return JobDetailOut(**jobs.get_job(dependencies(), name).to_api())
 
 
-@app.delete("/jobs/<name>", responses=ERROR_RESPONSES, summary="Cancel a job (dequeue, or stop its attempt)")
-def cancel_job(name: str) -> JobOut:
+@app.delete(
+    "/jobs/<name>",
+    responses=answers(200, "the job, cancelled or stopping", JobOut),
+    summary="Cancel a job (dequeue, or stop its attempt)",
+)
+def cancel_job(name: JobName) -> JobOut:
     return JobOut(**jobs.cancel(dependencies(), name, _caller()).to_api())
 
 
-@app.patch("/jobs/<name>", responses=ERROR_RESPONSES, summary="Change a job's priority; hold or release it")
-def change_job(name: str, change: ChangeRequest) -> JobOut:
+@app.patch(
+    "/jobs/<name>",
+    responses=answers(200, "the job, changed", JobOut),
+    summary="Change a job's priority; hold or release it",
+)
+def change_job(name: JobName, change: ChangeRequest) -> JobOut:
     job = jobs.change(dependencies(), name, _caller(), priority=change.priority, held=change.held)
     return JobOut(**job.to_api())
 
 
-@app.get("/pools", responses=ERROR_RESPONSES, summary="Pools: capacity, used, queued and warm instances")
+@app.get(
+    "/pools",
+    responses=answers(200, "every pool", PoolList),
+    summary="Pools: capacity, used, queued and warm instances",
+)
 def list_pools() -> PoolList:
     return PoolList(pools=[PoolOut(**view.to_api()) for view in jobs.pools(dependencies())])
 
 
-@app.put("/pools/<instanceType>", responses=ERROR_RESPONSES, summary="Set a pool's capacity (admin)")
-def set_pool(instanceType: str, request: CapacityRequest) -> PoolOut:
+@app.put(
+    "/pools/<instanceType>",
+    responses=answers(200, "the pool", PoolOut),
+    summary="Set a pool's capacity (admin)",
+)
+def set_pool(instanceType: InstanceType, request: CapacityRequest) -> PoolOut:
     view = jobs.set_pool(dependencies(), instanceType, request.capacity, _caller())
     return PoolOut(**view.to_api())
 
 
-@app.get("/whoami", responses=ERROR_RESPONSES, summary="The caller's identity and whether it is an admin")
+@app.put(
+    "/exemptions/<trainingJobName>",
+    responses=answers(200, "the exemption, recorded", ExemptionOut),
+    summary="Exempt a training job from the policy rules and idle stops (admin)",
+)
+def exempt(trainingJobName: JobName) -> ExemptionOut:
+    return ExemptionOut(**jobs.exempt(dependencies(), trainingJobName, _caller()).to_api())
+
+
+@app.get(
+    "/whoami",
+    responses=answers(200, "the caller", WhoAmI),
+    summary="The caller's identity and whether it is an admin",
+)
 def whoami() -> WhoAmI:
     caller = require_caller(_caller())
     return WhoAmI(arn=caller, admin=is_admin(caller, dependencies().settings.admin_role_arns))
+
+
+@app.not_found
+def _no_route(exc: NotFoundError) -> Response[Any]:
+    event = app.current_event
+    path = event.path or "/"
+    routes = [*getattr(app, "_static_routes", ()), *getattr(app, "_dynamic_routes", ())]
+    allowed = sorted({route.method for route in routes if route.rule.match(path)})
+    if allowed:
+        return _error(
+            405,
+            {
+                "message": f"{event.http_method} is not allowed here; allowed: {', '.join(allowed)}",
+                "code": "MethodNotAllowed",
+            },
+        )
+    return _error(404, {"message": f"no route for {event.http_method} {path!r}", "code": "NotFound"})
 
 
 @app.exception_handler(RequestValidationError)
@@ -128,4 +195,13 @@ def _error(status: int, body: dict[str, str]) -> Response[Any]:
 @logger.inject_lambda_context(clear_state=True)
 @metrics.log_metrics
 def handler(event: dict[str, Any], context: LambdaContext) -> dict[str, Any]:
+    refused = precheck(event)
+    if refused is not None:
+        status, body = refused
+        return {
+            "statusCode": status,
+            "headers": {"Content-Type": "application/json"},
+            "body": json.dumps(body),
+            "isBase64Encoded": False,
+        }
     return app.resolve(event, context)

@@ -425,7 +425,9 @@ def test_an_unknown_instance_type_gets_no_pool(stack: Any, user_home: Path, tmp_
     admin_env = {"AWS_ACCESS_KEY_ID": admin.access_key_id, "AWS_SECRET_ACCESS_KEY": admin.secret_access_key}
     refused = sagequeue("capacity", "ml.bogus.huge", "1", home=user_home, env=admin_env)
     assert refused.code == 1
-    assert refused.err.startswith("error: 'ml.bogus.huge' is not a SageMaker training instance type; valid: ")
+    assert refused.err.startswith(
+        "error: pool 'ml.bogus.huge' is not a SageMaker training instance type; valid: "
+    )
     assert POOL in refused.err
     assert len(refused.err.strip().splitlines()) == 1
     pools = sagequeue("pools", "--json", home=user_home).json["pools"]

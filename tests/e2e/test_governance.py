@@ -190,9 +190,9 @@ def test_a_transient_failure_is_resumed_once_per_failure_and_never_beyond_max_re
 
     advance_until(stack, lambda: status(stack, root)[0] == "Failed", limit=3600)
     stack.run_until_idle()
-    assert lineage(stack, root) == [root, f"{root}-2"]
+    assert lineage(stack, root) == [root, f"{root}--2"]
     replay(stack, root)  # the Failed event once more
-    assert lineage(stack, root) == [root, f"{root}-2"]
+    assert lineage(stack, root) == [root, f"{root}--2"]
 
     advance_until(
         stack,
@@ -203,7 +203,7 @@ def test_a_transient_failure_is_resumed_once_per_failure_and_never_beyond_max_re
         limit=7200,
     )
     stack.advance(300)
-    assert lineage(stack, root) == [root, f"{root}-2", f"{root}-3"]
+    assert lineage(stack, root) == [root, f"{root}--2", f"{root}--3"]
     assert all(status(stack, n)[0] == "Failed" for n in lineage(stack, root))
 
 
@@ -219,7 +219,7 @@ def test_a_spot_job_interrupted_too_often_is_cloned_without_spot(stack: Any) -> 
         )
     )
     advance_until(stack, lambda: len(lineage(stack, name)) == 2, limit=7200)
-    clone = f"{name}-2"
+    clone = f"{name}--2"
     original = stack.sagemaker.describe_training_job(TrainingJobName=name)
     assert [t["Status"] for t in original["SecondaryStatusTransitions"]].count("Interrupted") == 3
     assert original["TrainingJobStatus"] in ("Stopping", "Stopped")

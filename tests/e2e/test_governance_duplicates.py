@@ -79,9 +79,9 @@ def test_duplicated_events_create_no_duplicate_alarms_clones_or_announcements(st
         f"sagequeue-idle-{busy}/algo-2/no-data",
     ]
     # one resume (max_resumes=1) although every Failed event came twice, and none after the clone failed
-    assert names(stack, flaky) == [flaky, f"{flaky}-2"]
+    assert names(stack, flaky) == [flaky, f"{flaky}--2"]
     assert (
-        stack.sagemaker.describe_training_job(TrainingJobName=f"{flaky}-2")["TrainingJobStatus"] == "Failed"
+        stack.sagemaker.describe_training_job(TrainingJobName=f"{flaky}--2")["TrainingJobStatus"] == "Failed"
     )
     assert stack.sagemaker.describe_training_job(TrainingJobName=rogue)["TrainingJobStatus"] == "Stopped"
     subjects = []
@@ -90,7 +90,7 @@ def test_duplicated_events_create_no_duplicate_alarms_clones_or_announcements(st
             subjects.append(json.loads(message["Body"])["Subject"])
             sqs.delete_message(QueueUrl=inbox, ReceiptHandle=message["ReceiptHandle"])
     assert sorted(subjects) == sorted(
-        [f"sagequeue stopped {rogue}: policy violation", f"sagequeue restarted {flaky} as {flaky}-2"]
+        [f"sagequeue stopped {rogue}: policy violation", f"sagequeue restarted {flaky} as {flaky}--2"]
     )
     stack.sagemaker.stop_training_job(TrainingJobName=busy)
     stack.advance(120)

@@ -115,7 +115,7 @@ def test_the_article_scenario_step_by_step(stack: LocalStack) -> None:
     assert table(queue) == {"job1": "running", "job2": "completed", "job3": "queued", "job4": "running"}
     job1 = queue.job("job1")
     assert job1.attempt == 2
-    assert job1.attempts == ("job1", "job1-2")
+    assert job1.attempts == ("job1", "job1--2")
 
     # WHEN job4 finishes, THEN job3 runs at last
     advance_until(stack, queue, lambda: table(queue)["job4"] == "completed", limit=900)
@@ -131,7 +131,7 @@ def test_the_article_scenario_step_by_step(stack: LocalStack) -> None:
     }
     assert statuses == {
         "job1": "Stopped",
-        "job1-2": "Completed",
+        "job1--2": "Completed",
         "job2": "Completed",
         "job3": "Completed",
         "job4": "Completed",

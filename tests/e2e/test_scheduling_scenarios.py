@@ -101,9 +101,8 @@ class Scenario:
 
 
 def _queue_entry(training_job_name: str) -> str:
-    """The queue entry of an attempt name: `<job>` or `<job>-<n>` (the tests' names have no digits)."""
-    head, _, tail = training_job_name.rpartition("-")
-    return head if head and tail.isdigit() else training_job_name
+    """The queue entry of an attempt name: `<job>` or `<job>--<n>` (a form no submission may take)."""
+    return training_job_name.split("--", 1)[0]
 
 
 @pytest.fixture

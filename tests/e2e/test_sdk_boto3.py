@@ -165,12 +165,12 @@ def test_a_preempted_job_waits_again_then_describes_as_its_next_attempt(
     advance_until(stack, lambda: queue.job(low).attempt == 2 and queue.job(low).live)
     second = sagemaker.describe_training_job(TrainingJobName=low)
     assert second["TrainingJobName"] == low
-    assert second["TrainingJobArn"].endswith(f"training-job/{low}-2")
+    assert second["TrainingJobArn"].endswith(f"training-job/{low}--2")
     assert queue.job(high).state == "completed"
 
     advance_until(stack, lambda: queue.job(low).terminal)
     assert sagemaker.describe_training_job(TrainingJobName=low)["TrainingJobStatus"] == "Completed"
-    assert queue.job(low).attempts == (low, f"{low}-2")
+    assert queue.job(low).attempts == (low, f"{low}--2")
 
 
 def test_stop_of_a_queued_job_cancels_it_and_it_describes_as_stopped(

@@ -233,9 +233,9 @@ def test_a_preempted_fit_keeps_waiting_and_follows_the_next_attempt(
     job = queue.job(name)
     assert "done" in outcome
     assert job.state == "completed"
-    assert job.attempts == (name, f"{name}-2")
+    assert job.attempts == (name, f"{name}--2")
     printed = capsys.readouterr().out
-    assert f"attempt 2 runs as training job {name}-2" in printed
+    assert f"attempt 2 runs as training job {name}--2" in printed
 
 
 def test_fit_prints_the_attempts_training_logs(

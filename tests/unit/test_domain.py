@@ -54,7 +54,7 @@ def test_attempt_names_are_valid_deterministic_and_distinct(name: str, attempt: 
 
 def test_first_attempt_keeps_the_users_name_and_long_names_are_shortened_uniquely() -> None:
     assert attempt_name("job", 1) == "job"
-    assert attempt_name("job", 2) == "job-2"
+    assert attempt_name("job", 2) == "job--2"
     long_a, long_b = "a" * 62 + "b", "a" * 62 + "c"
     assert len(attempt_name(long_a, 12)) <= 63
     assert attempt_name(long_a, 12) != attempt_name(long_b, 12)

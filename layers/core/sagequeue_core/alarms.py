@@ -114,6 +114,15 @@ class CloudWatchAlarms:
         except ClientError as exc:
             raise _translate(exc, f"cannot list alarms starting with {prefix!r}") from exc
 
+    def describe(self, name: str) -> dict[str, Any] | None:
+        """The metric alarm as CloudWatch describes it now, or None when there is none of that name."""
+        try:
+            page = self._client.describe_alarms(AlarmNames=[name], AlarmTypes=["MetricAlarm"])
+        except ClientError as exc:
+            raise _translate(exc, f"cannot describe alarm {name}") from exc
+        alarms = page.get("MetricAlarms", [])
+        return dict(alarms[0]) if alarms else None
+
     def state(self, name: str) -> str | None:
         """The alarm's state (OK, ALARM, INSUFFICIENT_DATA), or None when it does not exist."""
         try:

@@ -202,6 +202,8 @@ class Settings:
     )
     #: Principals (role or user ARNs) that may change any job and set pool capacity.
     admin_role_arns: tuple[str, ...] = setting((), _list(_PRINCIPAL_ARN, "an IAM principal ARN"))
+    #: Highest priority a non-admin may submit or set; admins may use the whole range.
+    max_priority_for_non_admins: int = setting(1000, _integer(ge=0, le=1000))
     #: A running attempt is not preempted before it has run this long, so preemption cannot thrash.
     min_runtime_before_preemption_seconds: int = setting(600, _integer(ge=0))
     #: Past this many preemptions a job is not preempted again until it ends (0: no limit).

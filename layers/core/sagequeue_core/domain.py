@@ -110,6 +110,13 @@ def check_transition(current: JobState, target: JobState) -> None:
 # --- Names ---------------------------------------------------------------------------------------------------
 
 
+#: Two hyphens in a row mark a name sagequeue made (a later attempt, or another choice of name for one). No
+#: submitted name may contain them, so no user can take, or be refused by, an attempt's name.
+RESERVED_NAME_MARK = "--"
+#: How many names an attempt may try when training jobs sagequeue did not start hold the first ones.
+ATTEMPT_NAME_CHOICES = 5
+
+
 def validate_job_name(name: Any) -> str:
     if not isinstance(name, str) or not name:
         raise DomainError("TrainingJobName is required and must be a string")
@@ -117,33 +124,54 @@ def validate_job_name(name: Any) -> str:
         raise DomainError(
             f"TrainingJobName {name!r} is {len(name)} characters; at most {TRAINING_JOB_NAME_MAX_LENGTH}"
         )
-    if not _NAME_RE.match(name):
+    if not _NAME_RE.fullmatch(name):
         raise DomainError(
             f"TrainingJobName {name!r} must match {TRAINING_JOB_NAME_PATTERN} "
             "(letters, digits and hyphens, starting with a letter or digit)"
         )
+    if RESERVED_NAME_MARK in name:
+        raise DomainError(
+            f"TrainingJobName {name!r} contains {RESERVED_NAME_MARK!r}, which is reserved for the names "
+            "sagequeue gives later attempts"
+        )
     return name
 
 
-def attempt_name(job_name: str, attempt: int) -> str:
+def check_training_job_name(name: Any) -> str:
+    """A name SageMaker accepts for a training job (attempt names included), or DomainError."""
+    if not isinstance(name, str) or len(name) > TRAINING_JOB_NAME_MAX_LENGTH or not _NAME_RE.fullmatch(name):
+        raise DomainError(f"{name!r} is not a training job name (it must match {TRAINING_JOB_NAME_PATTERN})")
+    return name
+
+
+def attempt_name(job_name: str, attempt: int, choice: int = 0) -> str:
     """The SageMaker training job name of attempt `attempt` (1-based) of queue entry `job_name`.
 
     The first attempt keeps the user's exact name, so what the SDK printed is what runs. Later attempts are
-    `<name>-<n>`; when that would exceed SageMaker's 63 characters the name is shortened and a hash of the
-    full name keeps it unique. The same inputs always give the same name: creating an attempt twice is
+    `<name>--<n>`, a form no submitted name can take (RESERVED_NAME_MARK). `choice` > 0 gives the
+    alternatives an attempt falls back on when a training job sagequeue did not start holds the name:
+    `<name>--<n>c<choice>`. When a name would exceed SageMaker's 63 characters it is shortened and a hash of
+    the full name keeps it unique. The same inputs always give the same name: creating an attempt twice is
     harmless, because SageMaker answers ResourceInUse for the second create.
     """
     if attempt < 1:
         raise ValueError(f"attempts count from 1, got {attempt}")
-    if attempt == 1:
+    if choice < 0:
+        raise ValueError(f"name choices count from 0, got {choice}")
+    if attempt == 1 and choice == 0:
         return job_name
-    suffix = f"-{attempt}"
+    suffix = f"{RESERVED_NAME_MARK}{attempt}" + (f"c{choice}" if choice else "")
     candidate = job_name + suffix
     if len(candidate) <= TRAINING_JOB_NAME_MAX_LENGTH:
         return candidate
     digest = hashlib.sha256(job_name.encode()).hexdigest()[:8]
     keep = TRAINING_JOB_NAME_MAX_LENGTH - len(suffix) - len(digest) - 1
     return f"{job_name[:keep].rstrip('-')}-{digest}{suffix}"
+
+
+def attempt_names(job_name: str, attempt: int) -> tuple[str, ...]:
+    """Every name attempt `attempt` may have, in the order they are tried."""
+    return tuple(attempt_name(job_name, attempt, choice) for choice in range(ATTEMPT_NAME_CHOICES))
 
 
 # --- Priority --------------------------------------------------------------------------------------------------
@@ -490,6 +518,10 @@ class Job:
 
     def next_attempt_name(self) -> str:
         return attempt_name(self.name, self.attempt + 1)
+
+    def is_next_attempt(self, training_job_name: str) -> bool:
+        """Whether `training_job_name` is one of the names the job's next attempt may have."""
+        return training_job_name in attempt_names(self.name, self.attempt + 1)
 
     def transition(self, target: JobState, now: datetime, reason: str | None = None) -> None:
         """Move to `target`, recording when and why; refuses moves not in TRANSITIONS."""

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from botocore.exceptions import ClientError
+from botocore.exceptions import ClientError, ParamValidationError
 
 from sagequeue_core.defaults import JOB_TAG
 from sagequeue_core.domain import ResourceKey, tags_to_dict
@@ -101,6 +101,11 @@ class SageMakerAdapter:
         name = str(request["TrainingJobName"])
         try:
             response = self.client.create_training_job(**request)
+        except ParamValidationError as exc:
+            # botocore refused the request before sending it: the request itself is wrong, and sending it
+            # again cannot succeed (the API validates submissions, so this is a request stored earlier or
+            # a model that changed since).
+            raise SageMakerValidationError(f"invalid request: {exc}", "ParamValidationError") from exc
         except ClientError as exc:
             if _code(exc) != "ResourceInUse":
                 raise _error(exc) from exc

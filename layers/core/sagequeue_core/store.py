@@ -431,11 +431,20 @@ class Repository:
             filter_condition=condition,
             limit=limit,
             page_size=limit,
-            last_evaluated_key=_decode_token(next_token),
+            last_evaluated_key=_decode_token(next_token, self._token_shape(index), key),
         )
         jobs = [self._to_job(item) for item in result]
         last = result.last_evaluated_key
         return Page(jobs=jobs, next_token=_encode_token(last) if last else None)
+
+    def _token_shape(self, index: Any) -> tuple[frozenset[str], str]:
+        """The attribute names a page token of `index` holds, and the name of the index's partition key."""
+        model = self._item
+        names = {model._hash_keyname, model._range_keyname}
+        index_keys = [attr.attr_name for attr in index.Meta.attributes.values() if attr.is_hash_key]
+        index_keys += [attr.attr_name for attr in index.Meta.attributes.values() if attr.is_range_key]
+        names.update(index_keys)
+        return frozenset(name for name in names if name), index_keys[0]
 
     def import_jobs(self, jobs: Sequence[Job]) -> None:
         """Bulk-load queued jobs (a migration, a benchmark) with batch writes; counts them into their pools."""
@@ -673,15 +682,36 @@ class Repository:
         )
 
 
+#: Page tokens are small (a few key attributes); anything longer is not one of ours.
+_MAX_TOKEN_CHARS = 2048
+
+
 def _encode_token(key: Mapping[str, Any]) -> str:
     return base64.urlsafe_b64encode(json.dumps(key, separators=(",", ":")).encode()).decode()
 
 
-def _decode_token(token: str | None) -> dict[str, Any] | None:
+def _decode_token(
+    token: str | None, shape: tuple[frozenset[str], str] | None = None, partition: str | None = None
+) -> dict[str, Any] | None:
+    """The start key a page token carries; ValueError unless it has exactly the shape of a key of the index
+    queried (`shape`: its attribute names and partition key) for the same partition, so a crafted token
+    never reaches DynamoDB."""
     if not token:
         return None
+    invalid = ValueError("next_token is not a token this API returned")
+    if len(token) > _MAX_TOKEN_CHARS:
+        raise invalid
     try:
-        decoded: dict[str, Any] = json.loads(base64.urlsafe_b64decode(token.encode()))
-    except (ValueError, TypeError):
-        raise ValueError("next_token is not a token this API returned") from None
+        decoded = json.loads(base64.urlsafe_b64decode(token.encode("ascii")))
+    except (ValueError, TypeError, UnicodeEncodeError):
+        raise invalid from None
+    if not isinstance(decoded, dict) or not all(
+        isinstance(value, dict) and len(value) == 1 and isinstance(value.get("S"), str)
+        for value in decoded.values()
+    ):
+        raise invalid
+    if shape is not None:
+        names, partition_name = shape
+        if set(decoded) != names or (partition is not None and decoded[partition_name]["S"] != partition):
+            raise invalid
     return decoded

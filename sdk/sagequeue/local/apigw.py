@@ -9,6 +9,7 @@ function's response. Identity travels only in `requestContext.identity`, as on A
 from __future__ import annotations
 
 import base64
+import hashlib
 import hmac
 import json
 import logging
@@ -18,7 +19,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from email.message import Message
 from email.utils import format_datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -38,6 +39,8 @@ _AUTHORIZATION = re.compile(
     r"/aws4_request,\s*SignedHeaders=(?P<headers>[^,\s]+),\s*Signature=(?P<signature>[0-9a-f]{64})"
 )
 _MAX_BODY = 10 * 1024 * 1024  # API Gateway's payload limit
+#: How far a SigV4 timestamp may be from now, either way, as AWS allows.
+SIGNATURE_MAX_AGE = timedelta(minutes=15)
 
 
 class ApiGatewayError(Exception):
@@ -108,8 +111,17 @@ class SignedRequest:
     body: bytes
 
 
-def authorize(request: SignedRequest, identities: IdentityTable, region: str) -> Identity:
-    """The identity whose secret signed `request`, or ApiGatewayError(403) saying what is wrong."""
+def authorize(
+    request: SignedRequest,
+    identities: IdentityTable,
+    region: str,
+    *,
+    wall_clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+) -> Identity:
+    """The identity whose secret signed `request`, or ApiGatewayError(403) saying what is wrong.
+
+    As API Gateway does: the signature is at most SIGNATURE_MAX_AGE old (or ahead), on the wall clock (not
+    the stack's virtual one: clients sign with real time), and a signed body hash must be the body's."""
     header = request.headers.get("authorization")
     if not header:
         raise ApiGatewayError(403, "Missing Authentication Token: sign the request with SigV4", "Forbidden")
@@ -141,6 +153,27 @@ def authorize(request: SignedRequest, identities: IdentityTable, region: str) ->
     timestamp = request.headers.get("x-amz-date", "")
     if not timestamp.startswith(found.group("date")):
         raise ApiGatewayError(403, "X-Amz-Date is missing or does not match the credential date", "Forbidden")
+    try:
+        signed_at = datetime.strptime(timestamp, "%Y%m%dT%H%M%SZ").replace(tzinfo=UTC)
+    except ValueError:
+        raise ApiGatewayError(
+            403, f"X-Amz-Date {timestamp!r} is not of the form YYYYMMDDTHHMMSSZ", "Forbidden"
+        ) from None
+    skew = abs(wall_clock() - signed_at)
+    if skew > SIGNATURE_MAX_AGE:
+        raise ApiGatewayError(
+            403,
+            f"Signature expired: {timestamp} is more than {int(SIGNATURE_MAX_AGE.total_seconds() // 60)} "
+            "minutes from the current time",
+            "Forbidden",
+        )
+    # SigV4 signs X-Amz-Content-Sha256 in place of the body when the header is present: the body must be
+    # the one it names, or a body swapped after signing would pass.
+    declared = request.headers.get("x-amz-content-sha256")
+    if declared is not None and declared.lower() != hashlib.sha256(request.body or b"").hexdigest():
+        raise ApiGatewayError(
+            403, "The provided X-Amz-Content-Sha256 header does not match what was computed", "Forbidden"
+        )
     expected = _signature(request, identity, found.group("headers").split(";"), region, timestamp)
     if not hmac.compare_digest(expected, found.group("signature")):
         raise ApiGatewayError(

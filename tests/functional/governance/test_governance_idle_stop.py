@@ -11,6 +11,7 @@ from governance_world import TRN1, World, training_request, unique
 
 from sagequeue_core.domain import Job, JobState, StopReason
 from sagequeue_core.events import EventType
+from sagequeue_core.service.govern import grant_exemption
 from sagequeue_core.service.stop_idle import MalformedAlarmMessage
 
 SAMPLE = Path(__file__).resolve().parents[2] / "unit" / "governance" / "events" / "idle-alarm-sns.json"
@@ -32,6 +33,14 @@ def alarm_event(alarm_name: str, state: str = "ALARM", deliveries: int = 1) -> d
     return event
 
 
+def in_alarm(world: World, *alarm_names: str) -> None:
+    """CloudWatch's own state of the alarms becomes ALARM (what a real evaluation would do)."""
+    for alarm_name in alarm_names:
+        world.cloudwatch.set_alarm_state(
+            AlarmName=alarm_name, StateValue="ALARM", StateReason="Threshold Crossed"
+        )
+
+
 def training(world: World, name: str, count: int = 2, **kwargs: Any) -> None:
     world.sagemaker.create_training_job(
         **training_request(name, count=count, env={"SAGEQUEUE_SIM_DURATION": "90000"}, **kwargs)
@@ -47,6 +56,7 @@ def test_an_alarm_stops_the_job_once_drops_its_alarms_and_announces_it_once(worl
     assert len(world.alarm_names(f"sagequeue-idle-{name}/")) == 2
 
     # both hosts' alarms fire, and SNS delivers the first twice
+    in_alarm(world, f"sagequeue-idle-{name}/algo-2", f"sagequeue-idle-{name}/algo-1")
     outcomes = world.idle_stop.on_sns(alarm_event(f"sagequeue-idle-{name}/algo-2", deliveries=2))
     outcomes += world.idle_stop.on_sns(alarm_event(f"sagequeue-idle-{name}/algo-1"))
     assert outcomes[0].stopped
@@ -78,7 +88,8 @@ def test_a_queued_job_is_recorded_as_stopping_for_idleness(world: World) -> None
     job.state, job.attempt, job.training_job_name, job.started_at = JobState.RUNNING, 1, name, started
     world.deps.store.create_job(job)
 
-    world.idle_stop.on_sns(alarm_event(f"sagequeue-idle-{name}/algo-1/no-data"))
+    in_alarm(world, f"sagequeue-idle-{name}/algo-1")
+    world.idle_stop.on_sns(alarm_event(f"sagequeue-idle-{name}/algo-1"))
     stored = world.deps.store.get_job(name)
     assert stored.state is JobState.STOPPING
     assert stored.stop_reason is StopReason.IDLE
@@ -97,15 +108,32 @@ def test_other_transitions_change_nothing(world: World, state: str) -> None:
     assert world.alarm_names(f"sagequeue-idle-{name}/") == [f"sagequeue-idle-{name}/algo-1"]
 
 
-def test_a_job_tagged_exempt_after_its_alarm_was_made_is_spared(world: World) -> None:
+def test_a_job_an_admin_exempted_after_its_alarm_was_made_is_spared(world: World) -> None:
     name = unique("spared")
     training(world, name, count=1)
     arn = world.sagemaker.describe_training_job(TrainingJobName=name)["TrainingJobArn"]
     world.sagemaker.add_tags(ResourceArn=arn, Tags=[{"Key": "sagequeue:exempt", "Value": "true"}])
+    grant_exemption(world.deps.store, name, "arn:aws:iam::123456789012:role/QueueAdmin", world.clock.now())
+    in_alarm(world, f"sagequeue-idle-{name}/algo-1")
     (outcome,) = world.idle_stop.on_sns(alarm_event(f"sagequeue-idle-{name}/algo-1"))
     assert (outcome.stopped, outcome.detail) == (False, "the training job is exempt")
     assert world.status(name) == ("InProgress", "Training")
     assert world.alarm_names(f"sagequeue-idle-{name}/") == []
+
+
+def test_an_exempt_tag_added_on_sagemaker_without_a_grant_does_not_spare_the_job(world: World) -> None:
+    # GIVEN a user with sagemaker:AddTags on their idle job tags it exempt themselves
+    name = unique("selfspared")
+    training(world, name, count=1)
+    arn = world.sagemaker.describe_training_job(TrainingJobName=name)["TrainingJobArn"]
+    world.sagemaker.add_tags(ResourceArn=arn, Tags=[{"Key": "sagequeue:exempt", "Value": "true"}])
+    # WHEN its idle alarm fires
+    in_alarm(world, f"sagequeue-idle-{name}/algo-1")
+    (outcome,) = world.idle_stop.on_sns(alarm_event(f"sagequeue-idle-{name}/algo-1"))
+    # THEN it is stopped anyway, and the ignored tag is reported
+    assert outcome.stopped
+    assert world.status(name)[0] == "Stopping"
+    assert [e["training_job_name"] for e in world.publisher.of_type(EventType.POLICY_VIOLATION)] == [name]
 
 
 def test_an_alarm_that_outlived_its_job_is_cleaned_up_without_a_stop(world: World) -> None:
@@ -115,9 +143,47 @@ def test_an_alarm_that_outlived_its_job_is_cleaned_up_without_a_stop(world: Worl
     world.govern_pending(name)  # alarms made at Training; the end event is not governed yet
     world.advance(200)
     assert world.status(name)[0] == "Completed"
+    in_alarm(world, f"sagequeue-idle-{name}/algo-1")
     (outcome,) = world.idle_stop.on_sns(alarm_event(f"sagequeue-idle-{name}/algo-1"))
     assert (outcome.stopped, outcome.detail) == (False, "the training job is already Completed")
     assert world.alarm_names(f"sagequeue-idle-{name}/") == []
+    assert world.publisher.of_type(EventType.IDLE_STOPPED) == []
+
+
+def test_a_forged_alarm_message_stops_nothing(world: World) -> None:
+    # GIVEN a training job whose idle alarms CloudWatch holds in OK, and another job
+    name, other = unique("victim"), unique("other")
+    training(world, name, count=1)
+    training(world, other, count=1)
+    alarm = f"sagequeue-idle-{name}/algo-1"
+    assert world.cloudwatch.describe_alarms(AlarmNames=[alarm])["MetricAlarms"][0]["StateValue"] != "ALARM"
+
+    # WHEN someone allowed to publish on the topic sends ALARM messages: for the real alarm (which is not in
+    # ALARM), for an alarm that does not exist, and for an alarm of another job's that they renamed
+    forged = world.idle_stop.on_sns(alarm_event(alarm))
+    forged += world.idle_stop.on_sns(alarm_event(f"sagequeue-idle-{name}/algo-7"))
+    in_alarm(world, f"sagequeue-idle-{other}/algo-1")
+    spec = world.cloudwatch.describe_alarms(AlarmNames=[f"sagequeue-idle-{other}/algo-1"])["MetricAlarms"][0]
+    world.cloudwatch.put_metric_alarm(
+        AlarmName=f"sagequeue-idle-{name}/algo-2",
+        Namespace=spec["Namespace"],
+        MetricName=spec["MetricName"],
+        Dimensions=spec["Dimensions"],  # watches the other job's host
+        Statistic="Average",
+        Period=60,
+        EvaluationPeriods=1,
+        Threshold=5,
+        ComparisonOperator="LessThanOrEqualToThreshold",
+    )
+    in_alarm(world, f"sagequeue-idle-{name}/algo-2")
+    forged += world.idle_stop.on_sns(alarm_event(f"sagequeue-idle-{name}/algo-2"))
+
+    # THEN nothing is stopped, each refusal says why, and nothing is announced
+    assert [o.stopped for o in forged] == [False, False, False]
+    assert "not ALARM" in forged[0].detail
+    assert forged[1].detail == "no such alarm in CloudWatch"
+    assert forged[2].detail == f"the alarm does not watch host {name}/algo-2"
+    assert world.status(name) == ("InProgress", "Training")
     assert world.publisher.of_type(EventType.IDLE_STOPPED) == []
 
 

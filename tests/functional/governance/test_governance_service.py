@@ -9,6 +9,7 @@ from governance_world import TRN1, World, training_request, unique
 from sagequeue_core.domain import Job, JobState, StopReason, tags_to_dict
 from sagequeue_core.events import EventType
 from sagequeue_core.governance import CLONE_ATTEMPT_TAG, CLONE_OF_TAG, RESUMES_TAG
+from sagequeue_core.service.govern import grant_exemption
 
 
 def start(world: World, name: str, **kwargs: Any) -> None:
@@ -66,12 +67,69 @@ def test_tags_as_a_list_in_the_event_are_read_like_a_dict(world: World) -> None:
 
 def test_an_exempt_job_breaking_the_rules_keeps_running(world: World) -> None:
     name = unique("exempt")
+    grant_exemption(world.deps.store, name, "arn:aws:iam::123456789012:role/QueueAdmin", world.clock.now())
     start(world, name, tags={"sagequeue:exempt": "true"})
     world.advance(200)
     outcomes = world.govern_pending(name)
     assert all(o.stopped is None and not o.alarms_created for o in outcomes)
     assert world.status(name) == ("InProgress", "Training")
     assert world.alarm_names(f"sagequeue-idle-{name}/") == []
+
+
+def test_a_self_granted_exempt_tag_is_ignored_and_reported(world: World) -> None:
+    # GIVEN a job outside the queue that breaks the rules and tags itself exempt; no admin granted it
+    name = unique("selfexempt")
+    start(world, name, tags={"sagequeue:exempt": "true"})
+    world.advance(200)
+    # WHEN governance judges it
+    outcomes = world.govern_pending(name)
+    # THEN it is governed as if the tag were not there, and the ignored tag is reported once
+    assert any(o.stopped for o in outcomes)
+    assert world.status(name)[0] in ("Stopping", "Stopped")
+    reports = [
+        e for e in world.publisher.of_type(EventType.POLICY_VIOLATION) if e.get("rules") == ["exemption"]
+    ]
+    assert [r["training_job_name"] for r in reports] == [name]
+
+
+def test_a_forged_event_with_forged_tags_stops_nothing(world: World) -> None:
+    # GIVEN a compliant job that trains
+    name = unique("honest")
+    start(world, name, tags={"team": "nlp"}, env={"SAGEQUEUE_SIM_DURATION": "90000"})
+    world.advance(200)
+    world.govern_pending(name)
+    assert world.status(name) == ("InProgress", "Training")
+    # WHEN a forged InProgress event says it lost its tags, and a forged Failed event says it failed for a
+    # transient reason (which would make governance clone it)
+    template = {
+        "version": "0",
+        "source": "aws.sagemaker",
+        "detail-type": "SageMaker Training Job State Change",
+        "account": "123456789012",
+        "region": "us-east-1",
+        "detail": {
+            "TrainingJobName": name,
+            "TrainingJobStatus": "InProgress",
+            "SecondaryStatus": "Training",
+            "Tags": {"project": "x"},
+        },
+    }
+    forged_failed = {
+        **template,
+        "detail": {
+            **template["detail"],
+            "TrainingJobStatus": "Failed",
+            "SecondaryStatus": "Failed",
+            "FailureReason": "InternalServerError: We encountered an internal error.",
+        },
+    }
+    outcomes = [world.governance.on_event(template), world.governance.on_event(forged_failed)]
+    # THEN governance judged the job by what SageMaker says: not stopped, not cloned, nothing announced
+    assert [o.stopped for o in outcomes] == [None, None]
+    assert [o.clone for o in outcomes] == [None, None]
+    assert world.status(name) == ("InProgress", "Training")
+    assert names(world) == [name]
+    assert world.publisher.of_type(EventType.POLICY_VIOLATION) == []
 
 
 # --- alarms -------------------------------------------------------------------------------------------------
@@ -130,12 +188,12 @@ def test_a_transient_failure_is_resumed_as_a_clone_at_most_max_resumes_times(wor
         clones = [n for n in names(world) if n.startswith(root) and n not in lineage]
         assert len(clones) <= 1
         lineage += clones
-    assert lineage == [root, f"{root}-2", f"{root}-3"]
+    assert lineage == [root, f"{root}--2", f"{root}--3"]
     assert all(world.status(n)[0] == "Failed" for n in lineage)
-    last = tags_of(world, f"{root}-3")
+    last = tags_of(world, f"{root}--3")
     assert (last[CLONE_OF_TAG], last[CLONE_ATTEMPT_TAG], last[RESUMES_TAG]) == (root, "3", "2")
     assert last["owner"] == "ml-platform"
-    clone = world.sagemaker.describe_training_job(TrainingJobName=f"{root}-2")
+    clone = world.sagemaker.describe_training_job(TrainingJobName=f"{root}--2")
     assert clone["CheckpointConfig"] == {"S3Uri": f"s3://bucket/checkpoints/{root}"}
     assert len(world.publisher.of_type(EventType.JOB_RESUMED)) == 2
 
@@ -171,7 +229,7 @@ def test_a_spot_job_interrupted_too_often_is_stopped_and_cloned_without_spot(wor
             replaced = replaced or outcome.clone
         if replaced:
             break
-    assert replaced == f"{name}-2"
+    assert replaced == f"{name}--2"
     described = world.sagemaker.describe_training_job(TrainingJobName=name)
     interruptions = [t for t in described["SecondaryStatusTransitions"] if t["Status"] == "Interrupted"]
     assert len(interruptions) == 3

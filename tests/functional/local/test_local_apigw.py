@@ -3,14 +3,16 @@ caller's identity, routed as the template declares; refusals look like API Gatew
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sys
 import uuid
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from email.utils import parsedate_to_datetime
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 import urllib3
@@ -161,6 +163,44 @@ def test_a_body_changed_after_signing_is_refused(gateway: LocalApiGateway) -> No
     prepared = request.prepare()
     answer = HTTP.request("POST", prepared.url, body=b'{"n": 2}', headers=dict(prepared.headers))
     assert answer.status == 403
+
+
+def test_a_body_swapped_under_a_signed_content_hash_is_refused(gateway: LocalApiGateway) -> None:
+    # GIVEN a request signed with X-Amz-Content-Sha256 (SigV4 then signs the header, not the body)
+    user = gateway.identities["user"]
+    signed_body = b'{"n": 1}'
+    request = AWSRequest(
+        method="POST",
+        url=gateway.endpoint + "/things",
+        data=signed_body,
+        headers={"X-Amz-Content-Sha256": hashlib.sha256(signed_body).hexdigest()},
+    )
+    SigV4Auth(Credentials(user.access_key_id, user.secret_access_key), "execute-api", "us-east-1").add_auth(
+        request
+    )
+    prepared = request.prepare()
+    # WHEN the body is swapped on the way, THEN the gateway refuses it; the signed body itself passes
+    swapped = HTTP.request("POST", prepared.url, body=b'{"n": 2}', headers=dict(prepared.headers))
+    assert swapped.status == 403
+    assert "X-Amz-Content-Sha256" in json.loads(swapped.data)["message"]
+    honest = HTTP.request("POST", prepared.url, body=signed_body, headers=dict(prepared.headers))
+    assert honest.status == 200
+
+
+@pytest.mark.parametrize("age", [timedelta(days=400), timedelta(minutes=16), -timedelta(minutes=16)])
+def test_a_signature_older_or_newer_than_15_minutes_is_refused(
+    gateway: LocalApiGateway, age: timedelta
+) -> None:
+    user = gateway.identities["user"]
+    request = AWSRequest(method="GET", url=gateway.endpoint + "/hello/x", data=b"")
+    signed_at = datetime.now(UTC) - age
+    signer = SigV4Auth(Credentials(user.access_key_id, user.secret_access_key), "execute-api", "us-east-1")
+    with mock.patch("botocore.auth.get_current_datetime", return_value=signed_at.replace(tzinfo=None)):
+        signer.add_auth(request)  # a correct signature, made `age` ago
+    prepared = request.prepare()
+    answer = HTTP.request("GET", prepared.url, headers=dict(prepared.headers))
+    assert answer.status == 403
+    assert "Signature expired" in json.loads(answer.data)["message"]
 
 
 def test_unknown_routes_and_methods_name_the_problem(gateway: LocalApiGateway) -> None:

@@ -148,7 +148,11 @@ def test_the_stack_template_routes_and_rules() -> None:
     scheduler = next(f for f in spec.functions.values() if f.reserved_concurrency == 1)
     triggers = [rule for rule in spec.rules if any(t.function == scheduler.logical_id for t in rule.targets)]
     patterns = [rule.pattern for rule in triggers if rule.pattern]
-    assert {"source": ["aws.sagemaker"], "detail-type": ["SageMaker Training Job State Change"]} in patterns
+    assert {
+        "source": ["aws.sagemaker"],
+        "detail-type": ["SageMaker Training Job State Change"],
+        "account": [CONTEXT.account_id],
+    } in patterns
     assert any(rule.schedule == "rate(1 minute)" for rule in triggers)
     assert spec.functions[scheduler.logical_id].environment["SAGEQUEUE_TABLE_NAME"] == spec.tables[0].name
 

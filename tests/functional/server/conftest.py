@@ -33,6 +33,7 @@ START = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
 ACCOUNT = "123456789012"
 ROLE = f"arn:aws:iam::{ACCOUNT}:role/SageMakerTraining"
 SUBMITTER = f"arn:aws:sts::{ACCOUNT}:assumed-role/ResearchTeam/research-session"
+SUBMITTER_ROLE = f"arn:aws:iam::{ACCOUNT}:role/ResearchTeam"  # what the queue records as its owner
 OTHER_USER = f"arn:aws:iam::{ACCOUNT}:user/other-user"
 ADMIN = f"arn:aws:iam::{ACCOUNT}:role/QueueAdmin"
 TRN1 = "ml.trn1.32xlarge"

@@ -14,6 +14,7 @@ from conftest import (
     OTHER_USER,
     ROLE,
     SUBMITTER,
+    SUBMITTER_ROLE,
     TRN1,
     TRN2,
     LambdaContext,
@@ -54,7 +55,7 @@ def test_submission_answers_201_with_the_job_and_a_duplicate_is_409(world: Queue
     assert job["name"] == "twice"
     assert job["priority"] == 7
     assert job["pool"] == TRN1
-    assert job["owner"] == SUBMITTER, "the owner is the caller, from the request context"
+    assert job["owner"] == SUBMITTER_ROLE, "the owner is the caller's role, from the request context"
     assert job["instances"] == 1
 
     status, answer = world.api("POST", "/jobs", training_request("twice", priority=1))
@@ -80,11 +81,14 @@ def test_only_the_owner_or_an_admin_may_cancel_or_change_a_job(world: QueueWorld
 
     assert world.api("DELETE", "/jobs/mine", caller=OTHER_USER)[0] == 403
     assert world.api("PATCH", "/jobs/mine", {"priority": 9}, caller=OTHER_USER)[0] == 403
-    # someone else's session of the same role is not the owner
-    colleague = SUBMITTER.replace("/research-session", "/ml-platform")
-    assert world.api("PATCH", "/jobs/mine", {"priority": 9}, caller=colleague)[0] == 403
-    status, job = world.api("PATCH", "/jobs/mine", {"priority": 9})
+    # another role's session is not the owner
+    stranger = SUBMITTER.replace("/ResearchTeam/", "/OtherTeam/")
+    assert world.api("PATCH", "/jobs/mine", {"priority": 9}, caller=stranger)[0] == 403
+    # the same role's next session (tomorrow's credentials, another session name) still owns the job
+    tomorrow = SUBMITTER.replace("/research-session", "/research-session-tomorrow")
+    status, job = world.api("PATCH", "/jobs/mine", {"priority": 9}, caller=tomorrow)
     assert (status, job["priority"]) == (200, 9)
+    assert "mine" in [j["name"] for j in world.api("GET", "/jobs", caller=tomorrow)[1]["jobs"]]
     status, job = world.api("DELETE", "/jobs/mine", caller=ADMIN)
     assert (status, job["state"]) == (200, "cancelled")
     assert world.api("DELETE", "/jobs/mine")[0] == 409
@@ -212,7 +216,7 @@ def test_a_real_shaped_api_gateway_event_is_served(world: QueueWorld) -> None:
     assert answer["statusCode"] == 201
     job = json.loads(answer["body"])
     assert (job["name"], job["priority"], job["state"]) == ("llama-ft-0412", 50, "queued")
-    assert job["owner"] == "arn:aws:sts::123456789012:assumed-role/ResearchTeam/research-session"
+    assert job["owner"] == "arn:aws:iam::123456789012:role/ResearchTeam"
 
 
 def test_a_submission_survives_eventbridge_refusing_its_trigger(world: QueueWorld) -> None:
@@ -266,11 +270,11 @@ def test_an_unknown_instance_type_gets_no_pool_and_the_answer_lists_the_valid_on
     status, answer = world.api("PUT", "/pools/ml.bogus.huge", {"capacity": 1}, caller=ADMIN)
     assert status == 400
     message = answer["message"]
-    assert message.startswith("'ml.bogus.huge' is not a SageMaker training instance type; valid: ")
+    assert message.startswith("pool 'ml.bogus.huge' is not a SageMaker training instance type; valid: ")
     valid = message.split("valid: ", 1)[1].split(", ")
     assert TRN1 in valid
     assert "ml.trn2.48xlarge" in valid
-    assert valid == sorted(valid)
+    assert valid[0].startswith("ml.trn")  # Trainium first
     assert "ml.bogus.huge" not in [p["instance_type"] for p in world.api("GET", "/pools")[1]["pools"]]
     # a real type that is not a training type (an endpoint's) is refused too
     assert world.api("PUT", "/pools/ml.t2.medium", {"capacity": 1}, caller=ADMIN)[0] == 400
@@ -292,3 +296,24 @@ def test_releasing_a_job_that_is_not_held_is_a_conflict_that_says_why(world: Que
     assert world.api("PATCH", "/jobs/waits", {"held": True})[0] == 200
     assert world.api("PATCH", "/jobs/waits", {"held": False})[0] == 200
     assert world.api("PATCH", "/jobs/waits", {"held": False})[0] == 409
+
+
+def test_a_non_admin_may_not_go_above_the_priority_ceiling(moto_endpoint: str) -> None:
+    for world in make_world(moto_endpoint, settings={"max_priority_for_non_admins": 100}):
+        # GIVEN MaxPriorityForNonAdmins = 100
+        # WHEN a non-admin submits at 1000, THEN it is refused and nothing is stored
+        status, answer = world.api("POST", "/jobs", training_request("greedy", priority=1000))
+        assert (status, answer["code"]) == (403, "Forbidden")
+        assert "100" in answer["message"]
+        assert world.api("GET", "/jobs/greedy")[0] == 404
+        # the same through the priority tag
+        tagged = training_request("greedy", tags={"team": "research", "priority": "500"})
+        assert world.api("POST", "/jobs", tagged)[0] == 403
+        # at the ceiling it is queued, and raising it above later is refused too
+        world.submit("modest", priority=100)
+        assert world.api("PATCH", "/jobs/modest", {"priority": 101})[0] == 403
+        assert world.job("modest")["priority"] == 100
+        # an admin may use the whole range
+        status, job = world.api("POST", "/jobs", training_request("urgent", priority=1000), caller=ADMIN)
+        assert (status, job["priority"]) == (201, 1000)
+        assert world.api("PATCH", "/jobs/modest", {"priority": 900}, caller=ADMIN)[0] == 200

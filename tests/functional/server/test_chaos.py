@@ -41,7 +41,7 @@ def test_every_job_completes_once_whatever_happens_to_the_events(world: QueueWor
 
     summaries = world.sagemaker().list_training_jobs(MaxResults=100)["TrainingJobSummaries"]
     completed = [s["TrainingJobName"] for s in summaries if s["TrainingJobStatus"] == "Completed"]
-    owners = sorted(name.rsplit("-", 1)[0] if name.count("-") else name for name in completed)
+    owners = sorted(name.split("--", 1)[0] for name in completed)
     assert owners == sorted(JOBS), "each job has exactly one completed attempt"
     assert all(s["TrainingJobStatus"] in ("Completed", "Stopped") for s in summaries)
     for name in JOBS:

@@ -13,6 +13,7 @@ from conftest import QueueWorld, training_request
 
 from sagequeue.local.emulator.events import state_change_event
 from sagequeue_core.defaults import QUOTA_MEMORY_SECONDS
+from sagequeue_core.domain import attempt_name
 
 
 class Crash(RuntimeError):
@@ -179,7 +180,9 @@ def test_an_event_of_the_attempt_created_before_a_crash_adopts_it(world: QueueWo
     assert len(world.sagemaker().list_training_jobs()["TrainingJobSummaries"]) == 1
 
 
-def test_a_training_job_of_the_same_name_not_started_by_the_queue_fails_the_job(world: QueueWorld) -> None:
+def test_a_training_job_of_the_same_name_not_started_by_the_queue_makes_the_attempt_choose_another(
+    world: QueueWorld,
+) -> None:
     # GIVEN someone created a training job by hand under the name the queue's first attempt will use
     request = training_request("taken", duration=60)
     request.pop("priority", None)
@@ -190,10 +193,16 @@ def test_a_training_job_of_the_same_name_not_started_by_the_queue_fails_the_job(
     # WHEN the job is submitted
     world.api("POST", "/jobs", training_request("taken", duration=60))
 
-    # THEN it fails, naming the reason, instead of adopting a stranger's job
+    # THEN it starts under the attempt's next name (a reserved form) instead of failing or adopting the
+    # stranger's job, which is left as it was
     job = world.job("taken")
-    assert job["state"] == "failed"
-    assert "not started by sagequeue" in job["reason"]
+    assert job["state"] == "starting"
+    assert job["training_job_name"] == attempt_name("taken", 1, 1) == "taken--1c1"
+    assert job["attempts"] == ["taken--1c1"]
+    tags = world.sagemaker().list_tags(
+        ResourceArn=world.sagemaker().describe_training_job(TrainingJobName="taken")["TrainingJobArn"]
+    )["Tags"]
+    assert not [tag for tag in tags if tag["Key"].startswith("sagequeue:")]
 
 
 def test_a_throttled_create_leaves_the_job_queued_and_it_starts_later(world: QueueWorld) -> None:

@@ -34,7 +34,7 @@ def test_capacity_failures_requeue_with_backoff_then_give_up(two_attempts: Queue
     world.run_until(lambda: world.state("scarce") == "failed")
     job = world.job("scarce")
     assert job["reason"].startswith("gave up after 2 attempts: CapacityError")
-    assert job["attempts"] == ["scarce", "scarce-2"]
+    assert job["attempts"] == ["scarce", "scarce--2"]
 
 
 def test_a_job_that_fails_on_its_own_is_not_retried(world: QueueWorld) -> None:

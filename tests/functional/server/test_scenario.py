@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from conftest import SUBMITTER, TRN1, QueueWorld
+from conftest import SUBMITTER_ROLE, TRN1, QueueWorld
 
 
 def test_article_scenario_preempts_resumes_and_completes_every_job(world: QueueWorld) -> None:
@@ -34,7 +34,7 @@ def test_article_scenario_preempts_resumes_and_completes_every_job(world: QueueW
     job1 = world.job("job1")
     assert job1["state"] in ("starting", "running")
     assert job1["attempt"] == 2
-    assert job1["training_job_name"] == "job1-2"
+    assert job1["training_job_name"] == "job1--2"
     assert world.state("job3") == "queued"
 
     # THEN everything completes, job3 last, and nothing is lost
@@ -43,27 +43,27 @@ def test_article_scenario_preempts_resumes_and_completes_every_job(world: QueueW
     summaries = {s["TrainingJobName"]: s for s in sagemaker.list_training_jobs()["TrainingJobSummaries"]}
     assert {name: s["TrainingJobStatus"] for name, s in summaries.items()} == {
         "job1": "Stopped",
-        "job1-2": "Completed",
+        "job1--2": "Completed",
         "job2": "Completed",
         "job3": "Completed",
         "job4": "Completed",
     }
     created = sorted(summaries, key=lambda n: summaries[n]["CreationTime"])
     assert created[-1] == "job3"
-    assert created.index("job1-2") > created.index("job4")
+    assert created.index("job1--2") > created.index("job4")
 
     # the resumed attempt trains from the same checkpoints and carries the queue's tags
     first = sagemaker.describe_training_job(TrainingJobName="job1")
-    second = sagemaker.describe_training_job(TrainingJobName="job1-2")
+    second = sagemaker.describe_training_job(TrainingJobName="job1--2")
     assert second["CheckpointConfig"] == first["CheckpointConfig"]
     tags = {t["Key"]: t["Value"] for t in sagemaker.list_tags(ResourceArn=second["TrainingJobArn"])["Tags"]}
     assert tags["sagequeue:job"] == "job1"
     assert tags["sagequeue:attempt"] == "2"
-    assert tags["sagequeue:submitted-by"] == SUBMITTER
+    assert tags["sagequeue:submitted-by"] == SUBMITTER_ROLE
     assert tags["team"] == "research"
 
     detail = world.job("job1")
-    assert detail["attempts"] == ["job1", "job1-2"]
+    assert detail["attempts"] == ["job1", "job1--2"]
     assert [h["state"] for h in detail["history"]] == [
         "queued",
         "starting",

@@ -49,6 +49,46 @@ BAD_REQUESTS = [
         "sagequeue:submitted-by",
         id="forged-owner-tag",
     ),
+    # what botocore's validator and SageMaker's service model refuse at create time (#15, point 1)
+    pytest.param(_set("HyperParameters", {"epochs": 3}), "HyperParameters.epochs", id="hyperparameter-int"),
+    pytest.param(_set("NotAMember", 1), "NotAMember", id="unknown-member"),
+    pytest.param(
+        _set("StoppingCondition.MaxRuntimeInSeconds", 3600.5),
+        "StoppingCondition.MaxRuntimeInSeconds",
+        id="float-runtime",
+    ),
+    pytest.param(
+        _set(
+            "ResourceConfig",
+            {
+                "InstanceGroups": [
+                    {
+                        "InstanceType": "ml.trn1.32xlarge",
+                        "InstanceCount": 1,
+                        "InstanceGroupName": "g",
+                        "RoleArn": "arn:aws:iam::123456789012:role/x",
+                    }
+                ],
+                "VolumeSizeInGB": 64,
+            },
+        ),
+        "InstanceGroups[0]",
+        id="role-in-instance-group",
+    ),
+    pytest.param(_set("Tags", [{"Key": ["team"], "Value": "nlp"}]), "Tags[0].Key", id="list-as-tag-key"),
+    pytest.param(_set("TrainingJobName", "trailing\n"), "TrainingJobName", id="name-trailing-newline"),
+    pytest.param(_set("TrainingJobName", "exp--2"), "reserved", id="reserved-attempt-name"),
+    pytest.param(
+        _set("ResourceConfig.InstanceType", "ml.trn9.huge"),
+        "ml.trn1.2xlarge",
+        id="instance-type-not-in-model",
+    ),
+    pytest.param(
+        _set("StoppingCondition.MaxRuntimeInSeconds", 10**40), "MaxRuntimeInSeconds", id="runtime-overflow"
+    ),
+    pytest.param(_set("priority", "5"), "priority", id="priority-as-string"),
+    pytest.param(_set("priority", False), "priority", id="priority-as-bool"),
+    pytest.param(_set("priority", 5.0), "priority", id="priority-as-float"),
 ]
 
 
@@ -65,7 +105,8 @@ def test_a_bad_request_is_refused_naming_the_field_and_nothing_is_stored(
     assert status == 400, answer
     assert answer["code"] == "ValidationError"
     assert named in answer["message"]
-    assert world.api("GET", f"/jobs/{name}")[0] == 404
+    # not stored: 404, or 400 when the name itself is not one a job could have
+    assert world.api("GET", f"/jobs/{name}")[0] in (400, 404)
     assert world.api("GET", "/pools")[1]["pools"][0]["queued"] == 0
     assert world.sagemaker().list_training_jobs()["TrainingJobSummaries"] == []
 

@@ -204,7 +204,7 @@ def test_a_clone_without_spot_keeps_checkpoints_and_drops_the_spot_wait() -> Non
     request = clone_request(
         job, lineage=lineage_of("spotty", tags), tags=tags, resumed=False, disable_spot=True
     )
-    assert request["TrainingJobName"] == "spotty-2"
+    assert request["TrainingJobName"] == "spotty--2"
     assert request["EnableManagedSpotTraining"] is False
     assert request["StoppingCondition"] == {"MaxRuntimeInSeconds": 3600}
     assert request["CheckpointConfig"] == {"S3Uri": "s3://b/ckpt"}
@@ -224,8 +224,8 @@ def test_lineage_counts_resumes_across_clones_and_names_them_from_the_root() -> 
     request = clone_request(failed("InternalServerError: x", 900), lineage=first, tags={}, resumed=True)
     second = lineage_of(request["TrainingJobName"], tags_to_dict(request["Tags"]))
     assert second == Lineage(root="run", attempt=2, resumes=1)
-    assert second.next_attempt_name == "run-3"
-    assert lineage_of("run-3", {CLONE_OF_TAG: "run", CLONE_ATTEMPT_TAG: "junk"}) == Lineage("run", 1, 0)
+    assert second.next_attempt_name == "run--3"
+    assert lineage_of("run--3", {CLONE_OF_TAG: "run", CLONE_ATTEMPT_TAG: "junk"}) == Lineage("run", 1, 0)
 
 
 # --- govern: one state change -----------------------------------------------------------------------------

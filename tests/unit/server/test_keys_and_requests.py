@@ -46,7 +46,7 @@ def job(request_extra: dict[str, object] | None = None) -> Job:
 
 def test_a_later_attempt_has_its_own_name_the_same_checkpoints_and_the_queues_tags() -> None:
     request = attempt_request(job(), 3, None)
-    assert request["TrainingJobName"] == "train-3"
+    assert request["TrainingJobName"] == "train--3"
     assert request["CheckpointConfig"] == {"S3Uri": "s3://b/ckpt/train"}
     assert {t["Key"]: t["Value"] for t in request["Tags"]} == {
         "team": "research",

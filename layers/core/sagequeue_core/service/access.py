@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from typing import Any
 
 from sagequeue_core.domain import Job
 from sagequeue_core.errors import Forbidden
@@ -14,14 +15,23 @@ _ROLE = re.compile(r"arn:(aws[a-z-]*):iam::(\d{12}):role/(?:.*/)?([^/]+)")
 
 def principal(arn: str) -> str:
     """The role behind an ARN: a role's sessions are the role (`account:role/name`), anything else itself.
-    Used for admins, named by role; owners are compared by their exact ARN, so people sharing a role
-    through their own sessions cannot change each other's jobs."""
+    Admins and owners are both compared this way: a session name is chosen by whoever assumes the role, so
+    it identifies nobody, and the same person's next session must still own yesterday's jobs."""
     assumed = _ASSUMED_ROLE.fullmatch(arn)
     if assumed:
         return f"{assumed.group(1)}:{assumed.group(2)}:role/{assumed.group(3)}"
     role = _ROLE.fullmatch(arn)
     if role:
         return f"{role.group(1)}:{role.group(2)}:role/{role.group(3)}"
+    return arn
+
+
+def owner_of_caller(arn: str) -> str:
+    """The owner recorded for a caller: the IAM role behind an assumed-role session
+    (`arn:aws:iam::<account>:role/<name>`), any other principal as it is."""
+    assumed = _ASSUMED_ROLE.fullmatch(arn)
+    if assumed:
+        return f"arn:{assumed.group(1)}:iam::{assumed.group(2)}:role/{assumed.group(3)}"
     return arn
 
 
@@ -40,9 +50,16 @@ def require_caller(caller: str | None) -> str:
 
 
 def require_owner_or_admin(job: Job, caller: str, admin_arns: Iterable[str]) -> None:
-    if job.owner == caller or is_admin(caller, admin_arns):
+    if same_principal(job.owner, caller) or is_admin(caller, admin_arns):
         return
     raise Forbidden(f"only the owner of job {job.name!r} or an admin may change it")
+
+
+def require_priority_allowed(priority: int, caller: str, settings: Any) -> None:
+    """Forbidden when a non-admin asks for a priority above the stack's MaxPriorityForNonAdmins."""
+    ceiling = settings.max_priority_for_non_admins
+    if priority > ceiling and not is_admin(caller, settings.admin_role_arns):
+        raise Forbidden(f"priority {priority} is above {ceiling}, the highest a non-admin may use")
 
 
 def require_admin(caller: str, admin_arns: Iterable[str], what: str) -> None:

@@ -23,7 +23,7 @@ from typing import Any
 from sagequeue_core.alarms import CloudWatchAlarms, alarms_of
 from sagequeue_core.config import ConfigError, env_name
 from sagequeue_core.defaults import IDLE_ALARM_PREFIX, JOB_TAG
-from sagequeue_core.domain import DomainError, Job, JobState, StopReason
+from sagequeue_core.domain import DomainError, Job, JobState, StopReason, tags_to_dict
 from sagequeue_core.errors import AttemptNameTaken, StaleVersion, TrainingJobNotFound
 from sagequeue_core.events import EventType, Publisher, parse_training_job_event
 from sagequeue_core.governance import (
@@ -48,6 +48,8 @@ from sagequeue_core.sagemaker import SageMakerAdapter
 from sagequeue_core.store import Repository
 
 #: Claim kinds in the store's idempotency ledger (one claim per training job and kind).
+EXEMPTION_CLAIM = "exemption"  # an admin exempted this training job (recorded by the API)
+IGNORED_EXEMPTION_CLAIM = "governance-exemption-ignored"  # reported once per training job
 POLICY_STOP_CLAIM = "governance-policy-stop"
 RESUME_CLAIM = "governance-resume"
 SPOT_CLAIM = "governance-spot-replace"
@@ -123,22 +125,19 @@ class Governance:
     # --- entry points ---------------------------------------------------------------------------------------
 
     def on_event(self, event: Mapping[str, Any]) -> Outcome:
-        """Handle one "SageMaker Training Job State Change" event (MalformedEvent if it names no job)."""
+        """Handle one "SageMaker Training Job State Change" event (MalformedEvent if it names no job).
+
+        The event is only a hint that the job changed: events arrive late, out of order, and anyone who can
+        put events on a bus routed here can forge one. The job is judged by what SageMaker says now
+        (DescribeTrainingJob, ListTags), never by the status or tags the event carries."""
         change = parse_training_job_event(event)
         name = change.training_job_name
-        if change.status == "InProgress":
-            # Events arrive late and out of order: judge an in-progress job by what it is now, so a stale
-            # Training event cannot create alarms for a job that has already ended.
-            try:
-                detail = self.sagemaker.describe(name)
-            except TrainingJobNotFound:
-                logger.warning("training job %s from an event does not exist", name)
-                return Outcome(name)
-            if "Tags" not in change.detail:
-                return self._govern(detail, self._tags(detail))
-            return self._govern(detail, change.tags)
-        # An ended job does not change any more: the event says all there is.
-        return self._govern(change.detail, change.tags)
+        try:
+            detail = self.sagemaker.describe(name)
+        except TrainingJobNotFound:
+            logger.warning("training job %s from an event does not exist", name)
+            return Outcome(name)
+        return self._govern(detail, self._tags(detail))
 
     def reconcile(self) -> ReconcileReport:
         """Govern every job in progress as if its last event had just arrived, then delete every idle alarm
@@ -246,8 +245,8 @@ class Governance:
             f"Training job {name} (owner {owner}) was stopped because it breaks the rule(s) "
             f"{', '.join(rules)}:\n\n"
             + "\n".join(f"- {v.message}" for v in action.violations)
-            + "\n\nAn admin can exempt a job by tagging it "
-            f"{self.rules.policy.exempt_tag}=true.",
+            + "\n\nAn admin can exempt a job (submit it tagged "
+            f"{self.rules.policy.exempt_tag}=true, or PUT /exemptions/<training job name>).",
             {"event": "PolicyViolation", "training_job_name": name, "owner": owner, "rule": ",".join(rules)},
         )
 
@@ -361,8 +360,58 @@ class Governance:
                 job = fresh
 
     def _tags(self, detail: Mapping[str, Any]) -> dict[str, str]:
+        return honoured_tags(
+            self.store,
+            self.publisher,
+            str(detail["TrainingJobName"]),
+            self._sagemaker_tags(detail),
+            self.rules.policy.exempt_tag,
+        )
+
+    def _sagemaker_tags(self, detail: Mapping[str, Any]) -> dict[str, str]:
         arn = detail.get("TrainingJobArn")
         return self.sagemaker.tags(str(arn)) if arn else {}
+
+
+def exemption_granted(store: Repository, training_job_name: str, exempt_tag: str) -> bool:
+    """Whether an admin exempted this training job: an admin submitted its queue entry with the exempt tag
+    (the API refuses that tag from anyone else), or recorded an exemption for it through the API."""
+    job = store.find_job_by_training_job(training_job_name)
+    if job is not None and is_exempt_tagged(tags_to_dict(job.request.get("Tags")), exempt_tag):
+        return True
+    return store.get_claim(EXEMPTION_CLAIM, training_job_name) is not None
+
+
+def is_exempt_tagged(tags: Mapping[str, str], exempt_tag: str) -> bool:
+    return tags.get(exempt_tag, "").strip().lower() == "true"
+
+
+def honoured_tags(
+    store: Repository,
+    publisher: Publisher,
+    training_job_name: str,
+    tags: Mapping[str, str],
+    exempt_tag: str,
+) -> dict[str, str]:
+    """The job's tags as governance may trust them: an exempt tag that no admin granted is dropped (anyone
+    with sagemaker:AddTags on the job can set it), and reported once."""
+    trusted = dict(tags)
+    if not is_exempt_tagged(trusted, exempt_tag) or exemption_granted(store, training_job_name, exempt_tag):
+        return trusted
+    del trusted[exempt_tag]
+    record = {"training_job_name": training_job_name, "tag": exempt_tag, "reason": "exemption not granted"}
+    if store.claim(IGNORED_EXEMPTION_CLAIM, training_job_name, record):
+        logger.warning("ignoring an exempt tag no admin granted", extra=record)
+        publisher.publish(
+            EventType.POLICY_VIOLATION,
+            {**record, "rules": ["exemption"], "violations": [f"{exempt_tag}=true was not set by an admin"]},
+        )
+    return trusted
+
+
+def grant_exemption(store: Repository, training_job_name: str, admin: str, at: datetime) -> bool:
+    """Record an admin's exemption of a training job (False if one was recorded already)."""
+    return store.claim(EXEMPTION_CLAIM, training_job_name, {"by": admin, "at": at.isoformat()})
 
 
 def governance_from(deps: Any) -> Governance:

@@ -3,6 +3,8 @@ named errors become HTTP answers (docs/contracts.md: `{"message", "code"}`)."""
 
 from __future__ import annotations
 
+import base64
+from collections.abc import Mapping
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -17,6 +19,14 @@ from sagequeue_core.errors import (
     Throttled,
 )
 
+#: Path parameters as whole-string patterns (pydantic's regex engine: `$` is the very end, a trailing
+#: newline does not pass).
+NAME_PATTERN = r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$"
+INSTANCE_TYPE_PATTERN = r"^ml\.[a-z0-9]+\.[a-z0-9]+$"
+
+#: A pool larger than any account's quota is a typo (training plans hold at most 64 instances).
+MAX_POOL_CAPACITY = 100_000
+
 # --- requests --------------------------------------------------------------------------------------------------
 
 
@@ -27,7 +37,7 @@ class SubmitRequest(BaseModel):
     passed to SageMaker unchanged.
     """
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", strict=True)
 
     TrainingJobName: str = Field(description="1-63 letters, digits and hyphens; the first attempt's name")
     RoleArn: str = Field(description="execution role; must be one of the stack's AllowedRoleArns")
@@ -46,16 +56,16 @@ class SubmitRequest(BaseModel):
 
 
 class ChangeRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     priority: int | None = Field(default=None, ge=PRIORITY_MIN, le=PRIORITY_MAX)
     held: bool | None = Field(default=None, description="true holds a queued job, false releases it")
 
 
 class CapacityRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
-    capacity: int = Field(ge=0, description="instances of this type the queue may use")
+    capacity: int = Field(ge=0, le=MAX_POOL_CAPACITY, description="instances of this type the queue may use")
 
 
 # --- answers ---------------------------------------------------------------------------------------------------
@@ -133,6 +143,12 @@ class WhoAmI(BaseModel):
     admin: bool
 
 
+class ExemptionOut(BaseModel):
+    training_job_name: str
+    granted_by: str
+    granted_at: str
+
+
 class ErrorOut(BaseModel):
     message: str
     code: str
@@ -153,9 +169,98 @@ ERROR_STATUS: tuple[tuple[type[BaseException], int, str], ...] = (
 )
 
 ERROR_RESPONSES: dict[int, Any] = {
-    status: {"description": code, "content": {"application/json": {"model": ErrorOut}}}
-    for status, code in ((400, "ValidationError"), (403, "Forbidden"), (404, "NotFound"), (409, "Conflict"))
+    429: {"description": "Throttled", "content": {"application/json": {"model": ErrorOut}}},
+    **{
+        status: {"description": code, "content": {"application/json": {"model": ErrorOut}}}
+        for status, code in (
+            (400, "ValidationError"),
+            (403, "Forbidden"),
+            (404, "NotFound"),
+            (405, "MethodNotAllowed"),
+            (409, "Conflict"),
+            (415, "UnsupportedMediaType"),
+        )
+    },
 }
+
+
+def answers(status: int, description: str, model: type[BaseModel]) -> dict[int, Any]:
+    """A route's documented answers: its success and every error the API gives."""
+    return {
+        status: {"description": description, "content": {"application/json": {"model": model}}},
+        **ERROR_RESPONSES,
+    }
+
+
+def tidy_openapi(document: dict[str, Any]) -> dict[str, Any]:
+    """The generated OpenAPI document without the 422 answer the generator adds to every route: this API
+    answers request-validation failures with 400 {message, code}, never 422."""
+    for operations in document.get("paths", {}).values():
+        for operation in operations.values():
+            operation.get("responses", {}).pop("422", None)
+    schemas = document.get("components", {}).get("schemas", {})
+    for unused in ("HTTPValidationError", "ValidationError", "ResponseValidationError"):
+        schemas.pop(unused, None)
+    return document
+
+
+#: Deepest JSON nesting a request may have (a CreateTrainingJob request is about 5 deep); deeper bodies are
+#: refused before they are parsed, so a hostile body cannot exhaust the parser's recursion.
+MAX_JSON_DEPTH = 32
+#: Media types a request body may declare.
+JSON_MEDIA_TYPES = frozenset({"application/json"})
+
+
+def precheck(event: Mapping[str, Any]) -> tuple[int, dict[str, str]] | None:
+    """What is wrong with a proxy event's body before any route sees it (status and error body), or None.
+
+    415 for a body of another media type than JSON; 400 for a body that is not UTF-8 or nests deeper
+    than MAX_JSON_DEPTH. A request without a body passes (the route decides whether it needs one)."""
+    raw = event.get("body")
+    if raw is None or raw == "":
+        return None
+    headers = {str(k).lower(): str(v) for k, v in (event.get("headers") or {}).items()}
+    media = headers.get("content-type", "application/json").split(";", 1)[0].strip().lower()
+    if media not in JSON_MEDIA_TYPES:
+        return 415, {
+            "message": f"Content-Type must be application/json, got {media!r}",
+            "code": "UnsupportedMediaType",
+        }
+    if not isinstance(raw, str):
+        return 400, {"message": "the request body must be UTF-8 JSON text", "code": "ValidationError"}
+    try:
+        text = base64.b64decode(raw, validate=True).decode("utf-8") if event.get("isBase64Encoded") else raw
+        text.encode("utf-8")
+    except (ValueError, UnicodeError):
+        return 400, {"message": "the request body is not valid UTF-8", "code": "ValidationError"}
+    if json_depth(text) > MAX_JSON_DEPTH:
+        return 400, {
+            "message": f"the request body nests deeper than {MAX_JSON_DEPTH} levels",
+            "code": "ValidationError",
+        }
+    return None
+
+
+def json_depth(text: str) -> int:
+    """The deepest nesting of arrays and objects in JSON text, counted without parsing it (strings skipped)."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for char in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in "]}":
+            depth -= 1
+    return deepest
 
 
 def error_answer(exc: BaseException) -> tuple[int, dict[str, str]]:

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import functools
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from sagequeue_core.domain import (
+    PLAN_POOL_PREFIX,
     DomainError,
     InvalidTransition,
     Job,
@@ -17,6 +17,7 @@ from sagequeue_core.domain import (
     StopReason,
     attempt_name,
     beyond_window,
+    check_training_job_name,
     never_fits,
     parse_priority,
 )
@@ -24,10 +25,20 @@ from sagequeue_core.errors import RequestInvalid, SageMakerError, StaleVersion
 from sagequeue_core.events import EventType, announce
 from sagequeue_core.observability import logger
 from sagequeue_core.runtime import Dependencies
-from sagequeue_core.service.access import require_admin, require_caller, require_owner_or_admin
+from sagequeue_core.service.access import (
+    owner_of_caller,
+    require_admin,
+    require_caller,
+    require_owner_or_admin,
+    require_priority_allowed,
+)
+from sagequeue_core.service.govern import EXEMPTION_CLAIM, grant_exemption
 from sagequeue_core.store import Page
+from sagequeue_core.validation import check_training_instance_type
 
 MAX_PAGE = 100
+#: An ARN is at most 2048 characters; no owner or pool filter is longer.
+MAX_FILTER_CHARS = 2048
 
 
 @dataclass(frozen=True)
@@ -38,7 +49,10 @@ class JobDetail:
     def to_api(self) -> dict[str, Any]:
         out = self.job.to_api()
         out["position"] = self.position
-        out["attempts"] = [attempt_name(self.job.name, n) for n in range(1, self.job.attempt + 1)]
+        attempts = [attempt_name(self.job.name, n) for n in range(1, self.job.attempt + 1)]
+        if attempts and self.job.training_job_name:
+            attempts[-1] = self.job.training_job_name  # it may have had to choose another name
+        out["attempts"] = attempts
         out["history"] = list(self.job.history)
         return out
 
@@ -114,8 +128,15 @@ def list_jobs(
         raise RequestInvalid(f"state must be one of {states}, got {state!r}") from None
     if not 1 <= limit <= MAX_PAGE:
         raise RequestInvalid(f"limit must be between 1 and {MAX_PAGE}, got {limit}")
+    for label, value in (("owner", owner), ("pool", pool)):
+        if value is not None and not (0 < len(value) <= MAX_FILTER_CHARS and value.isprintable()):
+            raise RequestInvalid(
+                f"{label} must be 1 to {MAX_FILTER_CHARS} printable characters when given, got {value!r}"
+            )
     if owner is None and wanted_state is None and pool is None:
         owner = me
+    if owner is not None:
+        owner = owner_of_caller(owner)  # a session's jobs are its role's
     try:
         return deps.store.list_jobs(
             owner=owner, state=wanted_state, pool=pool, limit=limit, next_token=next_token
@@ -194,6 +215,9 @@ def change(
     except DomainError as exc:
         raise RequestInvalid(str(exc)) from None
 
+    if new_priority is not None:
+        require_priority_allowed(new_priority, me, deps.settings)
+
     def step(job: Job) -> bool:
         require_owner_or_admin(job, me, deps.settings.admin_role_arns)
         if job.state.is_terminal:
@@ -218,20 +242,6 @@ def change(
         {"name": name, "change": "changed", "priority": job.priority, "state": job.state},
     )
     return job
-
-
-@functools.cache
-def training_instance_types() -> frozenset[str]:
-    """The instance types CreateTrainingJob accepts: the TrainingInstanceType enum of the SageMaker service
-    model botocore carries (empty if it cannot be read, so nothing is refused for want of a model)."""
-    from botocore.exceptions import BotoCoreError
-    from botocore.loaders import Loader
-
-    try:
-        model = Loader().load_service_model("sagemaker", "service-2")
-        return frozenset(model["shapes"]["TrainingInstanceType"]["enum"])
-    except (BotoCoreError, KeyError, TypeError):
-        return frozenset()
 
 
 def pools(deps: Dependencies) -> list[PoolView]:
@@ -272,11 +282,11 @@ def set_pool(deps: Dependencies, instance_type: str, capacity: Any, caller: str 
         pool = Pool(instance_type, capacity)
     except DomainError as exc:
         raise RequestInvalid(str(exc)) from None
-    known = training_instance_types()
-    if known and instance_type not in known:
-        raise RequestInvalid(
-            f"{instance_type!r} is not a SageMaker training instance type; valid: {', '.join(sorted(known))}"
-        )
+    if not instance_type.startswith(PLAN_POOL_PREFIX):
+        try:
+            check_training_instance_type(instance_type, "pool")
+        except DomainError as exc:
+            raise RequestInvalid(str(exc)) from None
     deps.ensure_pools()
     deps.store.set_capacity(pool)
     announce(
@@ -286,3 +296,32 @@ def set_pool(deps: Dependencies, instance_type: str, capacity: Any, caller: str 
     )
     logger.info("pool capacity set", extra={"pool": instance_type, "capacity": capacity, "by": me})
     return next(view for view in pools(deps) if view.instance_type == instance_type)
+
+
+@dataclass(frozen=True)
+class Exemption:
+    training_job_name: str
+    granted_by: str
+    granted_at: str
+
+    def to_api(self) -> dict[str, Any]:
+        return {
+            "training_job_name": self.training_job_name,
+            "granted_by": self.granted_by,
+            "granted_at": self.granted_at,
+        }
+
+
+def exempt(deps: Dependencies, training_job_name: str, caller: str | None) -> Exemption:
+    """An admin exempts a training job (queued or not) from the policy rules and idle stops. Governance
+    honours an exempt tag only when an admin granted it: here, or by submitting the job with the tag."""
+    me = require_caller(caller)
+    require_admin(me, deps.settings.admin_role_arns, "exempt a training job")
+    try:
+        name = check_training_job_name(training_job_name)
+    except DomainError as exc:
+        raise RequestInvalid(str(exc)) from None
+    grant_exemption(deps.store, name, me, deps.now())
+    record = deps.store.get_claim(EXEMPTION_CLAIM, name) or {}
+    logger.info("exemption granted", extra={"training_job_name": name, "by": me})
+    return Exemption(name, str(record.get("by", me)), str(record.get("at", "")))

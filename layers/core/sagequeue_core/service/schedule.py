@@ -22,6 +22,7 @@ from sagequeue_core.defaults import (
     SUBMITTED_BY_TAG,
 )
 from sagequeue_core.domain import (
+    ATTEMPT_NAME_CHOICES,
     TRANSITIONS,
     Job,
     JobState,
@@ -67,7 +68,7 @@ from sagequeue_core.observability import (
 )
 from sagequeue_core.policy import Preempt, ReleaseWarmPool, Start, plan
 from sagequeue_core.runtime import Dependencies
-from sagequeue_core.sagemaker import FailureKind, classify_failure
+from sagequeue_core.sagemaker import CreateResult, FailureKind, classify_failure
 from sagequeue_core.snapshot import build_snapshot, policy_settings
 from sagequeue_core.store import ExternalAttempt, PoolStatus, TrackedWarmPool
 
@@ -175,7 +176,7 @@ def _apply_to_job(deps: Dependencies, job: Job, change: TrainingJobChange) -> st
         # Our next attempt, created by a pass that failed before recording it: adopt it.
         if (
             job.state is JobState.QUEUED
-            and name == job.next_attempt_name()
+            and job.is_next_attempt(name)
             and not change.ended
             and change.tags.get(JOB_TAG) == job.name
         ):
@@ -523,11 +524,13 @@ def _queue_metrics(pool: str, window: list[Job], now: datetime) -> None:
         pool_gauge(OLDEST_WAIT, pool, (now - oldest).total_seconds(), MetricUnit.Seconds)
 
 
-def attempt_request(job: Job, attempt: int, keep_alive_seconds: int | None) -> dict[str, Any]:
+def attempt_request(
+    job: Job, attempt: int, keep_alive_seconds: int | None, *, choice: int = 0
+) -> dict[str, Any]:
     """The CreateTrainingJob request of attempt `attempt`: the submitted request (same CheckpointConfig,
     so training resumes from its checkpoints) under the attempt's name, with sagequeue's tags."""
     request = copy.deepcopy(job.request)
-    request["TrainingJobName"] = attempt_name(job.name, attempt)
+    request["TrainingJobName"] = attempt_name(job.name, attempt, choice)
     tags = tags_to_dict(request.get("Tags"))
     tags.update({JOB_TAG: job.name, ATTEMPT_TAG: str(attempt), SUBMITTED_BY_TAG: job.owner})
     request["Tags"] = [{"Key": key, "Value": value} for key, value in tags.items()]
@@ -538,6 +541,25 @@ def attempt_request(job: Job, attempt: int, keep_alive_seconds: int | None) -> d
         )
         request["ResourceConfig"] = config
     return request
+
+
+def _create(deps: Dependencies, job: Job, attempt: int, action: Start) -> CreateResult:
+    """Create the attempt under the first of its names that no foreign training job holds: a job outside
+    the queue that took the name makes the attempt choose the next name, never fails the job. The names are
+    tried in a fixed order, so a retried pass finds its own earlier create (ResourceInUse on our job)."""
+    taken: AttemptNameTaken | None = None
+    for choice in range(ATTEMPT_NAME_CHOICES):
+        request = attempt_request(job, attempt, action.keep_alive_seconds, choice=choice)
+        try:
+            return deps.sagemaker.create_attempt(request, job_name=job.name)
+        except AttemptNameTaken as exc:
+            logger.warning(
+                "attempt name held by a foreign training job; choosing another",
+                extra={"job": job.name, "attempt": attempt, "training_job_name": request["TrainingJobName"]},
+            )
+            taken = exc
+    assert taken is not None
+    raise taken
 
 
 def _start(
@@ -551,10 +573,8 @@ def _start(
     """Create the attempt. `held` counts the instances SageMaker holds per pool (live attempts and warm
     pools, updated here); `quotas` the pools, with the account quota each last met."""
     attempt = job.attempt + 1
-    request = attempt_request(job, attempt, action.keep_alive_seconds)
-    name = request["TrainingJobName"]
     try:
-        result = deps.sagemaker.create_attempt(request, job_name=job.name)
+        result = _create(deps, job, attempt, action)
     except (ResourceLimitExceeded, Throttled, SageMakerUnavailable) as exc:
         # Nothing was created: the job keeps its place and the next pass tries again.
         if isinstance(exc, ResourceLimitExceeded):
@@ -563,6 +583,8 @@ def _start(
         logger.warning("create deferred", extra={"job": job.name, "attempt": attempt, "code": exc.code})
         return
     except (SageMakerValidationError, AttemptNameTaken) as exc:
+        # The request itself is refused (or every name the attempt may take is held): it fails alone, with
+        # the reason, and the rest of the pass goes on.
         message = str(exc)
         outcome = _with_retries(deps, job.name, lambda fresh: _refused(deps, fresh, message))
         report.failed.append(job.name)
@@ -580,13 +602,13 @@ def _start(
         lambda fresh: _record_start(
             deps,
             fresh,
-            name,
+            result.training_job_name,
             deps.now(),
             warm_pool=action.warm_pool,
             keep_alive_seconds=action.keep_alive_seconds or 0,
         ),
     )
-    (report.adopted if result.already_started else report.started).append(name)
+    (report.adopted if result.already_started else report.started).append(result.training_job_name)
     if action.warm_pool is None:
         held.update(job.demand)
     for pool in job.demand:
@@ -609,7 +631,7 @@ def _record_start(
 ) -> str:
     if job.training_job_name == training_job_name and job.state is not JobState.QUEUED:
         return "started"  # recorded already (an event adopted it first)
-    if job.state is not JobState.QUEUED or training_job_name != job.next_attempt_name():
+    if job.state is not JobState.QUEUED or not job.is_next_attempt(training_job_name):
         return f"not started: the job is {job.state.value}"
     was = job.state
     job.attempt += 1

@@ -19,6 +19,7 @@ from sagequeue_core.domain import JobState, StopReason, tags_to_dict
 from sagequeue_core.errors import StaleVersion, TrainingJobNotFound
 from sagequeue_core.events import EventType, Publisher
 from sagequeue_core.governance import (
+    HOST_DIMENSION,
     AlarmKind,
     PolicyRules,
     alarm_prefix,
@@ -29,6 +30,7 @@ from sagequeue_core.governance import (
 from sagequeue_core.notify import Notifier, notifier_of
 from sagequeue_core.observability import IDLE_STOPS, count, logger
 from sagequeue_core.sagemaker import SageMakerAdapter
+from sagequeue_core.service.govern import honoured_tags
 from sagequeue_core.store import Repository
 
 IDLE_STOP_CLAIM = "governance-idle-stop"
@@ -112,7 +114,9 @@ class IdleStop:
         notifier: Notifier,
         policy: PolicyRules,
         clock: Callable[[], datetime],
+        alarm_topic_arn: str = "",
     ) -> None:
+        self.alarm_topic_arn = alarm_topic_arn
         self.sagemaker = sagemaker
         self.alarms = alarms
         self.store = store
@@ -133,6 +137,12 @@ class IdleStop:
             return IdleStopOutcome(
                 notice.alarm_name, name, False, f"alarm went to {notice.new_state}, not ALARM"
             )
+        # The message is only a hint: anyone allowed to publish on the topic can write one. Act on what
+        # CloudWatch says about the alarm now.
+        doubt = self._unverified(notice.alarm_name, ref.host)
+        if doubt:
+            logger.warning("idle alarm message not acted on: %s", doubt, extra={"alarm": notice.alarm_name})
+            return IdleStopOutcome(notice.alarm_name, name, False, doubt)
         try:
             detail = self.sagemaker.describe(name)
         except TrainingJobNotFound:
@@ -145,8 +155,9 @@ class IdleStop:
             return IdleStopOutcome(notice.alarm_name, name, False, f"the training job is already {status}")
         arn = detail.get("TrainingJobArn")
         tags = self.sagemaker.tags(str(arn)) if arn else tags_to_dict(detail.get("Tags"))
+        tags = honoured_tags(self.store, self.publisher, name, tags, self.policy.exempt_tag)
         if is_exempt(tags, self.policy):
-            # Tagged exempt after its alarms were made: honour the tag, and stop watching.
+            # Exempted by an admin after its alarms were made: honour it, and stop watching.
             self._drop_alarms(name)
             return IdleStopOutcome(notice.alarm_name, name, False, "the training job is exempt")
 
@@ -171,12 +182,27 @@ class IdleStop:
                 f"sagequeue stopped idle training job {name}",
                 f"Training job {name} (owner {owner}) was stopped because host {ref.host} "
                 f"{'reported no metrics' if ref.kind is AlarmKind.SILENCE else 'was idle'}.\n\n{reason}\n\n"
-                "It is not requeued. An admin can exempt a job from idle stops by tagging it "
-                f"{self.policy.exempt_tag}=true.",
+                "It is not requeued. An admin can exempt a job from idle stops (submit it tagged "
+                f"{self.policy.exempt_tag}=true, or PUT /exemptions/<training job name>).",
                 {"event": "IdleStopped", "training_job_name": name, "owner": owner},
             )
             logger.info("stopped idle training job %s: %s", name, reason)
         return IdleStopOutcome(notice.alarm_name, name, True, reason)
+
+    def _unverified(self, alarm_name: str, host: str) -> str | None:
+        """Why the alarm cannot be trusted to stop the job, or None: it must exist, watch this very host
+        (its Host dimension), send to our topic when we know it, and be in ALARM now."""
+        alarm = self.alarms.describe(alarm_name)
+        if alarm is None:
+            return "no such alarm in CloudWatch"
+        if host not in _hosts_watched(alarm):
+            return f"the alarm does not watch host {host}"
+        if self.alarm_topic_arn and self.alarm_topic_arn not in (alarm.get("AlarmActions") or ()):
+            return "the alarm does not notify sagequeue's alarm topic"
+        state = alarm.get("StateValue")
+        if state != "ALARM":
+            return f"the alarm is {state} now, not ALARM"
+        return None
 
     def _record(self, training_job_name: str, reason: str) -> None:
         """Mark the queue entry, if the job is one, as stopping for idleness: the scheduler turns it into
@@ -200,6 +226,20 @@ class IdleStop:
             self.alarms.delete(names)
 
 
+def _hosts_watched(alarm: Mapping[str, Any]) -> set[str]:
+    """Every Host dimension value an alarm's metric (or its metric queries) names."""
+    dimension_lists = [alarm.get("Dimensions") or []]
+    for query in alarm.get("Metrics") or []:
+        metric = ((query or {}).get("MetricStat") or {}).get("Metric") or {}
+        dimension_lists.append(metric.get("Dimensions") or [])
+    return {
+        str(d.get("Value"))
+        for dimensions in dimension_lists
+        for d in dimensions
+        if isinstance(d, Mapping) and d.get("Name") == HOST_DIMENSION
+    }
+
+
 def idle_stop_from(deps: Any) -> IdleStop:
     """The use case over a `runtime.Dependencies` (what the handler and the embedded stack use)."""
     return IdleStop(
@@ -210,4 +250,5 @@ def idle_stop_from(deps: Any) -> IdleStop:
         notifier=notifier_of(deps),
         policy=deps.settings.policy_rules,
         clock=deps.clock,
+        alarm_topic_arn=deps.settings.alarm_topic_arn,
     )

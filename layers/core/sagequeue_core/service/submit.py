@@ -21,7 +21,13 @@ from sagequeue_core.events import EventType, announce
 from sagequeue_core.governance import check_policy
 from sagequeue_core.observability import SUBMISSIONS, count, logger
 from sagequeue_core.runtime import Dependencies
-from sagequeue_core.service.access import is_admin, require_caller
+from sagequeue_core.service.access import (
+    is_admin,
+    owner_of_caller,
+    require_caller,
+    require_priority_allowed,
+)
+from sagequeue_core.validation import validate_create_training_job
 
 #: CreateTrainingJob's required members (ResourceConfig included: sagequeue needs it to schedule).
 REQUIRED_FIELDS = (
@@ -49,11 +55,16 @@ def validate(deps: Dependencies, body: Any, caller: str, body_bytes: int | None 
         raise RequestInvalid("request body must be a JSON object (a CreateTrainingJob request)")
     request = copy.deepcopy(dict(body))
     explicit_priority = request.pop("priority", None)
+    if explicit_priority is not None and (
+        isinstance(explicit_priority, bool) or not isinstance(explicit_priority, int)
+    ):
+        raise RequestInvalid(f"priority must be an integer, got {explicit_priority!r}")
     missing = [name for name in REQUIRED_FIELDS if request.get(name) in (None, "", {}, [])]
     if missing:
         raise RequestInvalid(f"missing required field{'s' if len(missing) > 1 else ''}: {', '.join(missing)}")
     try:
         name = validate_job_name(request["TrainingJobName"])
+        validate_create_training_job(request)
         priority = priority_of(request, explicit_priority)
         demand = pool_demand_of(request)
         tags = tags_to_dict(request.get("Tags"))
@@ -92,7 +103,10 @@ def validate(deps: Dependencies, body: Any, caller: str, body_bytes: int | None 
     violations = check_policy(request, rules, tags)
     if violations:
         raise RequestInvalid("; ".join(f"policy {v.rule}: {v.message}" for v in violations))
-    return Job(name=name, request=request, priority=priority, owner=caller, submitted_at=deps.now())
+    require_priority_allowed(priority, caller, settings)
+    return Job(
+        name=name, request=request, priority=priority, owner=owner_of_caller(caller), submitted_at=deps.now()
+    )
 
 
 def submit(deps: Dependencies, body: Any, caller: str | None, body_bytes: int | None = None) -> Job:
@@ -105,7 +119,7 @@ def submit(deps: Dependencies, body: Any, caller: str | None, body_bytes: int | 
             "at": job.submitted_at.isoformat(),
             "state": JobState.QUEUED.value,
             "attempt": 0,
-            "reason": "submitted",
+            "reason": f"submitted by {owner}",
         }
     )
     deps.store.create_job(job)
