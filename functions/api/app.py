@@ -21,8 +21,8 @@ from sagequeue_core.runtime import dependencies
 from sagequeue_core.service import jobs, submit
 from sagequeue_core.service.access import is_admin, require_caller
 from sagequeue_core.service.http import (
-    INSTANCE_TYPE_PATTERN,
     NAME_PATTERN,
+    POOL_PATTERN,
     CapacityRequest,
     ChangeRequest,
     ExemptionOut,
@@ -47,7 +47,10 @@ JobName = Annotated[
     Path(pattern=NAME_PATTERN, max_length=TRAINING_JOB_NAME_MAX_LENGTH, description="a training job name"),
 ]
 InstanceType = Annotated[
-    str, Path(pattern=INSTANCE_TYPE_PATTERN, max_length=64, description="e.g. ml.trn1.32xlarge")
+    str,
+    Path(
+        pattern=POOL_PATTERN, max_length=69, description="e.g. ml.trn1.32xlarge, or plan:<training plan name>"
+    ),
 ]
 
 QUEUED_RESPONSES = answers(201, "the job, queued", JobOut)

@@ -386,6 +386,14 @@ class Template:
             return hashlib.sha256(f"{self.context.stack_name}/{logical_id}".encode()).hexdigest()[:10]
         if kind == "AWS::Lambda::LayerVersion":
             return self.arn("lambda", f"layer:{name}:1")
+        if kind == "AWS::Lambda::Alias":
+            # an alias's Ref is its ARN: the function's, qualified by the alias name (SAM's
+            # AutoPublishAlias points API integrations at it)
+            props = self.properties(logical_id)
+            function = str(self.resolve(props.get("FunctionName")))
+            if not function.startswith("arn:"):
+                function = self.arn("lambda", f"function:{function}")
+            return f"{function}:{self.resolve(props.get('Name'))}"
         return name
 
     def _pseudo(self, name: str) -> Any:

@@ -11,7 +11,7 @@ from governance_world import TRN1, World, training_request, unique
 
 from sagequeue_core.domain import Job, JobState, StopReason
 from sagequeue_core.events import EventType
-from sagequeue_core.service.govern import grant_exemption
+from sagequeue_core.service.exemptions import grant_exemption
 from sagequeue_core.service.stop_idle import MalformedAlarmMessage
 
 SAMPLE = Path(__file__).resolve().parents[2] / "unit" / "governance" / "events" / "idle-alarm-sns.json"

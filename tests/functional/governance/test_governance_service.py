@@ -9,7 +9,7 @@ from governance_world import TRN1, World, training_request, unique
 from sagequeue_core.domain import Job, JobState, StopReason, tags_to_dict
 from sagequeue_core.events import EventType
 from sagequeue_core.governance import CLONE_ATTEMPT_TAG, CLONE_OF_TAG, RESUMES_TAG
-from sagequeue_core.service.govern import grant_exemption
+from sagequeue_core.service.exemptions import grant_exemption
 
 
 def start(world: World, name: str, **kwargs: Any) -> None:

@@ -56,7 +56,7 @@ def test_a_plan_job_for_a_plan_without_a_pool_is_refused_by_name(planned: QueueW
     assert "TrainingPlanArn: plan:someone-else is not a pool" in body["message"]
     status, body = planned.api("POST", "/jobs", plan_request("bad", "arn:aws:sagemaker:nope"))
     assert status == 400
-    assert "training plan ARN" in body["message"]
+    assert "TrainingPlanArn" in body["message"]
 
 
 def test_plan_pools_are_set_like_any_pool(planned: QueueWorld) -> None:

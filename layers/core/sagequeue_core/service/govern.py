@@ -23,7 +23,7 @@ from typing import Any
 from sagequeue_core.alarms import CloudWatchAlarms, alarms_of
 from sagequeue_core.config import ConfigError, env_name
 from sagequeue_core.defaults import IDLE_ALARM_PREFIX, JOB_TAG
-from sagequeue_core.domain import DomainError, Job, JobState, StopReason, tags_to_dict
+from sagequeue_core.domain import DomainError, Job, JobState, StopReason
 from sagequeue_core.errors import AttemptNameTaken, StaleVersion, TrainingJobNotFound
 from sagequeue_core.events import EventType, Publisher, parse_training_job_event
 from sagequeue_core.governance import (
@@ -45,11 +45,10 @@ from sagequeue_core.governance import (
 from sagequeue_core.notify import Notifier, notifier_of
 from sagequeue_core.observability import POLICY_STOPS, RESUMES, count, logger
 from sagequeue_core.sagemaker import SageMakerAdapter
+from sagequeue_core.service.exemptions import honoured_tags
 from sagequeue_core.store import Repository
 
 #: Claim kinds in the store's idempotency ledger (one claim per training job and kind).
-EXEMPTION_CLAIM = "exemption"  # an admin exempted this training job (recorded by the API)
-IGNORED_EXEMPTION_CLAIM = "governance-exemption-ignored"  # reported once per training job
 POLICY_STOP_CLAIM = "governance-policy-stop"
 RESUME_CLAIM = "governance-resume"
 SPOT_CLAIM = "governance-spot-replace"
@@ -371,47 +370,6 @@ class Governance:
     def _sagemaker_tags(self, detail: Mapping[str, Any]) -> dict[str, str]:
         arn = detail.get("TrainingJobArn")
         return self.sagemaker.tags(str(arn)) if arn else {}
-
-
-def exemption_granted(store: Repository, training_job_name: str, exempt_tag: str) -> bool:
-    """Whether an admin exempted this training job: an admin submitted its queue entry with the exempt tag
-    (the API refuses that tag from anyone else), or recorded an exemption for it through the API."""
-    job = store.find_job_by_training_job(training_job_name)
-    if job is not None and is_exempt_tagged(tags_to_dict(job.request.get("Tags")), exempt_tag):
-        return True
-    return store.get_claim(EXEMPTION_CLAIM, training_job_name) is not None
-
-
-def is_exempt_tagged(tags: Mapping[str, str], exempt_tag: str) -> bool:
-    return tags.get(exempt_tag, "").strip().lower() == "true"
-
-
-def honoured_tags(
-    store: Repository,
-    publisher: Publisher,
-    training_job_name: str,
-    tags: Mapping[str, str],
-    exempt_tag: str,
-) -> dict[str, str]:
-    """The job's tags as governance may trust them: an exempt tag that no admin granted is dropped (anyone
-    with sagemaker:AddTags on the job can set it), and reported once."""
-    trusted = dict(tags)
-    if not is_exempt_tagged(trusted, exempt_tag) or exemption_granted(store, training_job_name, exempt_tag):
-        return trusted
-    del trusted[exempt_tag]
-    record = {"training_job_name": training_job_name, "tag": exempt_tag, "reason": "exemption not granted"}
-    if store.claim(IGNORED_EXEMPTION_CLAIM, training_job_name, record):
-        logger.warning("ignoring an exempt tag no admin granted", extra=record)
-        publisher.publish(
-            EventType.POLICY_VIOLATION,
-            {**record, "rules": ["exemption"], "violations": [f"{exempt_tag}=true was not set by an admin"]},
-        )
-    return trusted
-
-
-def grant_exemption(store: Repository, training_job_name: str, admin: str, at: datetime) -> bool:
-    """Record an admin's exemption of a training job (False if one was recorded already)."""
-    return store.claim(EXEMPTION_CLAIM, training_job_name, {"by": admin, "at": at.isoformat()})
 
 
 def governance_from(deps: Any) -> Governance:

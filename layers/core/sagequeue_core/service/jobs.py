@@ -32,7 +32,7 @@ from sagequeue_core.service.access import (
     require_owner_or_admin,
     require_priority_allowed,
 )
-from sagequeue_core.service.govern import EXEMPTION_CLAIM, grant_exemption
+from sagequeue_core.service.exemptions import EXEMPTION_CLAIM, grant_exemption
 from sagequeue_core.store import Page
 from sagequeue_core.validation import check_training_instance_type
 

@@ -30,7 +30,7 @@ from sagequeue_core.governance import (
 from sagequeue_core.notify import Notifier, notifier_of
 from sagequeue_core.observability import IDLE_STOPS, count, logger
 from sagequeue_core.sagemaker import SageMakerAdapter
-from sagequeue_core.service.govern import honoured_tags
+from sagequeue_core.service.exemptions import honoured_tags
 from sagequeue_core.store import Repository
 
 IDLE_STOP_CLAIM = "governance-idle-stop"
