@@ -90,8 +90,10 @@ def test_a_matching_job_reuses_the_pool_and_starts_fast(
         "ReusedByJob": "reuser",
     }
     assert warm_pool(sagemaker, "reuser") == {"Status": "InUse"}
+    emulator.advance(9)
+    assert events[-1]["detail"]["TrainingJobName"] == "reuser"
     assert events[-1]["detail"]["WarmPoolStatus"] == {"Status": "InUse"}
-    emulator.advance(WARM_RUN)
+    emulator.advance(WARM_RUN - 9)
     assert describe(sagemaker, "reuser")["TrainingJobStatus"] == "Completed"
     assert starting_seconds(sagemaker, "reuser") == 10
     assert warm_pool(sagemaker, "reuser")["Status"] == "Available", "the pool moves on with the new job"

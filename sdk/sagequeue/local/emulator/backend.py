@@ -43,10 +43,13 @@ class Outputs:
 
     events: list[dict[str, Any]] = field(default_factory=list)
     metric_data: list[dict[str, Any]] = field(default_factory=list)
+    #: When each event's change happened (parallel to `events`; an event's `time` is only to the second).
+    event_times: list[datetime] = field(default_factory=list)
 
     def extend(self, other: Outputs) -> None:
         self.events.extend(other.events)
         self.metric_data.extend(other.metric_data)
+        self.event_times.extend(other.event_times)
 
     def __bool__(self) -> bool:
         return bool(self.events or self.metric_data)
@@ -82,6 +85,8 @@ class SageMakerBackend:
         self.lock = threading.RLock()
         #: Send every state-change event twice, as SageMaker sometimes does, to exercise idempotent consumers.
         self.duplicate_events = False
+        #: Makes each event's id; the emulator sets a seeded one so that runs repeat byte for byte.
+        self.new_event_id: Callable[[], str] | None = None
         #: Whether utilization data is built at all; without a CloudWatch to publish to it is skipped.
         self.metrics_enabled = True
         self._jobs: dict[str, TrainingJob] = {}
@@ -199,9 +204,18 @@ class SageMakerBackend:
         description = job.describe(at)
         for _ in range(2 if self.duplicate_events else 1):
             # SageMaker may send several events for one change: same detail, each with its own id.
+            event_id = self.new_event_id() if self.new_event_id is not None else None
             outputs.events.append(
-                state_change_event(description, job.tags, at, region=self.region, account_id=self.account_id)
+                state_change_event(
+                    description,
+                    job.tags,
+                    at,
+                    region=self.region,
+                    account_id=self.account_id,
+                    event_id=event_id,
+                )
             )
+            outputs.event_times.append(at)
 
     def _drain_metrics(self, job: TrainingJob, outputs: Outputs) -> None:
         if not job.pending_metrics:

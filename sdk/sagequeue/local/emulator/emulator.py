@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import random
 import threading
 from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
@@ -17,6 +18,7 @@ from typing import Any
 
 from sagequeue.local.clock import Clock, VirtualClock
 from sagequeue.local.emulator.backend import Outputs, SageMakerBackend
+from sagequeue.local.emulator.delivery import DeliveryQueue, EventDelivery, log_line
 from sagequeue.local.emulator.errors import ERRORS_BY_CODE, SageMakerError, UnknownOperation
 from sagequeue.local.emulator.events import EventBridgeForwarder
 from sagequeue.local.emulator.metrics import CloudWatchPublisher
@@ -40,6 +42,10 @@ class SageMakerEmulator:
     after 120. Instance types missing from `instance_limits` are unlimited. `not_found_code` may be
     "ValidationException" to answer unknown jobs the way SageMaker does in practice; `duplicate_events`
     sends every event twice (distinct ids), as SageMaker may, to exercise idempotent consumers.
+
+    Events are delivered as EventBridge does by default (`EventDelivery()`: late, some more than once,
+    not in order), drawn from `seed`; `exactly_once_in_order=True` is the kind exception a test must
+    justify.
     """
 
     def __init__(
@@ -65,8 +71,20 @@ class SageMakerEmulator:
         tick_seconds: float = 0.05,
         not_found_code: str = "ResourceNotFound",
         duplicate_events: bool = False,
+        seed: int = 0,
+        delivery: EventDelivery | None = None,
+        exactly_once_in_order: bool = False,
     ) -> None:
         self.clock: Clock = clock if clock is not None else VirtualClock()
+        if exactly_once_in_order and delivery is not None:
+            raise ValueError("give either delivery or exactly_once_in_order=True, not both")
+        self.seed = seed
+        self.delivery = (
+            EventDelivery.exactly_once_in_order() if exactly_once_in_order else (delivery or EventDelivery())
+        )
+        self._events = DeliveryQueue(self.delivery, random.Random(f"events:{seed}"))
+        #: Every event delivered, in delivery order, as canonical JSON lines (see `event_log_bytes`).
+        self.event_log: list[str] = []
         self.timings = Timings(
             provisioning_seconds=provisioning_seconds,
             warm_start_seconds=warm_start_seconds,
@@ -89,6 +107,7 @@ class SageMakerEmulator:
         self._metrics = CloudWatchPublisher(cloudwatch_client) if cloudwatch_client is not None else None
         self.backend.metrics_enabled = self._metrics is not None
         self.backend.duplicate_events = duplicate_events
+        self.backend.new_event_id = self._events.new_id
         self._host = host
         self._port = port
         self._tick_seconds = tick_seconds
@@ -168,7 +187,7 @@ class SageMakerEmulator:
         with self._advance_lock:
             target = clock.advance(0) + timedelta(seconds=seconds)
             while True:
-                due = self.backend.next_due()
+                due = self.next_due()
                 if due is None or due > target:
                     break
                 clock.advance_to(due)
@@ -180,8 +199,26 @@ class SageMakerEmulator:
             return clock.now()
 
     def next_due(self) -> datetime | None:
-        """When the next timed step (phase change, stopping condition, warm-pool expiry) falls due, or None."""
-        return self.backend.next_due()
+        """When the next timed step (phase change, stopping condition, warm-pool expiry) or the next event
+        delivery falls due, or None."""
+        with self.backend.lock:
+            moments = [m for m in (self.backend.next_due(), self._events.next_due()) if m is not None]
+        return min(moments) if moments else None
+
+    @property
+    def lost_events(self) -> list[dict[str, Any]]:
+        """Events dropped on purpose (`EventDelivery.loss_share`), in the order they happened."""
+        return list(self._events.lost)
+
+    def pending_events(self) -> int:
+        """Events produced but not delivered yet (they wait for their delivery time)."""
+        with self.backend.lock:
+            return len(self._events)
+
+    def event_log_bytes(self) -> bytes:
+        """The delivered events, one canonical JSON line each: the same seed and requests give the same
+        bytes."""
+        return "".join(line + "\n" for line in self.event_log).encode()
 
     def instances_in_use(self) -> dict[str, int]:
         """Instances held per type right now: live jobs plus Available warm pools (what the limits count)."""
@@ -197,6 +234,7 @@ class SageMakerEmulator:
         # when a request thread processes steps at the same moment.
         with self.backend.lock:
             self._enqueue(self.backend.process_due(moment))
+            self._release_events(moment)
 
     def _tick(self) -> None:
         while not self._stopping.wait(self._tick_seconds):
@@ -241,6 +279,9 @@ class SageMakerEmulator:
                     return self.backend.call(operation, request, outputs)
                 finally:
                     self._enqueue(outputs)
+                    # Events whose delivery time has come go out now; this request's own come later
+                    # (unless delivery is immediate), never before the client has its answer.
+                    self._release_events(self.clock.now())
         finally:
             # Events caused by this request are delivered before the client sees the answer.
             self._deliver(raise_errors=False)
@@ -248,8 +289,18 @@ class SageMakerEmulator:
     # --- delivery --------------------------------------------------------------------------------------
 
     def _enqueue(self, outputs: Outputs) -> None:
-        if outputs:
-            self._outbox.append(outputs)
+        """Metric data goes to the outbox at once; events wait in the delivery queue (under the state lock,
+        so the seeded draws happen in the order the changes did)."""
+        if outputs.metric_data:
+            self._outbox.append(Outputs(metric_data=outputs.metric_data))
+        for event, changed_at in zip(outputs.events, outputs.event_times, strict=True):
+            self._events.add(event, changed_at)
+
+    def _release_events(self, now: datetime) -> None:
+        due = self._events.pop_due(now)
+        if due:
+            self.event_log.extend(log_line(event) for event in due)
+            self._outbox.append(Outputs(events=due))
 
     def _deliver(self, *, raise_errors: bool) -> None:
         if getattr(self._delivering, "active", False):
