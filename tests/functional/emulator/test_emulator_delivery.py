@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from datetime import datetime, timedelta
 from typing import Any
@@ -68,7 +69,7 @@ def test_default_delivery_is_late_repeated_and_out_of_order_but_never_early(make
         assert set(statuses) == set(expected), name
     # some consumer sees a change after one that happened later
     times = [e["detail"]["LastModifiedTime"] for _, e in seen]
-    assert any(later < earlier for earlier, later in zip(times, times[1:], strict=False))
+    assert any(later < earlier for earlier, later in itertools.pairwise(times))
     assert emulator.pending_events() == 0
 
 
@@ -95,7 +96,7 @@ def test_a_seeded_share_is_lost_and_the_rest_arrive(make_request: Any, seed: int
 
 
 def test_exactly_once_in_order_is_the_friendly_exception(make_request: Any) -> None:
-    emulator, seen = run_scenario(make_request, seed=1, delivery=EventDelivery.exactly_once_in_order())
+    _emulator, seen = run_scenario(make_request, seed=1, delivery=EventDelivery.exactly_once_in_order())
     times = [e["detail"]["LastModifiedTime"] for _, e in seen]
     assert times == sorted(times)
     assert len({changes(e) for _, e in seen}) == len(seen)
@@ -140,7 +141,8 @@ def test_delayed_events_are_delivered_by_a_driver_that_moves_the_clock_itself(ma
     with SageMakerEmulator(clock=clock, on_event=seen.append, seed=5, **TIMINGS) as emulator:
         emulator.client().create_training_job(**make_request("driven"))
         due = emulator.next_due()
-        assert due is not None and START < due <= START + timedelta(seconds=8)
+        assert due is not None
+        assert START < due <= START + timedelta(seconds=8)
         clock.advance_to(due)
         emulator.process_due()
         assert [e["detail"]["SecondaryStatus"] for e in seen][:1] == ["Starting"]

@@ -319,7 +319,8 @@ def test_next_due_and_instances_in_use_tell_a_driver_what_comes_next(
     )
     # The Starting event waits for its delivery, a few seconds after the change.
     first = emulator.next_due()
-    assert first is not None and created < first <= created + timedelta(seconds=8)
+    assert first is not None
+    assert created < first <= created + timedelta(seconds=8)
     emulator.advance(10)
     assert emulator.next_due() == created + timedelta(seconds=120)
     assert emulator.instances_in_use() == {"ml.trn1.32xlarge": 3}
