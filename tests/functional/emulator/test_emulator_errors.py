@@ -131,9 +131,9 @@ def test_instance_groups_with_a_keep_alive_are_refused(raw_sagemaker: Any, make_
     assert "heterogeneous" in error["Message"]
 
 
-def test_describing_an_unknown_job_is_resource_not_found(sagemaker: Any) -> None:
+def test_describing_an_unknown_job_is_a_validation_exception_as_sagemaker_answers(sagemaker: Any) -> None:
     error = error_of(sagemaker.describe_training_job, TrainingJobName="ghost")
-    assert error["Code"] == "ResourceNotFound"
+    assert error["Code"] == "ValidationException"
     assert error["Message"].startswith("Requested resource not found.")
 
 
@@ -326,17 +326,17 @@ def test_no_request_body_makes_the_server_fail(
         assert payload["message"]
 
 
-def test_unknown_jobs_can_be_answered_with_validation_exception_as_sagemaker_does_in_practice(
+def test_unknown_jobs_can_be_answered_with_resource_not_found_as_the_service_model_declares(
     make_request: Any,
 ) -> None:
-    with SageMakerEmulator(not_found_code="ValidationException") as emulator:
+    with SageMakerEmulator(not_found_code="ResourceNotFound") as emulator:
         client = emulator.client(config=Config(retries={"total_max_attempts": 1}))
         for call, kwargs in (
             (client.describe_training_job, {"TrainingJobName": "ghost"}),
             (client.stop_training_job, {"TrainingJobName": "ghost"}),
         ):
             error = error_of(call, **kwargs)
-            assert error["Code"] == "ValidationException"
+            assert error["Code"] == "ResourceNotFound"
             assert error["Message"].startswith("Requested resource not found.")
     with pytest.raises(ValueError, match="not_found_code"):
         SageMakerEmulator(not_found_code="NoSuchJob")

@@ -115,11 +115,23 @@ def test_stop_sends_the_job_to_stopping_then_stopped_after_the_grace_period(
     emulator.advance(19)
     assert statuses(describe(sagemaker, "to-stop")) == ("Stopping", "Stopping")
     emulator.advance(1)
+    # after the grace the container is killed and what it saved is uploaded
+    assert statuses(describe(sagemaker, "to-stop")) == ("Stopping", "Uploading")
+    emulator.advance(19)
+    assert statuses(describe(sagemaker, "to-stop")) == ("Stopping", "Uploading")
+    emulator.advance(1)
     job = describe(sagemaker, "to-stop")
     assert statuses(job) == ("Stopped", "Stopped")
-    assert transition_names(job) == ["Starting", "Downloading", "Training", "Stopping", "Stopped"]
-    assert job["TrainingEndTime"] == stop_at + timedelta(seconds=30)
-    assert job["BillableTimeInSeconds"] == 200 - 120 + 30
+    assert transition_names(job) == [
+        "Starting",
+        "Downloading",
+        "Training",
+        "Stopping",
+        "Uploading",
+        "Stopped",
+    ]
+    assert job["TrainingEndTime"] == stop_at + timedelta(seconds=30 + 20)
+    assert job["BillableTimeInSeconds"] == 200 - 120 + 30 + 20
 
 
 @pytest.mark.parametrize("final", ["Completed", "Stopped"])
@@ -151,10 +163,10 @@ def test_stopping_a_stopping_job_again_is_refused_and_changes_nothing(
     assert "TrainingStartTime" not in job, "stopped before its instances launched"
 
 
-def test_stopping_an_unknown_job_is_resource_not_found(sagemaker: Any) -> None:
+def test_stopping_an_unknown_job_is_a_validation_exception(sagemaker: Any) -> None:
     with pytest.raises(ClientError) as caught:
         sagemaker.stop_training_job(TrainingJobName="never-created")
-    assert caught.value.response["Error"]["Code"] == "ResourceNotFound"
+    assert caught.value.response["Error"]["Code"] == "ValidationException"
     assert "Requested resource not found" in caught.value.response["Error"]["Message"]
 
 
@@ -167,11 +179,11 @@ def test_max_runtime_stops_the_job_with_secondary_status_max_runtime_exceeded(
     assert statuses(describe(sagemaker, "too-long")) == ("InProgress", "Training")
     emulator.advance(1)
     assert statuses(describe(sagemaker, "too-long")) == ("Stopping", "Stopping")
-    emulator.advance(30)
+    emulator.advance(30 + 20)
     job = describe(sagemaker, "too-long")
     assert statuses(job) == ("Stopped", "MaxRuntimeExceeded")
-    assert job["TrainingEndTime"] == created + timedelta(seconds=120 + 300 + 30)
-    assert transition_names(job)[-2:] == ["Stopping", "MaxRuntimeExceeded"]
+    assert job["TrainingEndTime"] == created + timedelta(seconds=120 + 300 + 30 + 20)
+    assert transition_names(job)[-3:] == ["Stopping", "Uploading", "MaxRuntimeExceeded"]
 
 
 def test_failed_outcome_fails_after_training_with_the_given_reason(
@@ -278,10 +290,10 @@ def test_max_wait_time_stops_a_spot_job_that_cannot_finish_in_time(
     assert describe(sagemaker, "spot-late")["TrainingJobStatus"] == "InProgress"
     emulator.advance(1)
     assert statuses(describe(sagemaker, "spot-late")) == ("Stopping", "Stopping")
-    emulator.advance(30)
+    emulator.advance(30 + 20)
     job = describe(sagemaker, "spot-late")
     assert statuses(job) == ("Stopped", "MaxWaitTimeExceeded")
-    assert job["TrainingEndTime"] == created + timedelta(seconds=3630)
+    assert job["TrainingEndTime"] == created + timedelta(seconds=3650)
 
 
 def test_a_real_clock_with_a_speed_up_runs_jobs_in_the_background() -> None:

@@ -199,7 +199,7 @@ def test_update_refuses_a_keep_alive_out_of_range(raw_sagemaker: Any, make_reque
         raw_sagemaker.update_training_job(
             TrainingJobName="ghost", ResourceConfig={"KeepAlivePeriodInSeconds": 1}
         )
-    assert caught.value.response["Error"]["Code"] == "ResourceNotFound"
+    assert caught.value.response["Error"]["Code"] == "ValidationException"
 
 
 def test_a_job_stopped_after_launch_leaves_a_pool_and_one_stopped_while_starting_does_not(
@@ -211,7 +211,7 @@ def test_a_job_stopped_after_launch_leaves_a_pool_and_one_stopped_while_starting
     sagemaker.stop_training_job(TrainingJobName="never-launched")
     emulator.advance(140)
     sagemaker.stop_training_job(TrainingJobName="launched")
-    emulator.advance(30)
+    emulator.advance(30 + 20)
     assert describe(sagemaker, "launched")["TrainingJobStatus"] == "Stopped"
     assert warm_pool(sagemaker, "launched")["Status"] == "Available"
     assert warm_pool(sagemaker, "never-launched")["Status"] == "Terminated"

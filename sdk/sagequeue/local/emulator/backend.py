@@ -65,7 +65,7 @@ class SageMakerBackend:
         instance_limits: Mapping[str, int] | None,
         region: str,
         account_id: str,
-        not_found_code: str = "ResourceNotFound",
+        not_found_code: str = "ValidationException",
     ) -> None:
         if not_found_code not in ("ResourceNotFound", "ValidationException"):
             raise ValueError(

@@ -37,10 +37,11 @@ class EmulatorNotRunning(RuntimeError):
 class SageMakerEmulator:
     """SageMaker's training-job API on 127.0.0.1, driven by a virtual or a real clock.
 
-    Defaults (simulated seconds): provisioning 180, warm start 20, download 30, upload 20, stop grace 30,
+    Defaults (simulated seconds): provisioning 180, warm start 20, download 30, upload 20, stop grace 120 (SIGTERM, then the kill),
     training 600 (a job's SAGEQUEUE_SIM_DURATION overrides it), capacity failure after 1800, spot restart
-    after 120. Instance types missing from `instance_limits` are unlimited. `not_found_code` may be
-    "ValidationException" to answer unknown jobs the way SageMaker does in practice; `duplicate_events`
+    after 120. Instance types missing from `instance_limits` are unlimited. Unknown jobs answer
+    ValidationException "Requested resource not found." as SageMaker does; `not_found_code="ResourceNotFound"`
+    answers what the service model declares instead. `duplicate_events`
     sends every event twice (distinct ids), as SageMaker may, to exercise idempotent consumers.
 
     Events are delivered as EventBridge does by default (`EventDelivery()`: late, some more than once,
@@ -54,7 +55,7 @@ class SageMakerEmulator:
         instance_limits: Mapping[str, int] | None = None,
         provisioning_seconds: float = 180.0,
         warm_start_seconds: float = 20.0,
-        stop_grace_seconds: float = 30.0,
+        stop_grace_seconds: float = 120.0,
         default_duration_seconds: float = 600.0,
         capacity_error_after_seconds: float = 1800.0,
         download_seconds: float = 30.0,
@@ -69,7 +70,7 @@ class SageMakerEmulator:
         host: str = "127.0.0.1",
         port: int = 0,
         tick_seconds: float = 0.05,
-        not_found_code: str = "ResourceNotFound",
+        not_found_code: str = "ValidationException",
         duplicate_events: bool = False,
         seed: int = 0,
         delivery: EventDelivery | None = None,

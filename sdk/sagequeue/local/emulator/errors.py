@@ -68,7 +68,7 @@ ERRORS_BY_CODE: dict[str, type[SageMakerError]] = {
 }
 
 
-def not_found(what: str = "", code: str = ResourceNotFound.code) -> SageMakerError:
+def not_found(what: str = "", code: str = "ValidationException") -> SageMakerError:
     """SageMaker's "not found" answer. The service model declares ResourceNotFound, but SageMaker has been
     seen answering ValidationException with the same text for DescribeTrainingJob (aws/aws-sdk#165); `code`
     picks which one the emulator gives."""

@@ -43,6 +43,7 @@ class Step(StrEnum):
     COMPLETE = "complete"
     FAIL = "fail"
     CAPACITY_FAIL = "capacity_fail"
+    STOP_UPLOAD = "stop_upload"
     STOPPED = "stopped"
 
 
@@ -316,6 +317,10 @@ class TrainingJob:
         elif step is Step.CAPACITY_FAIL:
             self.failure_reason = CAPACITY_FAILURE_REASON
             self._finish(at, FAILED, FAILED, MSG_FAILED, keeps_pool=False)
+        elif step is Step.STOP_UPLOAD:
+            # After SIGTERM's grace the container is gone; what it wrote to /opt/ml/model is uploaded.
+            self._enter(at, STOPPING, "Uploading", MSG_UPLOADING)
+            self._schedule(at, timings.upload_seconds, Step.STOPPED)
         elif step is Step.STOPPED:
             message = {"MaxRuntimeExceeded": MSG_MAX_RUNTIME, "MaxWaitTimeExceeded": MSG_MAX_WAIT}.get(
                 self.stop_secondary, MSG_STOPPED
@@ -325,7 +330,8 @@ class TrainingJob:
     # --- requests --------------------------------------------------------------------------------------
 
     def begin_stop(self, at: datetime, secondary_when_stopped: str = STOPPED) -> None:
-        """StopTrainingJob (or a stopping condition): SIGTERM now, Stopped after the grace period."""
+        """StopTrainingJob (or a stopping condition): SIGTERM now, the kill after the grace period, then (when
+        instances had launched) Uploading what the job saved, then Stopped."""
         if self.status != IN_PROGRESS:
             raise ValidationError(
                 f"The request was rejected because the training job is in status {self.status}."
@@ -335,7 +341,8 @@ class TrainingJob:
         self.wait_deadline = None
         self.stop_secondary = secondary_when_stopped
         self._enter(at, STOPPING, "Stopping", MSG_STOPPING)
-        self._schedule(at, self.timings.stop_grace_seconds, Step.STOPPED)
+        after_grace = Step.STOP_UPLOAD if self.launched else Step.STOPPED
+        self._schedule(at, self.timings.stop_grace_seconds, after_grace)
 
     def update_keep_alive(self, at: datetime, seconds: int) -> None:
         """UpdateTrainingJob(ResourceConfig.KeepAlivePeriodInSeconds) on a live job or an Available pool."""

@@ -48,7 +48,7 @@ class Timings:
     warm_start_seconds: float = 20.0
     download_seconds: float = 30.0
     upload_seconds: float = 20.0
-    stop_grace_seconds: float = 30.0
+    stop_grace_seconds: float = 120.0
     default_duration_seconds: float = 600.0
     capacity_error_after_seconds: float = 1800.0
     spot_interruption_seconds: float = 120.0
