@@ -82,6 +82,10 @@ class SageMakerBackend:
                 )
         self.region = region
         self.account_id = account_id
+        #: Instances the region can launch per type (EC2 capacity, not the account quota); types not listed
+        #: are unlimited. Settable at any time with `set_capacity`.
+        self.capacity: dict[str, int] = {}
+        self._waiting: list[str] = []  # jobs retrying in Starting for capacity, first come first served
         self.lock = threading.RLock()
         #: Send every state-change event twice, as SageMaker sometimes does, to exercise idempotent consumers.
         self.duplicate_events = False
@@ -125,7 +129,10 @@ class SageMakerBackend:
             now = self.clock.now()
             outputs.extend(self._process_due_locked(now))
             check.require_mapping(request, operation)
-            return handler(request, now, outputs)
+            try:
+                return handler(request, now, outputs)
+            finally:
+                self._grant_waiting(now)
 
     def next_due(self) -> datetime | None:
         with self.lock:
@@ -172,6 +179,7 @@ class SageMakerBackend:
             if job.fire(due):
                 self._emit(job, due, outputs)
             self._reschedule(job)
+            self._grant_waiting(due)
         while self._metric_due and self._metric_due[0][0] <= upto:
             mark, _, name = heapq.heappop(self._metric_due)
             job = self._jobs[name]
@@ -181,6 +189,54 @@ class SageMakerBackend:
             self._drain_metrics(job, outputs)
             self._schedule_metrics(job)
         return outputs
+
+    def set_capacity(self, capacity: Mapping[str, int | None]) -> None:
+        """Sets how many instances of each type the region can launch (None: unlimited again). Jobs retrying
+        for capacity launch as soon as it is there."""
+        with self.lock:
+            for instance_type, count in capacity.items():
+                if count is None:
+                    self.capacity.pop(instance_type, None)
+                    continue
+                if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+                    raise ValueError(
+                        f"capacity of {instance_type} must be a non-negative integer, got {count!r}"
+                    )
+                self.capacity[instance_type] = count
+            self._grant_waiting(self.clock.now())
+
+    def _capacity_used(self) -> dict[str, int]:
+        """Instances launched or launching in the region: every holder but the jobs still retrying."""
+        used: dict[str, int] = {}
+        for name in self._holders:
+            job = self._jobs[name]
+            if job.waiting_for_capacity:
+                continue
+            for instance_type, count in job.held_instances().items():
+                used[instance_type] = used.get(instance_type, 0) + count
+        return used
+
+    def _has_capacity(self, demand: Mapping[str, int], used: Mapping[str, int]) -> bool:
+        return all(used.get(t, 0) + n <= self.capacity[t] for t, n in demand.items() if t in self.capacity)
+
+    def _grant_waiting(self, at: datetime) -> None:
+        """Launches the retrying jobs the region now has capacity for, oldest first."""
+        if not self._waiting:
+            return
+        still: list[str] = []
+        used = self._capacity_used()
+        for name in self._waiting:
+            job = self._jobs[name]
+            if not job.waiting_for_capacity:
+                continue  # stopped, or failed with CapacityError
+            if self._has_capacity(job.demand, used):
+                job.grant_capacity(at)
+                for instance_type, count in job.demand.items():
+                    used[instance_type] = used.get(instance_type, 0) + count
+                self._reschedule(job)
+            else:
+                still.append(name)
+        self._waiting = still
 
     def _reschedule(self, job: TrainingJob) -> None:
         due = job.due()
@@ -273,7 +329,15 @@ class SageMakerBackend:
         donor = self._matching_warm_pool(job, now)
         if donor is None:
             self._check_limits(job.demand)
-            job.start(now)
+            # Only jobs already retrying go first: a new job waits behind them for the same capacity.
+            waiting_ahead = any(
+                self._jobs[n].waiting_for_capacity and set(self._jobs[n].demand) & set(job.demand)
+                for n in self._waiting
+            )
+            has_capacity = not waiting_ahead and self._has_capacity(job.demand, self._capacity_used())
+            job.start(now, has_capacity=has_capacity)
+            if job.waiting_for_capacity:
+                self._waiting.append(name)
         else:
             pool = donor.hand_over_pool(now, to_job=name)
             job.start(now, reused_pool=pool, reused_from=donor.name)

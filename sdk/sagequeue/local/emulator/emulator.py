@@ -75,6 +75,7 @@ class SageMakerEmulator:
         seed: int = 0,
         delivery: EventDelivery | None = None,
         exactly_once_in_order: bool = False,
+        capacity: Mapping[str, int] | None = None,
     ) -> None:
         self.clock: Clock = clock if clock is not None else VirtualClock()
         if exactly_once_in_order and delivery is not None:
@@ -109,6 +110,8 @@ class SageMakerEmulator:
         self.backend.metrics_enabled = self._metrics is not None
         self.backend.duplicate_events = duplicate_events
         self.backend.new_event_id = self._events.new_id
+        if capacity:
+            self.backend.set_capacity(capacity)
         self._host = host
         self._port = port
         self._tick_seconds = tick_seconds
@@ -220,6 +223,12 @@ class SageMakerEmulator:
         """The delivered events, one canonical JSON line each: the same seed and requests give the same
         bytes."""
         return "".join(line + "\n" for line in self.event_log).encode()
+
+    def set_capacity(self, capacity: Mapping[str, int | None]) -> None:
+        """How many instances of each type the region can launch from now on (None: unlimited). A create
+        beyond it stays in Starting, "Insufficient capacity error from EC2 while launching instances,
+        retrying!", until capacity frees up or `capacity_error_after_seconds` passes (then CapacityError)."""
+        self.backend.set_capacity(capacity)
 
     def instances_in_use(self) -> dict[str, int]:
         """Instances held per type right now: live jobs plus Available warm pools (what the limits count)."""

@@ -158,13 +158,21 @@ class TrainingJob:
     reused_from: str | None = None
     metric_next: datetime | None = None
     pending_metrics: list[datetime] = field(default_factory=list)
+    waiting_for_capacity: bool = False  # in Starting, retrying until the region has the instances
 
     # --- creation --------------------------------------------------------------------------------------
 
     def start(
-        self, at: datetime, reused_pool: WarmPool | None = None, reused_from: str | None = None
+        self,
+        at: datetime,
+        reused_pool: WarmPool | None = None,
+        reused_from: str | None = None,
+        *,
+        has_capacity: bool = True,
     ) -> None:
-        """Enters InProgress/Starting; with `reused_pool` the instances are already there (fast start)."""
+        """Enters InProgress/Starting; with `reused_pool` the instances are already there (fast start).
+        Without `has_capacity` the region lacks the instances: the job retries in Starting until
+        `grant_capacity`, and fails with CapacityError if that does not come in time."""
         config = self.request.setdefault("ResourceConfig", {})
         self.keep_alive = int(config.get("KeepAlivePeriodInSeconds") or 0)
         self.interruptions_left = self.plan.interruptions
@@ -181,12 +189,20 @@ class TrainingJob:
             return
         if self.keep_alive > 0:
             self.warm_pool = WarmPool(WarmPoolState.IN_USE)
-        if self.plan.outcome is Outcome.CAPACITY_ERROR:
+        if self.plan.outcome is Outcome.CAPACITY_ERROR or not has_capacity:
+            self.waiting_for_capacity = self.plan.outcome is not Outcome.CAPACITY_ERROR
             self._enter(at, IN_PROGRESS, "Starting", MSG_CAPACITY_RETRY)
             self._schedule(at, self.timings.capacity_error_after_seconds, Step.CAPACITY_FAIL)
         else:
             self._enter(at, IN_PROGRESS, "Starting", MSG_LAUNCHING)
             self._schedule(at, self.timings.provisioning_seconds, Step.DOWNLOAD)
+
+    def grant_capacity(self, at: datetime) -> None:
+        """The region found the instances this job was retrying for: they launch now (no status change)."""
+        self.waiting_for_capacity = False
+        self.transitions[-1]["StatusMessage"] = MSG_LAUNCHING
+        self.last_modified = at
+        self._schedule(at, self.timings.provisioning_seconds, Step.DOWNLOAD)
 
     # --- properties ------------------------------------------------------------------------------------
 
@@ -315,6 +331,7 @@ class TrainingJob:
             keeps = not self.plan.failure_reason.startswith("InternalServerError")
             self._finish(at, FAILED, FAILED, MSG_FAILED, keeps_pool=keeps)
         elif step is Step.CAPACITY_FAIL:
+            self.waiting_for_capacity = False
             self.failure_reason = CAPACITY_FAILURE_REASON
             self._finish(at, FAILED, FAILED, MSG_FAILED, keeps_pool=False)
         elif step is Step.STOP_UPLOAD:
@@ -339,6 +356,7 @@ class TrainingJob:
         self._leave_training(at)
         self.runtime_deadline = None
         self.wait_deadline = None
+        self.waiting_for_capacity = False
         self.stop_secondary = secondary_when_stopped
         self._enter(at, STOPPING, "Stopping", MSG_STOPPING)
         after_grace = Step.STOP_UPLOAD if self.launched else Step.STOPPED
