@@ -124,5 +124,5 @@ def test_stopping_a_job_that_retries_for_capacity_stops_it_without_launching(
 
 def test_capacity_must_be_a_count(region: Any) -> None:
     emulator, _ = region
-    with pytest.raises(ValueError, match="capacity of ml.trn1.32xlarge"):
+    with pytest.raises(ValueError, match=r"capacity of ml\.trn1\.32xlarge"):
         emulator.set_capacity({TRN1: -1})
