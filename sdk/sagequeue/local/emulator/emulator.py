@@ -209,6 +209,18 @@ class SageMakerEmulator:
             moments = [m for m in (self.backend.next_due(), self._events.next_due()) if m is not None]
         return min(moments) if moments else None
 
+    def deliver_pending(self) -> int:
+        """Delivers every event still waiting for its delivery time, now, in the order they would have
+        come (duplicates and reordering stay). For test harnesses that hand events to handlers themselves
+        at moments of their choosing; the clock does not move. Returns how many were delivered."""
+        with self.backend.lock:
+            due = self._events.pop_due(datetime.max.replace(tzinfo=self.clock.now().tzinfo))
+            if due:
+                self.event_log.extend(log_line(event) for event in due)
+                self._outbox.append(Outputs(events=due))
+        self._deliver(raise_errors=True)
+        return len(due)
+
     @property
     def lost_events(self) -> list[dict[str, Any]]:
         """Events dropped on purpose (`EventDelivery.loss_share`), in the order they happened."""
