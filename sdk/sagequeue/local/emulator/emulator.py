@@ -24,6 +24,7 @@ from sagequeue.local.emulator.events import EventBridgeForwarder
 from sagequeue.local.emulator.metrics import CloudWatchPublisher
 from sagequeue.local.emulator.server import ServerThread
 from sagequeue.local.emulator.simulation import Timings
+from sagequeue.local.emulator.throttling import DEFAULT_RATES, Rate, Throttle
 
 logger = logging.getLogger("sagequeue.local.emulator")
 
@@ -76,6 +77,8 @@ class SageMakerEmulator:
         delivery: EventDelivery | None = None,
         exactly_once_in_order: bool = False,
         capacity: Mapping[str, int] | None = None,
+        rates: Mapping[str, Rate] | None = DEFAULT_RATES,
+        transient_error_share: float = 0.0,
     ) -> None:
         self.clock: Clock = clock if clock is not None else VirtualClock()
         if exactly_once_in_order and delivery is not None:
@@ -112,6 +115,7 @@ class SageMakerEmulator:
         self.backend.new_event_id = self._events.new_id
         if capacity:
             self.backend.set_capacity(capacity)
+        self._throttle = Throttle(rates, transient_error_share, random.Random(f"faults:{seed}"))
         self._host = host
         self._port = port
         self._tick_seconds = tick_seconds
@@ -294,6 +298,10 @@ class SageMakerEmulator:
             fault = queue.popleft() if queue else None
         if fault is not None:
             raise fault
+        with self.backend.lock:
+            refusal = self._throttle.admit(operation, self.clock.now())
+        if refusal is not None:
+            raise refusal
         outputs = Outputs()
         try:
             with self.backend.lock:

@@ -54,6 +54,11 @@ class InternalFailure(SageMakerError):
     status = 500
 
 
+class ServiceUnavailable(SageMakerError):
+    code = "ServiceUnavailable"
+    status = 503
+
+
 #: Error classes by wire code, for injected failures (`SageMakerEmulator.fail_next`).
 ERRORS_BY_CODE: dict[str, type[SageMakerError]] = {
     cls.code: cls
@@ -64,6 +69,7 @@ ERRORS_BY_CODE: dict[str, type[SageMakerError]] = {
         ResourceNotFound,
         ThrottlingError,
         InternalFailure,
+        ServiceUnavailable,
     )
 }
 
