@@ -95,6 +95,7 @@ class SageMakerBackend:
         self.metrics_enabled = True
         self._jobs: dict[str, TrainingJob] = {}
         self._order: dict[str, int] = {}  # creation sequence, the tie-breaker of every ordering
+        self._sequence: list[TrainingJob] = []  # every job in creation order, deleted ones included
         self._due: list[tuple[datetime, int, str]] = []  # heap; stale entries are skipped when popped
         self._heap_seq = itertools.count()
         self._holders: set[str] = set()  # jobs holding instances: live, or with an Available warm pool
@@ -107,6 +108,7 @@ class SageMakerBackend:
             "ListTrainingJobs": self._list_training_jobs,
             "StopTrainingJob": self._stop_training_job,
             "UpdateTrainingJob": self._update_training_job,
+            "DeleteTrainingJob": self._delete_training_job,
             "AddTags": self._add_tags,
             "ListTags": self._list_tags,
             "DeleteTags": self._delete_tags,
@@ -138,7 +140,8 @@ class SageMakerBackend:
         with self.lock:
             while self._due:
                 due, _, name = self._due[0]
-                if self._jobs[name].due() == due:
+                owner = self._jobs.get(name)
+                if owner is not None and owner.due() == due:
                     return due
                 heapq.heappop(self._due)
             return None
@@ -171,9 +174,10 @@ class SageMakerBackend:
             if due > upto:
                 break
             heapq.heappop(self._due)
-            job = self._jobs[name]
-            if job.due() != due:
-                continue  # superseded by a later change to this job
+            owner = self._jobs.get(name)
+            if owner is None or owner.due() != due:
+                continue  # superseded by a later change to this job, or deleted
+            job = owner
             job.collect_metrics(due)
             self._drain_metrics(job, outputs)
             if job.fire(due):
@@ -182,9 +186,10 @@ class SageMakerBackend:
             self._grant_waiting(due)
         while self._metric_due and self._metric_due[0][0] <= upto:
             mark, _, name = heapq.heappop(self._metric_due)
-            job = self._jobs[name]
-            if job.metric_next != mark:
-                continue  # the job left Training or its marks were already taken
+            metered = self._jobs.get(name)
+            if metered is None or metered.metric_next != mark:
+                continue
+            job = metered
             job.collect_metrics(upto)
             self._drain_metrics(job, outputs)
             self._schedule_metrics(job)
@@ -343,7 +348,8 @@ class SageMakerBackend:
             job.start(now, reused_pool=pool, reused_from=donor.name)
             self._reschedule(donor)
         self._jobs[name] = job
-        self._order[name] = len(self._order)
+        self._order[name] = len(self._sequence)
+        self._sequence.append(job)
         self._reschedule(job)
         self._emit(job, now, outputs)
         return {"TrainingJobArn": job.arn}
@@ -399,6 +405,27 @@ class SageMakerBackend:
         self._emit(job, now, outputs)
         return {}
 
+    def _delete_training_job(
+        self, request: Mapping[str, Any], now: datetime, outputs: Outputs
+    ) -> dict[str, Any]:
+        """Removes an ended job without an Available warm pool; its name may then be used again."""
+        name = check.training_job_name(request.get("TrainingJobName"))
+        job = self._job(name)
+        if not job.ended:
+            raise ValidationError(
+                f"The request was rejected because the training job is in status {job.status}."
+            )
+        if job.warm_pool is not None and job.warm_pool.status is WarmPoolState.AVAILABLE:
+            raise ValidationError(
+                f"Training job {name} has an Available warm pool; terminate it first "
+                "(UpdateTrainingJob with ResourceConfig.KeepAlivePeriodInSeconds 0)."
+            )
+        job.deleted = True
+        del self._jobs[name]
+        self._holders.discard(name)
+        self._available.discard(name)
+        return {}
+
     def _update_training_job(
         self, request: Mapping[str, Any], now: datetime, outputs: Outputs
     ) -> dict[str, Any]:
@@ -448,14 +475,15 @@ class SageMakerBackend:
         the cursor's creation sequence number says where to resume.
         """
         if sort_by == "CreationTime":
-            jobs = list(self._jobs.values())
+            jobs = self._sequence
             if descending:
                 stop = int(cursor[1]) if cursor is not None else len(jobs)
                 indices: Iterable[int] = range(min(stop, len(jobs)) - 1, -1, -1)
             else:
                 indices = range(int(cursor[1]) + 1 if cursor is not None else 0, len(jobs))
             for index in indices:
-                yield self._sort_key(jobs[index], sort_by), jobs[index]
+                if not jobs[index].deleted:
+                    yield self._sort_key(jobs[index], sort_by), jobs[index]
             return
         keyed = sorted(
             ((self._sort_key(job, sort_by), job) for job in self._jobs.values()),

@@ -158,6 +158,7 @@ class TrainingJob:
     reused_from: str | None = None
     metric_next: datetime | None = None
     pending_metrics: list[datetime] = field(default_factory=list)
+    deleted: bool = False  # DeleteTrainingJob: kept only so that list cursors keep their places
     waiting_for_capacity: bool = False  # in Starting, retrying until the region has the instances
 
     # --- creation --------------------------------------------------------------------------------------
