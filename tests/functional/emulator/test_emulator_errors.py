@@ -223,9 +223,13 @@ def test_injected_throttling_reaches_the_client_and_standard_retries_recover(
         emulator.fail_next("CreateEndpoint")
 
 
-def test_concurrent_clients_never_exceed_the_limit_and_see_consistent_state(
-    emulator: SageMakerEmulator, make_request: Any
-) -> None:
+def test_concurrent_clients_never_exceed_the_limit_and_see_consistent_state(make_request: Any) -> None:
+    # rates=None: 320 calls at one virtual instant test locking, not throttling (tested on its own)
+    with SageMakerEmulator(instance_limits={"ml.trn1.32xlarge": 4}, rates=None) as emulator:
+        _race(emulator, make_request)
+
+
+def _race(emulator: SageMakerEmulator, make_request: Any) -> None:
     # GIVEN 8 clients racing to create 20 single-instance jobs each against a limit of 4
     outcomes: Counter[str] = Counter()
     lock = threading.Lock()

@@ -496,6 +496,18 @@ class TrainingJob:
         for key in _ECHOED:
             if key in self.request:
                 out[key] = copy.deepcopy(self.request[key])
+        # What SageMaker fills in when the request left it out (SDK v2's Estimator.attach reads
+        # OutputDataConfig.KmsKeyId and EnableNetworkIsolation without a default).
+        for flag in (
+            "EnableNetworkIsolation",
+            "EnableInterContainerTrafficEncryption",
+            "EnableManagedSpotTraining",
+        ):
+            out.setdefault(flag, False)
+        output = out.setdefault("OutputDataConfig", {})
+        output.setdefault("KmsKeyId", "")
+        output.setdefault("CompressionType", "GZIP")
+        out.setdefault("HyperParameters", {})
         out["ResourceConfig"] = copy.deepcopy(self.request["ResourceConfig"])
         out["StoppingCondition"] = copy.deepcopy(self.request["StoppingCondition"])
         if self.warm_pool is not None:
@@ -509,7 +521,7 @@ class TrainingJob:
         out["SecondaryStatusTransitions"] = [dict(t) for t in self.transitions]
         if self.ended and self.training_start is not None and self.training_end is not None:
             wall = _seconds(self.training_end - self.training_start)
-            out["TrainingTimeInSeconds"] = max(1, _whole_seconds(wall))
+            out["TrainingTimeInSeconds"] = max(1, math.floor(wall + 1e-9))  # SageMaker truncates
             # Spot bills only the time on instances; on demand, the whole run.
             billable = self.run_seconds if self.spot else wall
             out["BillableTimeInSeconds"] = max(1, _whole_seconds(billable))
@@ -538,4 +550,7 @@ class TrainingJob:
             out["TrainingEndTime"] = self.training_end
         if self.warm_pool is not None:
             out["WarmPoolStatus"] = self.warm_pool_status(now)
+        plan = self.request.get("ResourceConfig", {}).get("TrainingPlanArn")
+        if plan:
+            out["TrainingPlanArn"] = plan
         return out
