@@ -20,6 +20,7 @@ from datetime import datetime
 from typing import Any
 
 from sagequeue.local.clock import Clock
+from sagequeue.local.emulator import model_rules
 from sagequeue.local.emulator import validation as check
 from sagequeue.local.emulator.errors import (
     ResourceInUse,
@@ -131,6 +132,7 @@ class SageMakerBackend:
             now = self.clock.now()
             outputs.extend(self._process_due_locked(now))
             check.require_mapping(request, operation)
+            model_rules.check(operation, request)
             try:
                 return handler(request, now, outputs)
             finally:
