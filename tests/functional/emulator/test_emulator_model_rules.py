@@ -79,7 +79,12 @@ def _tag_key_shape() -> Any:
     return model.shape_for("TagKey")
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture], derandomize=True)
+@settings(
+    max_examples=200,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+    derandomize=True,
+)
 @given(st.text(min_size=0, max_size=140))
 def test_tag_keys_are_judged_by_the_models_length_and_pattern(key: str) -> None:
     shape = _tag_key_shape()

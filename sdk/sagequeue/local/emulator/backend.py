@@ -86,7 +86,12 @@ class SageMakerBackend:
         #: Instances the region can launch per type (EC2 capacity, not the account quota); types not listed
         #: are unlimited. Settable at any time with `set_capacity`.
         self.capacity: dict[str, int] = {}
-        self._waiting: list[str] = []  # jobs retrying in Starting for capacity, first come first served
+        self._waiting: list[str] = []
+        #: The warm-pool quota per instance type ("<type> for training warm pool usage"); AWS's default is
+        #: 0. Types not listed are unlimited. A pool beyond it is not retained when its job ends.
+        self.warm_pool_limits: dict[
+            str, int
+        ] = {}  # jobs retrying in Starting for capacity, first come first served
         self.lock = threading.RLock()
         #: Send every state-change event twice, as SageMaker sometimes does, to exercise idempotent consumers.
         self.duplicate_events = False
@@ -183,6 +188,7 @@ class SageMakerBackend:
             job.collect_metrics(due)
             self._drain_metrics(job, outputs)
             if job.fire(due):
+                self._apply_warm_pool_quota(job, due)
                 self._emit(job, due, outputs)
             self._reschedule(job)
             self._grant_waiting(due)
@@ -196,6 +202,33 @@ class SageMakerBackend:
             self._drain_metrics(job, outputs)
             self._schedule_metrics(job)
         return outputs
+
+    def _apply_warm_pool_quota(self, job: TrainingJob, at: datetime) -> None:
+        pool = job.warm_pool
+        if not job.ended or pool is None or pool.status is not WarmPoolState.AVAILABLE:
+            return
+        if pool.available_since != at or not self.warm_pool_limits:
+            return
+        retained: dict[str, int] = {}
+        for name in self._available:
+            if name != job.name:
+                for instance_type, count in self._jobs[name].demand.items():
+                    retained[instance_type] = retained.get(instance_type, 0) + count
+        for instance_type, count in job.demand.items():
+            limit = self.warm_pool_limits.get(instance_type)
+            if limit is not None and retained.get(instance_type, 0) + count > limit:
+                pool.end(at, WarmPoolState.TERMINATED)
+                return
+
+    def end_warm_pool(self, name: str, at: datetime) -> None:
+        job = self._job(name)
+        pool = job.warm_pool
+        if pool is None or pool.status is not WarmPoolState.AVAILABLE:
+            raise ValueError(f"training job {name} has no Available warm pool to end")
+        pool.end(at, WarmPoolState.TERMINATED)
+        job.last_modified = at
+        self._reschedule(job)
+        self._grant_waiting(at)
 
     def set_capacity(self, capacity: Mapping[str, int | None]) -> None:
         """Sets how many instances of each type the region can launch (None: unlimited again). Jobs retrying
@@ -264,7 +297,7 @@ class SageMakerBackend:
             heapq.heappush(self._metric_due, (job.metric_next, next(self._heap_seq), job.name))
 
     def _emit(self, job: TrainingJob, at: datetime, outputs: Outputs) -> None:
-        description = job.describe(at)
+        description = job.describe(at, for_event=True)
         for _ in range(2 if self.duplicate_events else 1):
             # SageMaker may send several events for one change: same detail, each with its own id.
             event_id = self.new_event_id() if self.new_event_id is not None else None

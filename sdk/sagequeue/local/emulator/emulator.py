@@ -62,6 +62,8 @@ class SageMakerEmulator:
         download_seconds: float = 30.0,
         upload_seconds: float = 20.0,
         spot_interruption_seconds: float = 120.0,
+        warm_pool_status_lag_seconds: float = 5.0,
+        warm_pool_limits: Mapping[str, int] | None = None,
         on_event: EventSubscriber | None = None,
         events_client: Any = None,
         event_bus_name: str = "default",
@@ -99,6 +101,7 @@ class SageMakerEmulator:
             default_duration_seconds=default_duration_seconds,
             capacity_error_after_seconds=capacity_error_after_seconds,
             spot_interruption_seconds=spot_interruption_seconds,
+            warm_pool_status_lag_seconds=warm_pool_status_lag_seconds,
         )
         self.region = region
         self.account_id = account_id
@@ -115,6 +118,7 @@ class SageMakerEmulator:
         self.backend.new_event_id = self._events.new_id
         if capacity:
             self.backend.set_capacity(capacity)
+        self.backend.warm_pool_limits = dict(warm_pool_limits or {})
         self._throttle = Throttle(rates, transient_error_share, random.Random(f"faults:{seed}"))
         self._host = host
         self._port = port
@@ -245,6 +249,12 @@ class SageMakerEmulator:
         beyond it stays in Starting, "Insufficient capacity error from EC2 while launching instances,
         retrying!", until capacity frees up or `capacity_error_after_seconds` passes (then CapacityError)."""
         self.backend.set_capacity(capacity)
+
+    def end_warm_pool(self, name: str) -> None:
+        """Ends a job's Available warm pool now, as SageMaker does when it patches or replaces unhealthy
+        instances: the pool is Terminated before its keep-alive ran out."""
+        with self.backend.lock:
+            self.backend.end_warm_pool(name, self.clock.now())
 
     def instances_in_use(self) -> dict[str, int]:
         """Instances held per type right now: live jobs plus Available warm pools (what the limits count)."""

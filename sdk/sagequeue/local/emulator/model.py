@@ -158,6 +158,7 @@ class TrainingJob:
     reused_from: str | None = None
     metric_next: datetime | None = None
     pending_metrics: list[datetime] = field(default_factory=list)
+    created_with_pool: bool = False  # KeepAlivePeriodInSeconds > 0 at create, or a reused pool
     deleted: bool = False  # DeleteTrainingJob: kept only so that list cursors keep their places
     waiting_for_capacity: bool = False  # in Starting, retrying until the region has the instances
 
@@ -181,6 +182,7 @@ class TrainingJob:
         wait = self.request["StoppingCondition"].get("MaxWaitTimeInSeconds")
         if self.spot and wait:
             self.wait_deadline = at + timedelta(seconds=wait)
+        self.created_with_pool = self.keep_alive > 0 or reused_pool is not None
         if reused_pool is not None:
             self.reused_from = reused_from
             self.launched = True
@@ -371,6 +373,16 @@ class TrainingJob:
                 "spot training or heterogeneous clusters."
             )
         pool = self.warm_pool
+        if not self.created_with_pool:
+            raise ValidationError(
+                f"Training job {self.name} was created without a warm pool (KeepAlivePeriodInSeconds); its "
+                "keep-alive cannot be updated."
+            )
+        if not self.ended:
+            raise ValidationError(
+                f"The request was rejected because the training job is in status {self.status}: "
+                "KeepAlivePeriodInSeconds can be updated once the warm pool is Available."
+            )
         if not self.ended:
             self._set_keep_alive(at, seconds)
             if seconds > 0 and pool is None:
@@ -484,7 +496,16 @@ class TrainingJob:
 
     # --- views -----------------------------------------------------------------------------------------
 
-    def describe(self, now: datetime) -> dict[str, Any]:
+    def _shows_warm_pool(self, now: datetime) -> bool:
+        """SageMaker's WarmPoolStatus goes missing for a moment right after the job ends."""
+        if self.warm_pool is None:
+            return False
+        if self.ended and self.training_end is not None:
+            lag = timedelta(seconds=self.timings.warm_pool_status_lag_seconds)
+            return now >= self.training_end + lag
+        return True
+
+    def describe(self, now: datetime, *, for_event: bool = False) -> dict[str, Any]:
         """DescribeTrainingJob's answer, with datetimes (the protocol layer encodes them)."""
         out: dict[str, Any] = {"TrainingJobName": self.name, "TrainingJobArn": self.arn}
         output_path = str(self.request.get("OutputDataConfig", {}).get("S3OutputPath", "")).rstrip("/")
@@ -510,7 +531,7 @@ class TrainingJob:
         out.setdefault("HyperParameters", {})
         out["ResourceConfig"] = copy.deepcopy(self.request["ResourceConfig"])
         out["StoppingCondition"] = copy.deepcopy(self.request["StoppingCondition"])
-        if self.warm_pool is not None:
+        if self.warm_pool is not None and (for_event or self._shows_warm_pool(now)):
             out["WarmPoolStatus"] = self.warm_pool_status(now)
         out["CreationTime"] = self.created_at
         if self.training_start is not None:
@@ -548,7 +569,7 @@ class TrainingJob:
         }
         if self.training_end is not None:
             out["TrainingEndTime"] = self.training_end
-        if self.warm_pool is not None:
+        if self._shows_warm_pool(now):
             out["WarmPoolStatus"] = self.warm_pool_status(now)
         plan = self.request.get("ResourceConfig", {}).get("TrainingPlanArn")
         if plan:

@@ -52,6 +52,8 @@ class Timings:
     default_duration_seconds: float = 600.0
     capacity_error_after_seconds: float = 1800.0
     spot_interruption_seconds: float = 120.0
+    #: After a job ends, Describe and List leave WarmPoolStatus out this long before it shows again.
+    warm_pool_status_lag_seconds: float = 5.0
 
     def __post_init__(self) -> None:
         for name, value in vars(self).items():
