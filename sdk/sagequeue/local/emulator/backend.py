@@ -141,7 +141,7 @@ class SageMakerBackend:
             try:
                 return handler(request, now, outputs)
             finally:
-                self._grant_waiting(now)
+                self._grant_waiting(now, outputs)
 
     def next_due(self) -> datetime | None:
         with self.lock:
@@ -191,7 +191,7 @@ class SageMakerBackend:
                 self._apply_warm_pool_quota(job, due)
                 self._emit(job, due, outputs)
             self._reschedule(job)
-            self._grant_waiting(due)
+            self._grant_waiting(due, outputs)
         while self._metric_due and self._metric_due[0][0] <= upto:
             mark, _, name = heapq.heappop(self._metric_due)
             metered = self._jobs.get(name)
@@ -228,7 +228,27 @@ class SageMakerBackend:
         pool.end(at, WarmPoolState.TERMINATED)
         job.last_modified = at
         self._reschedule(job)
-        self._grant_waiting(at)
+        self._grant_waiting(at, Outputs())
+
+    def add_training_plan(self, arn: str, instance_count: int) -> Outputs:
+        """A training plan whose `instance_count` reserved instances its jobs share; beyond them a job waits
+        in Pending."""
+        with self.lock:
+            if isinstance(instance_count, bool) or not isinstance(instance_count, int) or instance_count < 0:
+                raise ValueError(
+                    f"a training plan's instance count must be a non-negative integer, got {instance_count!r}"
+                )
+            self.capacity[_plan_key(arn)] = instance_count
+            outputs = Outputs()
+            self._grant_waiting(self.clock.now(), outputs)
+            return outputs
+
+    def _capacity_demand(self, job: TrainingJob) -> dict[str, int]:
+        """What a job takes from: its training plan's reserved instances, or the region's."""
+        plan = job.request.get("ResourceConfig", {}).get("TrainingPlanArn")
+        if plan and _plan_key(plan) in self.capacity:
+            return {_plan_key(plan): job.instance_count}
+        return job.demand
 
     def set_capacity(self, capacity: Mapping[str, int | None]) -> None:
         """Sets how many instances of each type the region can launch (None: unlimited again). Jobs retrying
@@ -243,23 +263,23 @@ class SageMakerBackend:
                         f"capacity of {instance_type} must be a non-negative integer, got {count!r}"
                     )
                 self.capacity[instance_type] = count
-            self._grant_waiting(self.clock.now())
+            self._grant_waiting(self.clock.now(), Outputs())
 
     def _capacity_used(self) -> dict[str, int]:
         """Instances launched or launching in the region: every holder but the jobs still retrying."""
         used: dict[str, int] = {}
         for name in self._holders:
             job = self._jobs[name]
-            if job.waiting_for_capacity:
+            if job.waiting_for_capacity or not job.held_instances():
                 continue
-            for instance_type, count in job.held_instances().items():
-                used[instance_type] = used.get(instance_type, 0) + count
+            for key, count in self._capacity_demand(job).items():
+                used[key] = used.get(key, 0) + count
         return used
 
     def _has_capacity(self, demand: Mapping[str, int], used: Mapping[str, int]) -> bool:
         return all(used.get(t, 0) + n <= self.capacity[t] for t, n in demand.items() if t in self.capacity)
 
-    def _grant_waiting(self, at: datetime) -> None:
+    def _grant_waiting(self, at: datetime, outputs: Outputs) -> None:
         """Launches the retrying jobs the region now has capacity for, oldest first."""
         if not self._waiting:
             return
@@ -269,10 +289,12 @@ class SageMakerBackend:
             job = self._jobs[name]
             if not job.waiting_for_capacity:
                 continue  # stopped, or failed with CapacityError
-            if self._has_capacity(job.demand, used):
-                job.grant_capacity(at)
-                for instance_type, count in job.demand.items():
-                    used[instance_type] = used.get(instance_type, 0) + count
+            demand = self._capacity_demand(job)
+            if self._has_capacity(demand, used):
+                if job.grant_capacity(at):
+                    self._emit(job, at, outputs)
+                for key, count in demand.items():
+                    used[key] = used.get(key, 0) + count
                 self._reschedule(job)
             else:
                 still.append(name)
@@ -370,12 +392,14 @@ class SageMakerBackend:
         if donor is None:
             self._check_limits(job.demand)
             # Only jobs already retrying go first: a new job waits behind them for the same capacity.
+            demand = self._capacity_demand(job)
             waiting_ahead = any(
-                self._jobs[n].waiting_for_capacity and set(self._jobs[n].demand) & set(job.demand)
+                self._jobs[n].waiting_for_capacity and set(self._capacity_demand(self._jobs[n])) & set(demand)
                 for n in self._waiting
             )
-            has_capacity = not waiting_ahead and self._has_capacity(job.demand, self._capacity_used())
-            job.start(now, has_capacity=has_capacity)
+            has_capacity = not waiting_ahead and self._has_capacity(demand, self._capacity_used())
+            on_plan = any(key.startswith(PLAN_PREFIX) for key in demand)
+            job.start(now, has_capacity=has_capacity, on_plan=on_plan)
             if job.waiting_for_capacity:
                 self._waiting.append(name)
         else:
@@ -638,6 +662,13 @@ class SageMakerBackend:
         for key in keys:
             job.tags.pop(key, None)
         return {}
+
+
+PLAN_PREFIX = "training-plan:"
+
+
+def _plan_key(arn: str) -> str:
+    return PLAN_PREFIX + arn
 
 
 #: The types in a cursor of each ordering (see SageMakerBackend._sort_key).

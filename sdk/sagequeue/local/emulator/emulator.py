@@ -250,6 +250,15 @@ class SageMakerEmulator:
         retrying!", until capacity frees up or `capacity_error_after_seconds` passes (then CapacityError)."""
         self.backend.set_capacity(capacity)
 
+    def add_training_plan(self, arn: str, instance_count: int) -> None:
+        """Registers a training plan with `instance_count` reserved instances. Its jobs (ResourceConfig.
+        TrainingPlanArn) share them; beyond them a job waits InProgress/Pending, at most its
+        StoppingCondition.MaxPendingTimeInSeconds. Jobs naming a plan not registered run on the region's
+        capacity."""
+        with self.backend.lock:
+            self._enqueue(self.backend.add_training_plan(arn, instance_count))
+        self._deliver(raise_errors=True)
+
     def end_warm_pool(self, name: str) -> None:
         """Ends a job's Available warm pool now, as SageMaker does when it patches or replaces unhealthy
         instances: the pool is Terminated before its keep-alive ran out."""

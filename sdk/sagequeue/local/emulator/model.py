@@ -44,6 +44,7 @@ class Step(StrEnum):
     FAIL = "fail"
     CAPACITY_FAIL = "capacity_fail"
     STOP_UPLOAD = "stop_upload"
+    PENDING_TIMEOUT = "pending_timeout"
     STOPPED = "stopped"
 
 
@@ -56,6 +57,8 @@ class WarmPoolState(StrEnum):
 
 # Status messages as SageMaker shows them in SecondaryStatusTransitions (they are informational only).
 MSG_LAUNCHING = "Launching requested ML instances"
+MSG_PENDING_PLAN = "Waiting for capacity in the training plan"
+PENDING_FAILURE_REASON = "CapacityError: The training plan had no capacity for the job within StoppingCondition.MaxPendingTimeInSeconds."
 MSG_WARM_START = "Preparing the instances for training"
 MSG_CAPACITY_RETRY = "Insufficient capacity error from EC2 while launching instances, retrying!"
 MSG_DOWNLOADING = "Downloading input data"
@@ -171,6 +174,7 @@ class TrainingJob:
         reused_from: str | None = None,
         *,
         has_capacity: bool = True,
+        on_plan: bool = False,
     ) -> None:
         """Enters InProgress/Starting; with `reused_pool` the instances are already there (fast start).
         Without `has_capacity` the region lacks the instances: the job retries in Starting until
@@ -192,6 +196,15 @@ class TrainingJob:
             return
         if self.keep_alive > 0:
             self.warm_pool = WarmPool(WarmPoolState.IN_USE)
+        if not has_capacity and on_plan:
+            # A training plan's job waits in Pending for the plan's reserved instances, at most
+            # StoppingCondition.MaxPendingTimeInSeconds.
+            self.waiting_for_capacity = True
+            self._enter(at, IN_PROGRESS, "Pending", MSG_PENDING_PLAN)
+            pending = self.request["StoppingCondition"].get("MaxPendingTimeInSeconds")
+            if pending:
+                self._schedule(at, float(pending), Step.PENDING_TIMEOUT)
+            return
         if self.plan.outcome is Outcome.CAPACITY_ERROR or not has_capacity:
             self.waiting_for_capacity = self.plan.outcome is not Outcome.CAPACITY_ERROR
             self._enter(at, IN_PROGRESS, "Starting", MSG_CAPACITY_RETRY)
@@ -200,12 +213,17 @@ class TrainingJob:
             self._enter(at, IN_PROGRESS, "Starting", MSG_LAUNCHING)
             self._schedule(at, self.timings.provisioning_seconds, Step.DOWNLOAD)
 
-    def grant_capacity(self, at: datetime) -> None:
-        """The region found the instances this job was retrying for: they launch now (no status change)."""
+    def grant_capacity(self, at: datetime) -> bool:
+        """The instances this job waited for are there: they launch now. True when the secondary status
+        changed (Pending to Starting); a job retrying in Starting only changes its message."""
         self.waiting_for_capacity = False
-        self.transitions[-1]["StatusMessage"] = MSG_LAUNCHING
         self.last_modified = at
         self._schedule(at, self.timings.provisioning_seconds, Step.DOWNLOAD)
+        if self.secondary == "Pending":
+            self._enter(at, IN_PROGRESS, "Starting", MSG_LAUNCHING)
+            return True
+        self.transitions[-1]["StatusMessage"] = MSG_LAUNCHING
+        return False
 
     # --- properties ------------------------------------------------------------------------------------
 
@@ -336,6 +354,10 @@ class TrainingJob:
         elif step is Step.CAPACITY_FAIL:
             self.waiting_for_capacity = False
             self.failure_reason = CAPACITY_FAILURE_REASON
+            self._finish(at, FAILED, FAILED, MSG_FAILED, keeps_pool=False)
+        elif step is Step.PENDING_TIMEOUT:
+            self.waiting_for_capacity = False
+            self.failure_reason = PENDING_FAILURE_REASON
             self._finish(at, FAILED, FAILED, MSG_FAILED, keeps_pool=False)
         elif step is Step.STOP_UPLOAD:
             # After SIGTERM's grace the container is gone; what it wrote to /opt/ml/model is uploaded.
