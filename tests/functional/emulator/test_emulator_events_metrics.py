@@ -259,7 +259,9 @@ def test_each_host_publishes_utilization_every_simulated_minute_while_training(
         assert [p["Timestamp"] - training_start for p in points] == [
             timedelta(minutes=m) for m in range(1, 6)
         ]
-        assert all(p["Average"] == 91.5 and p["SampleCount"] == 1 for p in points)
+        # the first two minutes compile (compile_seconds 120 by default): the NeuronCores sit idle
+        assert [p["Average"] for p in points] == [0.0, 0.0, 91.5, 91.5, 91.5]
+        assert all(p["SampleCount"] == 1 for p in points)
     assert utilization(cloudwatch, busy, 3, *window) == []
     idle_points = utilization(cloudwatch, idle, 1, *window)
     assert len(idle_points) == 3
@@ -274,12 +276,15 @@ def test_one_long_advance_publishes_a_datum_for_every_minute_crossed(
     start = clock.now()
     with SageMakerEmulator(clock=clock, cloudwatch_client=cloudwatch, **TIMINGS) as emulator:
         emulator.client().create_training_job(
-            **make_request(name, Environment={"SAGEQUEUE_SIM_DURATION": "1800"})
+            **make_request(
+                name, Environment={"SAGEQUEUE_SIM_DURATION": "1800", "SAGEQUEUE_SIM_COMPILE_SECONDS": "600"}
+            )
         )
         emulator.advance(2 * 3600)
     points = utilization(cloudwatch, name, 1, start, start + timedelta(hours=3))
     assert len(points) == 30
-    assert all(p["Average"] == 85.0 for p in points), "SAGEQUEUE_SIM_UTILIZATION defaults to 85"
+    assert [p["Average"] for p in points[:10]] == [0.0] * 10, "a NEFF-cache miss: ten minutes of compile"
+    assert all(p["Average"] == 85.0 for p in points[10:]), "SAGEQUEUE_SIM_UTILIZATION defaults to 85"
 
 
 def test_a_stopped_job_stops_publishing(moto_endpoint: str, clock: VirtualClock, make_request: Any) -> None:

@@ -339,10 +339,13 @@ class SageMakerBackend:
         if not job.pending_metrics:
             return
         if self.metrics_enabled:
+            # A cold neuronx-cc compile keeps the NeuronCores idle for the first minutes of Training.
+            until = job.compile_until
+            compiling = [m for m in job.pending_metrics if until is not None and m <= until]
+            busy = [m for m in job.pending_metrics if until is None or m > until]
+            outputs.metric_data.extend(utilization_data(job.name, job.instance_count, compiling, 0.0))
             outputs.metric_data.extend(
-                utilization_data(
-                    job.name, job.instance_count, job.pending_metrics, job.plan.reported_utilization
-                )
+                utilization_data(job.name, job.instance_count, busy, job.plan.reported_utilization)
             )
         job.pending_metrics.clear()
 

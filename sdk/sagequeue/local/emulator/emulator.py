@@ -63,6 +63,7 @@ class SageMakerEmulator:
         upload_seconds: float = 20.0,
         spot_interruption_seconds: float = 120.0,
         warm_pool_status_lag_seconds: float = 5.0,
+        compile_seconds: float = 120.0,
         warm_pool_limits: Mapping[str, int] | None = None,
         on_event: EventSubscriber | None = None,
         events_client: Any = None,
@@ -102,6 +103,7 @@ class SageMakerEmulator:
             capacity_error_after_seconds=capacity_error_after_seconds,
             spot_interruption_seconds=spot_interruption_seconds,
             warm_pool_status_lag_seconds=warm_pool_status_lag_seconds,
+            compile_seconds=compile_seconds,
         )
         self.region = region
         self.account_id = account_id

@@ -162,6 +162,7 @@ class TrainingJob:
     metric_next: datetime | None = None
     pending_metrics: list[datetime] = field(default_factory=list)
     created_with_pool: bool = False  # KeepAlivePeriodInSeconds > 0 at create, or a reused pool
+    compile_until: datetime | None = None  # NeuronCores idle while the graph compiles, up to this mark
     deleted: bool = False  # DeleteTrainingJob: kept only so that list cursors keep their places
     waiting_for_capacity: bool = False  # in Starting, retrying until the region has the instances
 
@@ -321,6 +322,7 @@ class TrainingJob:
         elif step is Step.TRAIN:
             self._enter(at, IN_PROGRESS, "Training", MSG_TRAINING)
             self.training_phase_start = at
+            self.compile_until = at + timedelta(seconds=self.plan.compile_seconds)
             self.metric_next = at + timedelta(seconds=METRIC_PERIOD_SECONDS)
             remaining = max(0.0, self.plan.duration_seconds - self.trained_seconds)
             if self.interruptions_left > 0:
