@@ -38,7 +38,7 @@ class EmulatorNotRunning(RuntimeError):
 class SageMakerEmulator:
     """SageMaker's training-job API on 127.0.0.1, driven by a virtual or a real clock.
 
-    Defaults (simulated seconds): provisioning 180, warm start 20, download 30, upload 20, stop grace 120 (SIGTERM, then the kill),
+    Defaults (simulated seconds): provisioning 180, warm start 20, download 100, upload 20, stop grace 120 (SIGTERM, then the kill),
     training 600 (a job's SAGEQUEUE_SIM_DURATION overrides it), capacity failure after 1800, spot restart
     after 120. Instance types missing from `instance_limits` are unlimited. Unknown jobs answer
     ValidationException "Requested resource not found." as SageMaker does; `not_found_code="ResourceNotFound"`
@@ -59,7 +59,7 @@ class SageMakerEmulator:
         stop_grace_seconds: float = 120.0,
         default_duration_seconds: float = 600.0,
         capacity_error_after_seconds: float = 1800.0,
-        download_seconds: float = 30.0,
+        download_seconds: float = 100.0,
         upload_seconds: float = 20.0,
         spot_interruption_seconds: float = 120.0,
         warm_pool_status_lag_seconds: float = 5.0,

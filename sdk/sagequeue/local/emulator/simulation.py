@@ -48,7 +48,7 @@ class Timings:
 
     provisioning_seconds: float = 180.0
     warm_start_seconds: float = 20.0
-    download_seconds: float = 30.0
+    download_seconds: float = 100.0
     upload_seconds: float = 20.0
     stop_grace_seconds: float = 120.0
     default_duration_seconds: float = 600.0
