@@ -37,8 +37,8 @@ def run(
         queue.add({"id": queue.new_id(), "change": index}, START + timedelta(seconds=offset))
     delivered: list[tuple[datetime, Any]] = []
     moment = START
-    while queue.next_due() is not None:
-        moment = max(moment, queue.next_due())  # type: ignore[type-var]
+    while (due := queue.next_due()) is not None:
+        moment = max(moment, due)
         delivered.extend((moment, event) for event in queue.pop_due(moment))
     return queue, delivered
 
