@@ -334,7 +334,7 @@ class SageMakerEmulator:
                     # (unless delivery is immediate), never before the client has its answer.
                     self._release_events(self.clock.now())
         finally:
-            # Events caused by this request are delivered before the client sees the answer.
+            # What is due goes out before the answer: with immediate delivery, this request's own events.
             self._deliver(raise_errors=False)
 
     # --- delivery --------------------------------------------------------------------------------------
