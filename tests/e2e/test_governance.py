@@ -122,7 +122,7 @@ def test_a_job_started_without_the_required_tag_is_stopped_within_one_event(stac
     stack.sagemaker.create_training_job(**request(stack, name, tags={"project": "llama"}))
     assert status(stack, name) == ("InProgress", "Starting")
 
-    stack.run_until_idle()  # the Starting event, and nothing else: the clock has not moved
+    stack.advance(10)  # the Starting event, which EventBridge delivers within seconds, and nothing else
 
     assert status(stack, name)[0] == "Stopping"
     stack.advance(120)
@@ -137,6 +137,7 @@ def test_a_job_at_zero_neuroncore_utilization_is_stopped_after_the_window_and_sh
     name = unique("stalled")
     queue.submit(request(stack, name, env={"SAGEQUEUE_SIM_OUTCOME": "Idle"}, hosts=2))
     advance_until(stack, lambda: status(stack, name) == ("InProgress", "Training"), step=10)
+    stack.advance(10)  # the Training event arrives seconds after the change, as EventBridge delivers it
     assert alarms(stack, name) == [f"sagequeue-idle-{name}/algo-1", f"sagequeue-idle-{name}/algo-2"]
 
     # not before the idle window has passed
@@ -235,13 +236,14 @@ def test_duplicated_events_create_no_duplicate_alarms(stack: Any) -> None:
     name = unique("twice")
     stack.sagemaker.create_training_job(**request(stack, name, hosts=3))
     advance_until(stack, lambda: status(stack, name) == ("InProgress", "Training"), step=10)
+    stack.advance(10)  # the Training event arrives seconds after the change
     before = alarms(stack, name)
     replay(stack, name)
     replay(stack, name)
     assert alarms(stack, name) == before
     assert len(before) == 3
     stack.sagemaker.stop_training_job(TrainingJobName=name)
-    stack.advance(60)
+    stack.advance(120 + 20 + 10)  # SageMaker's 120 s grace, the upload, then the Stopped event's delivery
     assert alarms(stack, name) == []
 
 
@@ -253,6 +255,7 @@ def test_a_job_whose_metrics_never_arrive_is_stopped_after_the_longer_silence_wi
     body["ResourceConfig"]["InstanceType"] = "ml.c5.xlarge"
     stack.sagemaker.create_training_job(**body)
     advance_until(stack, lambda: status(stack, name) == ("InProgress", "Training"), step=10)
+    stack.advance(10)  # the Training event arrives seconds after the change, as EventBridge delivers it
     assert alarms(stack, name) == [f"sagequeue-idle-{name}/algo-1"]
 
     # THEN missing data never trips the idle alarm: the job outlives the idle window twice over
@@ -262,6 +265,6 @@ def test_a_job_whose_metrics_never_arrive_is_stopped_after_the_longer_silence_wi
     # AND the silence alarm, added by the reconcile timer once due, stops it soon after its window
     took = advance_until(stack, lambda: status(stack, name)[0] != "InProgress", limit=15 * 60)
     assert 2 * IDLE_WINDOW - 60 + took <= SILENCE_WINDOW + 10 * 60
-    stack.advance(60)
+    stack.advance(120 + 20 + 10)  # SageMaker's 120 s grace, the upload, then the Stopped event's delivery
     assert status(stack, name) == ("Stopped", "Stopped")
     assert alarms(stack, name) == []

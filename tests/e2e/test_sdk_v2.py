@@ -344,3 +344,39 @@ def test_a_pytorch_estimator_uploads_its_code_and_runs_from_the_queue(
     code = real["HyperParameters"]["sagemaker_submit_directory"].strip('"')
     bucket, _, key = code.removeprefix("s3://").partition("/")
     assert stack.aws_client("s3").head_object(Bucket=bucket, Key=key)["ContentLength"] > 0
+
+
+def test_estimator_attach_reads_a_job_the_emulator_describes_as_sagemaker_does() -> None:
+    # GIVEN a job created straight on the emulator with only what the request needs (no KmsKeyId, no
+    # EnableNetworkIsolation): SageMaker fills those in, and SDK v2's attach reads them without defaults
+    from sagemaker.session import Session
+
+    from sagequeue.local import SageMakerEmulator
+
+    with SageMakerEmulator() as emulator:
+        client = emulator.client()
+        name = f"attached-{uuid.uuid4().hex[:6]}"
+        client.create_training_job(
+            TrainingJobName=name,
+            RoleArn="arn:aws:iam::123456789012:role/SageMakerTraining",
+            AlgorithmSpecification={"TrainingImage": IMAGE, "TrainingInputMode": "File"},
+            OutputDataConfig={"S3OutputPath": "s3://sagequeue-e2e/output"},
+            ResourceConfig={"InstanceType": POOL, "InstanceCount": 2, "VolumeSizeInGB": 64},
+            StoppingCondition={"MaxRuntimeInSeconds": 7200},
+            HyperParameters={"epochs": "3"},
+            Environment={"SAGEQUEUE_SIM_DURATION": "120"},
+        )
+        emulator.advance(3600)
+        session = Session(boto_session=boto3.Session(region_name="us-east-1"), sagemaker_client=client)
+
+        # WHEN the SDK attaches to it
+        estimator = Estimator.attach(name, sagemaker_session=session)
+
+        # THEN it rebuilt the estimator from the description
+        assert estimator.latest_training_job.name == name
+        assert estimator.instance_type == POOL
+        assert estimator.instance_count == 2
+        assert estimator.output_kms_key == ""
+        assert estimator.enable_network_isolation() is False
+        assert estimator.hyperparameters()["epochs"] == "3"
+        assert estimator.model_data.endswith(f"/{name}/output/model.tar.gz")

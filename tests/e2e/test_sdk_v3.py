@@ -158,3 +158,41 @@ def test_session_priority_and_stop_of_a_queued_job(stack: Any, queue: QueueClien
     assert queue.job(job.training_job_name).state == "cancelled"
     job.refresh()
     assert job.training_job_status == "Stopped"
+
+
+def test_training_job_get_reads_the_emulators_description(monkeypatch: pytest.MonkeyPatch) -> None:
+    # GIVEN a job created straight on the emulator with only what the request needs, run to completion
+    from sagequeue.local import SageMakerEmulator
+
+    with SageMakerEmulator() as emulator:
+        monkeypatch.setenv("AWS_ENDPOINT_URL_SAGEMAKER", emulator.endpoint_url)
+        client = emulator.client()
+        name = f"described-{uuid.uuid4().hex[:6]}"
+        client.create_training_job(
+            TrainingJobName=name,
+            RoleArn="arn:aws:iam::123456789012:role/SageMakerTraining",
+            AlgorithmSpecification={"TrainingImage": IMAGE, "TrainingInputMode": "File"},
+            OutputDataConfig={"S3OutputPath": "s3://sagequeue-e2e/output"},
+            ResourceConfig={"InstanceType": POOL, "InstanceCount": 1, "VolumeSizeInGB": 64},
+            StoppingCondition={"MaxRuntimeInSeconds": 7200},
+            Environment={"SAGEQUEUE_SIM_DURATION": "120"},
+        )
+        emulator.advance(3600)
+        session = boto3.Session(region_name="us-east-1", aws_access_key_id="x", aws_secret_access_key="x")
+
+        # WHEN the SDK's own resource describes it
+        described = TrainingJob.get(training_job_name=name, session=session, region="us-east-1")
+
+        # THEN every member parsed into the SDK's shapes, with the defaults SageMaker fills
+        assert (described.training_job_status, described.secondary_status) == ("Completed", "Completed")
+        assert described.output_data_config.kms_key_id == ""
+        assert described.output_data_config.compression_type == "GZIP"
+        assert described.enable_network_isolation is False
+        assert described.training_time_in_seconds == 100 + 120 + 20
+        assert [t.status for t in described.secondary_status_transitions] == [
+            "Starting",
+            "Downloading",
+            "Training",
+            "Uploading",
+            "Completed",
+        ]

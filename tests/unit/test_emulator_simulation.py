@@ -7,7 +7,7 @@ import pytest
 from sagequeue.local.emulator.errors import ValidationError
 from sagequeue.local.emulator.simulation import CAPACITY_FAILURE_REASON, Outcome, SimPlan, Timings
 
-TIMINGS = Timings(default_duration_seconds=600)
+TIMINGS = Timings(default_duration_seconds=600, compile_seconds=0)  # compile is read in its own test
 
 
 def plan(**environment: str) -> SimPlan:
@@ -79,3 +79,12 @@ def test_the_capacity_failure_reason_is_sagemakers() -> None:
     assert CAPACITY_FAILURE_REASON.startswith(
         "CapacityError: Unable to provision requested ML compute capacity."
     )
+
+
+def test_the_compile_phase_comes_from_the_timings_or_the_environment() -> None:
+    assert SimPlan.from_environment(None, Timings(compile_seconds=300)).compile_seconds == 300
+    assert plan(SAGEQUEUE_SIM_COMPILE_SECONDS="900").compile_seconds == 900
+    assert plan(SAGEQUEUE_SIM_COMPILE_SECONDS="0").compile_seconds == 0
+    for bad in ("-1", "soon", "nan"):
+        with pytest.raises(ValidationError, match="SAGEQUEUE_SIM_COMPILE_SECONDS"):
+            plan(SAGEQUEUE_SIM_COMPILE_SECONDS=bad)

@@ -743,7 +743,7 @@ class LocalStack:
         while True:
             now = self.clock.now()
             candidates = [target]
-            for due in (emulator.backend.next_due(), router.next_schedule_due(), self._next_alarm_evaluation):
+            for due in (emulator.next_due(), router.next_schedule_due(), self._next_alarm_evaluation):
                 if due is not None:
                     candidates.append(max(due, now))
             step_to = min(candidates)

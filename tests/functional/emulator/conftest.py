@@ -27,6 +27,8 @@ TIMINGS: dict[str, Any] = {
     "default_duration_seconds": 600,
     "capacity_error_after_seconds": 900,
     "spot_interruption_seconds": 60,
+    # WarmPoolStatus shows at once: these tests read pools at exact moments; the lag has its own test
+    "warm_pool_status_lag_seconds": 0,
 }
 
 RequestFactory = Callable[..., dict[str, Any]]

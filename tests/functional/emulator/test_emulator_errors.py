@@ -131,9 +131,9 @@ def test_instance_groups_with_a_keep_alive_are_refused(raw_sagemaker: Any, make_
     assert "heterogeneous" in error["Message"]
 
 
-def test_describing_an_unknown_job_is_resource_not_found(sagemaker: Any) -> None:
+def test_describing_an_unknown_job_is_a_validation_exception_as_sagemaker_answers(sagemaker: Any) -> None:
     error = error_of(sagemaker.describe_training_job, TrainingJobName="ghost")
-    assert error["Code"] == "ResourceNotFound"
+    assert error["Code"] == "ValidationException"
     assert error["Message"].startswith("Requested resource not found.")
 
 
@@ -223,9 +223,13 @@ def test_injected_throttling_reaches_the_client_and_standard_retries_recover(
         emulator.fail_next("CreateEndpoint")
 
 
-def test_concurrent_clients_never_exceed_the_limit_and_see_consistent_state(
-    emulator: SageMakerEmulator, make_request: Any
-) -> None:
+def test_concurrent_clients_never_exceed_the_limit_and_see_consistent_state(make_request: Any) -> None:
+    # rates=None: 320 calls at one virtual instant test locking, not throttling (tested on its own)
+    with SageMakerEmulator(instance_limits={"ml.trn1.32xlarge": 4}, rates=None) as emulator:
+        _race(emulator, make_request)
+
+
+def _race(emulator: SageMakerEmulator, make_request: Any) -> None:
     # GIVEN 8 clients racing to create 20 single-instance jobs each against a limit of 4
     outcomes: Counter[str] = Counter()
     lock = threading.Lock()
@@ -326,17 +330,17 @@ def test_no_request_body_makes_the_server_fail(
         assert payload["message"]
 
 
-def test_unknown_jobs_can_be_answered_with_validation_exception_as_sagemaker_does_in_practice(
+def test_unknown_jobs_can_be_answered_with_resource_not_found_as_the_service_model_declares(
     make_request: Any,
 ) -> None:
-    with SageMakerEmulator(not_found_code="ValidationException") as emulator:
+    with SageMakerEmulator(not_found_code="ResourceNotFound") as emulator:
         client = emulator.client(config=Config(retries={"total_max_attempts": 1}))
         for call, kwargs in (
             (client.describe_training_job, {"TrainingJobName": "ghost"}),
             (client.stop_training_job, {"TrainingJobName": "ghost"}),
         ):
             error = error_of(call, **kwargs)
-            assert error["Code"] == "ValidationException"
+            assert error["Code"] == "ResourceNotFound"
             assert error["Message"].startswith("Requested resource not found.")
     with pytest.raises(ValueError, match="not_found_code"):
         SageMakerEmulator(not_found_code="NoSuchJob")

@@ -102,22 +102,36 @@ def test_stop_sends_the_job_to_stopping_then_stopped_after_the_grace_period(
     sagemaker.create_training_job(**make_request("to-stop"))
     emulator.advance(200)
     stop_at = clock.now()
+    delivered = len(events)
     sagemaker.stop_training_job(TrainingJobName="to-stop")
 
-    # THEN the Stopping event was delivered before StopTrainingJob answered
-    assert (events[-1]["detail"]["TrainingJobStatus"], events[-1]["detail"]["SecondaryStatus"]) == (
-        "Stopping",
-        "Stopping",
-    )
+    # THEN the Stopping event comes after StopTrainingJob answered, as EventBridge's delivery is asynchronous
+    assert len(events) == delivered
     assert statuses(describe(sagemaker, "to-stop")) == ("Stopping", "Stopping")
-    emulator.advance(29)
+    emulator.advance(10)
+    assert ("Stopping", "Stopping") in [
+        (e["detail"]["TrainingJobStatus"], e["detail"]["SecondaryStatus"]) for e in events[delivered:]
+    ]
+    emulator.advance(19)
     assert statuses(describe(sagemaker, "to-stop")) == ("Stopping", "Stopping")
+    emulator.advance(1)
+    # after the grace the container is killed and what it saved is uploaded
+    assert statuses(describe(sagemaker, "to-stop")) == ("Stopping", "Uploading")
+    emulator.advance(19)
+    assert statuses(describe(sagemaker, "to-stop")) == ("Stopping", "Uploading")
     emulator.advance(1)
     job = describe(sagemaker, "to-stop")
     assert statuses(job) == ("Stopped", "Stopped")
-    assert transition_names(job) == ["Starting", "Downloading", "Training", "Stopping", "Stopped"]
-    assert job["TrainingEndTime"] == stop_at + timedelta(seconds=30)
-    assert job["BillableTimeInSeconds"] == 200 - 120 + 30
+    assert transition_names(job) == [
+        "Starting",
+        "Downloading",
+        "Training",
+        "Stopping",
+        "Uploading",
+        "Stopped",
+    ]
+    assert job["TrainingEndTime"] == stop_at + timedelta(seconds=30 + 20)
+    assert job["BillableTimeInSeconds"] == 200 - 120 + 30 + 20
 
 
 @pytest.mark.parametrize("final", ["Completed", "Stopped"])
@@ -149,10 +163,10 @@ def test_stopping_a_stopping_job_again_is_refused_and_changes_nothing(
     assert "TrainingStartTime" not in job, "stopped before its instances launched"
 
 
-def test_stopping_an_unknown_job_is_resource_not_found(sagemaker: Any) -> None:
+def test_stopping_an_unknown_job_is_a_validation_exception(sagemaker: Any) -> None:
     with pytest.raises(ClientError) as caught:
         sagemaker.stop_training_job(TrainingJobName="never-created")
-    assert caught.value.response["Error"]["Code"] == "ResourceNotFound"
+    assert caught.value.response["Error"]["Code"] == "ValidationException"
     assert "Requested resource not found" in caught.value.response["Error"]["Message"]
 
 
@@ -165,11 +179,11 @@ def test_max_runtime_stops_the_job_with_secondary_status_max_runtime_exceeded(
     assert statuses(describe(sagemaker, "too-long")) == ("InProgress", "Training")
     emulator.advance(1)
     assert statuses(describe(sagemaker, "too-long")) == ("Stopping", "Stopping")
-    emulator.advance(30)
+    emulator.advance(30 + 20)
     job = describe(sagemaker, "too-long")
     assert statuses(job) == ("Stopped", "MaxRuntimeExceeded")
-    assert job["TrainingEndTime"] == created + timedelta(seconds=120 + 300 + 30)
-    assert transition_names(job)[-2:] == ["Stopping", "MaxRuntimeExceeded"]
+    assert job["TrainingEndTime"] == created + timedelta(seconds=120 + 300 + 30 + 20)
+    assert transition_names(job)[-3:] == ["Stopping", "Uploading", "MaxRuntimeExceeded"]
 
 
 def test_failed_outcome_fails_after_training_with_the_given_reason(
@@ -276,10 +290,10 @@ def test_max_wait_time_stops_a_spot_job_that_cannot_finish_in_time(
     assert describe(sagemaker, "spot-late")["TrainingJobStatus"] == "InProgress"
     emulator.advance(1)
     assert statuses(describe(sagemaker, "spot-late")) == ("Stopping", "Stopping")
-    emulator.advance(30)
+    emulator.advance(30 + 20)
     job = describe(sagemaker, "spot-late")
     assert statuses(job) == ("Stopped", "MaxWaitTimeExceeded")
-    assert job["TrainingEndTime"] == created + timedelta(seconds=3630)
+    assert job["TrainingEndTime"] == created + timedelta(seconds=3650)
 
 
 def test_a_real_clock_with_a_speed_up_runs_jobs_in_the_background() -> None:
@@ -293,7 +307,7 @@ def test_a_real_clock_with_a_speed_up_runs_jobs_in_the_background() -> None:
             ResourceConfig={"InstanceType": "ml.trn1.2xlarge", "InstanceCount": 1, "VolumeSizeInGB": 50},
             Environment={"SAGEQUEUE_SIM_DURATION": "600"},
         )
-        # 100 + 30 + 600 + 20 simulated seconds is 0.375 s of wall time at 2000x.
+        # 100 + 100 + 600 + 20 simulated seconds is 0.41 s of wall time at 2000x.
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             if sagemaker.describe_training_job(TrainingJobName="fast")["TrainingJobStatus"] == "Completed":
@@ -301,7 +315,7 @@ def test_a_real_clock_with_a_speed_up_runs_jobs_in_the_background() -> None:
             time.sleep(0.05)
         job = sagemaker.describe_training_job(TrainingJobName="fast")
         assert statuses(job) == ("Completed", "Completed")
-        assert job["TrainingTimeInSeconds"] == 650
+        assert job["TrainingTimeInSeconds"] == 100 + 600 + 20  # Downloading takes 100 s by default
         with pytest.raises(TypeError, match="VirtualClock"):
             emulator.advance(10)
 
@@ -315,12 +329,18 @@ def test_next_due_and_instances_in_use_tell_a_driver_what_comes_next(
     sagemaker.create_training_job(
         **make_request("watched", ResourceConfig={"InstanceCount": 3, "KeepAlivePeriodInSeconds": 60})
     )
+    # The Starting event waits for its delivery, a few seconds after the change.
+    first = emulator.next_due()
+    assert first is not None
+    assert created < first <= created + timedelta(seconds=8)
+    emulator.advance(10)
     assert emulator.next_due() == created + timedelta(seconds=120)
     assert emulator.instances_in_use() == {"ml.trn1.32xlarge": 3}
-    emulator.advance(770)
+    emulator.advance(760)
     # Completed with a warm pool: the next step is its expiry, and its instances are still held.
+    emulator.advance(10)  # the Completed event's delivery
     assert emulator.next_due() == created + timedelta(seconds=770 + 60)
     assert emulator.instances_in_use() == {"ml.trn1.32xlarge": 3}
-    emulator.advance(60)
+    emulator.advance(50)
     assert emulator.next_due() is None
     assert emulator.instances_in_use() == {}

@@ -171,7 +171,7 @@ def test_list_tags_paginates_and_unknown_arns_are_not_found(sagemaker: Any, make
     ghost = arn.replace("many-tags", "ghost")
     with pytest.raises(ClientError) as caught:
         sagemaker.list_tags(ResourceArn=ghost)
-    assert caught.value.response["Error"]["Code"] == "ResourceNotFound"
+    assert caught.value.response["Error"]["Code"] == "ValidationException"
 
 
 @pytest.mark.parametrize(

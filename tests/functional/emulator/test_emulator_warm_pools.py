@@ -10,6 +10,7 @@ import pytest
 from botocore.exceptions import ClientError
 
 from sagequeue.local import SageMakerEmulator, VirtualClock
+from tests.functional.emulator.conftest import TIMINGS
 
 KEEP_ALIVE = 600
 FRESH_RUN = 120 + 30 + 600 + 20  # provisioning, download, training, upload
@@ -90,8 +91,10 @@ def test_a_matching_job_reuses_the_pool_and_starts_fast(
         "ReusedByJob": "reuser",
     }
     assert warm_pool(sagemaker, "reuser") == {"Status": "InUse"}
+    emulator.advance(9)
+    assert events[-1]["detail"]["TrainingJobName"] == "reuser"
     assert events[-1]["detail"]["WarmPoolStatus"] == {"Status": "InUse"}
-    emulator.advance(WARM_RUN)
+    emulator.advance(WARM_RUN - 9)
     assert describe(sagemaker, "reuser")["TrainingJobStatus"] == "Completed"
     assert starting_seconds(sagemaker, "reuser") == 10
     assert warm_pool(sagemaker, "reuser")["Status"] == "Available", "the pool moves on with the new job"
@@ -166,8 +169,8 @@ def test_update_with_keep_alive_zero_terminates_an_available_pool(
     assert "Terminated warm pool" in caught.value.response["Error"]["Message"]
 
 
-def test_update_can_extend_an_available_pool_or_set_a_keep_alive_on_a_running_job(
-    emulator: SageMakerEmulator, sagemaker: Any, make_request: Any, pool_owner: str
+def test_update_can_extend_an_available_pool_but_not_a_running_job_or_one_without_a_pool(
+    emulator: SageMakerEmulator, sagemaker: Any, make_request: Any, warm_request: Any, pool_owner: str
 ) -> None:
     sagemaker.update_training_job(
         TrainingJobName=pool_owner, ResourceConfig={"KeepAlivePeriodInSeconds": 1800}
@@ -178,11 +181,73 @@ def test_update_can_extend_an_available_pool_or_set_a_keep_alive_on_a_running_jo
     assert warm_pool(sagemaker, pool_owner)["Status"] == "Terminated"
 
     sagemaker.create_training_job(**make_request("plain"))
-    assert "WarmPoolStatus" not in describe(sagemaker, "plain")
-    sagemaker.update_training_job(TrainingJobName="plain", ResourceConfig={"KeepAlivePeriodInSeconds": 300})
-    assert warm_pool(sagemaker, "plain") == {"Status": "InUse"}
+    sagemaker.create_training_job(**warm_request("running"))
+    for name, says in (("plain", "created without a warm pool"), ("running", "InProgress")):
+        with pytest.raises(ClientError) as caught:
+            sagemaker.update_training_job(
+                TrainingJobName=name, ResourceConfig={"KeepAlivePeriodInSeconds": 300}
+            )
+        assert caught.value.response["Error"]["Code"] == "ValidationException"
+        assert says in caught.value.response["Error"]["Message"]
     emulator.advance(FRESH_RUN)
-    assert warm_pool(sagemaker, "plain")["Status"] == "Available"
+    assert "WarmPoolStatus" not in describe(sagemaker, "plain")
+    with pytest.raises(ClientError):
+        sagemaker.update_training_job(
+            TrainingJobName="plain", ResourceConfig={"KeepAlivePeriodInSeconds": 300}
+        )
+
+
+def test_warm_pool_quota_per_type_retains_no_pool_beyond_it(clock: Any, make_request: Any) -> None:
+    with SageMakerEmulator(clock=clock, warm_pool_limits={"ml.trn1.32xlarge": 2}, **TIMINGS) as emulator:
+        sagemaker = emulator.client()
+        for name, count in (("first", 2), ("second", 1)):
+            sagemaker.create_training_job(
+                **make_request(name, ResourceConfig={"InstanceCount": count, "KeepAlivePeriodInSeconds": 600})
+            )
+        emulator.advance(FRESH_RUN)
+        assert warm_pool(sagemaker, "first")["Status"] == "Available"
+        assert warm_pool(sagemaker, "second")["Status"] == "Terminated", "2 instances already retained"
+        assert emulator.instances_in_use() == {"ml.trn1.32xlarge": 2}
+    with SageMakerEmulator(clock=clock, warm_pool_limits={"ml.trn1.32xlarge": 0}, **TIMINGS) as emulator:
+        sagemaker = emulator.client()
+        sagemaker.create_training_job(
+            **make_request("aws-default", ResourceConfig={"KeepAlivePeriodInSeconds": 600})
+        )
+        emulator.advance(FRESH_RUN)
+        assert warm_pool(sagemaker, "aws-default")["Status"] == "Terminated"
+
+
+def test_warm_pool_status_goes_missing_for_a_moment_after_the_job_ends(clock: Any, warm_request: Any) -> None:
+    timings = {**TIMINGS, "warm_pool_status_lag_seconds": 5}
+    events: list[dict[str, Any]] = []
+    with SageMakerEmulator(clock=clock, on_event=events.append, **timings) as emulator:
+        sagemaker = emulator.client()
+        sagemaker.create_training_job(**warm_request("lagging"))
+        emulator.advance(FRESH_RUN)
+        assert describe(sagemaker, "lagging")["TrainingJobStatus"] == "Completed"
+        assert "WarmPoolStatus" not in describe(sagemaker, "lagging")
+        summary = sagemaker.list_training_jobs()["TrainingJobSummaries"][0]
+        assert "WarmPoolStatus" not in summary
+        emulator.advance(4)
+        assert "WarmPoolStatus" not in describe(sagemaker, "lagging")
+        emulator.advance(1)
+        assert warm_pool(sagemaker, "lagging")["Status"] == "Available"
+        emulator.advance(10)
+    completed = [e for e in events if e["detail"]["TrainingJobStatus"] == "Completed"]
+    assert completed
+    assert all(e["detail"]["WarmPoolStatus"]["Status"] == "Available" for e in completed)
+
+
+def test_a_pool_may_end_early(emulator: SageMakerEmulator, sagemaker: Any, pool_owner: str) -> None:
+    emulator.advance(100)
+    emulator.end_warm_pool(pool_owner)
+    assert warm_pool(sagemaker, pool_owner) == {
+        "Status": "Terminated",
+        "ResourceRetainedBillableTimeInSeconds": 100,
+    }
+    assert emulator.instances_in_use() == {}
+    with pytest.raises(ValueError, match="no Available warm pool"):
+        emulator.end_warm_pool(pool_owner)
 
 
 def test_update_refuses_a_keep_alive_out_of_range(raw_sagemaker: Any, make_request: Any) -> None:
@@ -197,7 +262,7 @@ def test_update_refuses_a_keep_alive_out_of_range(raw_sagemaker: Any, make_reque
         raw_sagemaker.update_training_job(
             TrainingJobName="ghost", ResourceConfig={"KeepAlivePeriodInSeconds": 1}
         )
-    assert caught.value.response["Error"]["Code"] == "ResourceNotFound"
+    assert caught.value.response["Error"]["Code"] == "ValidationException"
 
 
 def test_a_job_stopped_after_launch_leaves_a_pool_and_one_stopped_while_starting_does_not(
@@ -209,7 +274,7 @@ def test_a_job_stopped_after_launch_leaves_a_pool_and_one_stopped_while_starting
     sagemaker.stop_training_job(TrainingJobName="never-launched")
     emulator.advance(140)
     sagemaker.stop_training_job(TrainingJobName="launched")
-    emulator.advance(30)
+    emulator.advance(30 + 20)
     assert describe(sagemaker, "launched")["TrainingJobStatus"] == "Stopped"
     assert warm_pool(sagemaker, "launched")["Status"] == "Available"
     assert warm_pool(sagemaker, "never-launched")["Status"] == "Terminated"

@@ -96,6 +96,7 @@ class World:
         self.emulator.advance(seconds)
 
     def take_events(self, name: str | None = None) -> list[dict[str, Any]]:
+        self.emulator.deliver_pending()  # late, repeated, reordered: only the wait is cut short
         taken = [e for e in self.events if name is None or e["detail"]["TrainingJobName"] == name]
         self.events[:] = [e for e in self.events if e not in taken]
         return taken

@@ -230,6 +230,7 @@ class QueueWorld:
         return [(e["detail-type"], e["detail"]) for e in seen]
 
     def take_sagemaker_events(self) -> list[dict[str, Any]]:
+        self.emulator.deliver_pending()  # late, repeated, reordered: only the wait is cut short
         taken, self.sagemaker_events[:] = list(self.sagemaker_events), []
         return taken
 

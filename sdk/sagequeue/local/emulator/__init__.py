@@ -3,19 +3,31 @@
     with SageMakerEmulator(instance_limits={"ml.trn1.32xlarge": 4}) as emulator:
         sagemaker = boto3.client("sagemaker", endpoint_url=emulator.endpoint_url)
         ...
-        emulator.advance(600)  # ten simulated minutes, every transition delivered in order
+        emulator.advance(600)  # ten simulated minutes; events arrive as EventBridge delivers them
 
 See docs/emulator.md for what it emulates and where it differs from SageMaker.
 """
 
+from sagequeue.local.emulator.delivery import EventDelivery
 from sagequeue.local.emulator.emulator import EmulatorNotRunning, SageMakerEmulator
-from sagequeue.local.emulator.simulation import DURATION_ENV, OUTCOME_ENV, UTILIZATION_ENV, Timings
+from sagequeue.local.emulator.simulation import (
+    COMPILE_ENV,
+    DURATION_ENV,
+    OUTCOME_ENV,
+    UTILIZATION_ENV,
+    Timings,
+)
+from sagequeue.local.emulator.throttling import DEFAULT_RATES, Rate
 
 __all__ = [
+    "COMPILE_ENV",
+    "DEFAULT_RATES",
     "DURATION_ENV",
     "OUTCOME_ENV",
     "UTILIZATION_ENV",
     "EmulatorNotRunning",
+    "EventDelivery",
+    "Rate",
     "SageMakerEmulator",
     "Timings",
 ]

@@ -20,6 +20,7 @@ from datetime import datetime
 from typing import Any
 
 from sagequeue.local.clock import Clock
+from sagequeue.local.emulator import model_rules
 from sagequeue.local.emulator import validation as check
 from sagequeue.local.emulator.errors import (
     ResourceInUse,
@@ -43,10 +44,13 @@ class Outputs:
 
     events: list[dict[str, Any]] = field(default_factory=list)
     metric_data: list[dict[str, Any]] = field(default_factory=list)
+    #: When each event's change happened (parallel to `events`; an event's `time` is only to the second).
+    event_times: list[datetime] = field(default_factory=list)
 
     def extend(self, other: Outputs) -> None:
         self.events.extend(other.events)
         self.metric_data.extend(other.metric_data)
+        self.event_times.extend(other.event_times)
 
     def __bool__(self) -> bool:
         return bool(self.events or self.metric_data)
@@ -62,7 +66,7 @@ class SageMakerBackend:
         instance_limits: Mapping[str, int] | None,
         region: str,
         account_id: str,
-        not_found_code: str = "ResourceNotFound",
+        not_found_code: str = "ValidationException",
     ) -> None:
         if not_found_code not in ("ResourceNotFound", "ValidationException"):
             raise ValueError(
@@ -79,13 +83,25 @@ class SageMakerBackend:
                 )
         self.region = region
         self.account_id = account_id
+        #: Instances the region can launch per type (EC2 capacity, not the account quota); types not listed
+        #: are unlimited. Settable at any time with `set_capacity`.
+        self.capacity: dict[str, int] = {}
+        self._waiting: list[str] = []
+        #: The warm-pool quota per instance type ("<type> for training warm pool usage"); AWS's default is
+        #: 0. Types not listed are unlimited. A pool beyond it is not retained when its job ends.
+        self.warm_pool_limits: dict[
+            str, int
+        ] = {}  # jobs retrying in Starting for capacity, first come first served
         self.lock = threading.RLock()
         #: Send every state-change event twice, as SageMaker sometimes does, to exercise idempotent consumers.
         self.duplicate_events = False
+        #: Makes each event's id; the emulator sets a seeded one so that runs repeat byte for byte.
+        self.new_event_id: Callable[[], str] | None = None
         #: Whether utilization data is built at all; without a CloudWatch to publish to it is skipped.
         self.metrics_enabled = True
         self._jobs: dict[str, TrainingJob] = {}
         self._order: dict[str, int] = {}  # creation sequence, the tie-breaker of every ordering
+        self._sequence: list[TrainingJob] = []  # every job in creation order, deleted ones included
         self._due: list[tuple[datetime, int, str]] = []  # heap; stale entries are skipped when popped
         self._heap_seq = itertools.count()
         self._holders: set[str] = set()  # jobs holding instances: live, or with an Available warm pool
@@ -98,6 +114,7 @@ class SageMakerBackend:
             "ListTrainingJobs": self._list_training_jobs,
             "StopTrainingJob": self._stop_training_job,
             "UpdateTrainingJob": self._update_training_job,
+            "DeleteTrainingJob": self._delete_training_job,
             "AddTags": self._add_tags,
             "ListTags": self._list_tags,
             "DeleteTags": self._delete_tags,
@@ -120,13 +137,18 @@ class SageMakerBackend:
             now = self.clock.now()
             outputs.extend(self._process_due_locked(now))
             check.require_mapping(request, operation)
-            return handler(request, now, outputs)
+            model_rules.check(operation, request)
+            try:
+                return handler(request, now, outputs)
+            finally:
+                self._grant_waiting(now, outputs)
 
     def next_due(self) -> datetime | None:
         with self.lock:
             while self._due:
                 due, _, name = self._due[0]
-                if self._jobs[name].due() == due:
+                owner = self._jobs.get(name)
+                if owner is not None and owner.due() == due:
                     return due
                 heapq.heappop(self._due)
             return None
@@ -159,23 +181,124 @@ class SageMakerBackend:
             if due > upto:
                 break
             heapq.heappop(self._due)
-            job = self._jobs[name]
-            if job.due() != due:
-                continue  # superseded by a later change to this job
+            owner = self._jobs.get(name)
+            if owner is None or owner.due() != due:
+                continue  # superseded by a later change to this job, or deleted
+            job = owner
             job.collect_metrics(due)
             self._drain_metrics(job, outputs)
             if job.fire(due):
+                self._apply_warm_pool_quota(job, due)
                 self._emit(job, due, outputs)
             self._reschedule(job)
+            self._grant_waiting(due, outputs)
         while self._metric_due and self._metric_due[0][0] <= upto:
             mark, _, name = heapq.heappop(self._metric_due)
-            job = self._jobs[name]
-            if job.metric_next != mark:
-                continue  # the job left Training or its marks were already taken
+            metered = self._jobs.get(name)
+            if metered is None or metered.metric_next != mark:
+                continue
+            job = metered
             job.collect_metrics(upto)
             self._drain_metrics(job, outputs)
             self._schedule_metrics(job)
         return outputs
+
+    def _apply_warm_pool_quota(self, job: TrainingJob, at: datetime) -> None:
+        pool = job.warm_pool
+        if not job.ended or pool is None or pool.status is not WarmPoolState.AVAILABLE:
+            return
+        if pool.available_since != at or not self.warm_pool_limits:
+            return
+        retained: dict[str, int] = {}
+        for name in self._available:
+            if name != job.name:
+                for instance_type, count in self._jobs[name].demand.items():
+                    retained[instance_type] = retained.get(instance_type, 0) + count
+        for instance_type, count in job.demand.items():
+            limit = self.warm_pool_limits.get(instance_type)
+            if limit is not None and retained.get(instance_type, 0) + count > limit:
+                pool.end(at, WarmPoolState.TERMINATED)
+                return
+
+    def end_warm_pool(self, name: str, at: datetime) -> None:
+        job = self._job(name)
+        pool = job.warm_pool
+        if pool is None or pool.status is not WarmPoolState.AVAILABLE:
+            raise ValueError(f"training job {name} has no Available warm pool to end")
+        pool.end(at, WarmPoolState.TERMINATED)
+        job.last_modified = at
+        self._reschedule(job)
+        self._grant_waiting(at, Outputs())
+
+    def add_training_plan(self, arn: str, instance_count: int) -> Outputs:
+        """A training plan whose `instance_count` reserved instances its jobs share; beyond them a job waits
+        in Pending."""
+        with self.lock:
+            if isinstance(instance_count, bool) or not isinstance(instance_count, int) or instance_count < 0:
+                raise ValueError(
+                    f"a training plan's instance count must be a non-negative integer, got {instance_count!r}"
+                )
+            self.capacity[_plan_key(arn)] = instance_count
+            outputs = Outputs()
+            self._grant_waiting(self.clock.now(), outputs)
+            return outputs
+
+    def _capacity_demand(self, job: TrainingJob) -> dict[str, int]:
+        """What a job takes from: its training plan's reserved instances, or the region's."""
+        plan = job.request.get("ResourceConfig", {}).get("TrainingPlanArn")
+        if plan and _plan_key(plan) in self.capacity:
+            return {_plan_key(plan): job.instance_count}
+        return job.demand
+
+    def set_capacity(self, capacity: Mapping[str, int | None]) -> None:
+        """Sets how many instances of each type the region can launch (None: unlimited again). Jobs retrying
+        for capacity launch as soon as it is there."""
+        with self.lock:
+            for instance_type, count in capacity.items():
+                if count is None:
+                    self.capacity.pop(instance_type, None)
+                    continue
+                if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+                    raise ValueError(
+                        f"capacity of {instance_type} must be a non-negative integer, got {count!r}"
+                    )
+                self.capacity[instance_type] = count
+            self._grant_waiting(self.clock.now(), Outputs())
+
+    def _capacity_used(self) -> dict[str, int]:
+        """Instances launched or launching in the region: every holder but the jobs still retrying."""
+        used: dict[str, int] = {}
+        for name in self._holders:
+            job = self._jobs[name]
+            if job.waiting_for_capacity or not job.held_instances():
+                continue
+            for key, count in self._capacity_demand(job).items():
+                used[key] = used.get(key, 0) + count
+        return used
+
+    def _has_capacity(self, demand: Mapping[str, int], used: Mapping[str, int]) -> bool:
+        return all(used.get(t, 0) + n <= self.capacity[t] for t, n in demand.items() if t in self.capacity)
+
+    def _grant_waiting(self, at: datetime, outputs: Outputs) -> None:
+        """Launches the retrying jobs the region now has capacity for, oldest first."""
+        if not self._waiting:
+            return
+        still: list[str] = []
+        used = self._capacity_used()
+        for name in self._waiting:
+            job = self._jobs[name]
+            if not job.waiting_for_capacity:
+                continue  # stopped, or failed with CapacityError
+            demand = self._capacity_demand(job)
+            if self._has_capacity(demand, used):
+                if job.grant_capacity(at):
+                    self._emit(job, at, outputs)
+                for key, count in demand.items():
+                    used[key] = used.get(key, 0) + count
+                self._reschedule(job)
+            else:
+                still.append(name)
+        self._waiting = still
 
     def _reschedule(self, job: TrainingJob) -> None:
         due = job.due()
@@ -196,21 +319,33 @@ class SageMakerBackend:
             heapq.heappush(self._metric_due, (job.metric_next, next(self._heap_seq), job.name))
 
     def _emit(self, job: TrainingJob, at: datetime, outputs: Outputs) -> None:
-        description = job.describe(at)
+        description = job.describe(at, for_event=True)
         for _ in range(2 if self.duplicate_events else 1):
             # SageMaker may send several events for one change: same detail, each with its own id.
+            event_id = self.new_event_id() if self.new_event_id is not None else None
             outputs.events.append(
-                state_change_event(description, job.tags, at, region=self.region, account_id=self.account_id)
+                state_change_event(
+                    description,
+                    job.tags,
+                    at,
+                    region=self.region,
+                    account_id=self.account_id,
+                    event_id=event_id,
+                )
             )
+            outputs.event_times.append(at)
 
     def _drain_metrics(self, job: TrainingJob, outputs: Outputs) -> None:
         if not job.pending_metrics:
             return
         if self.metrics_enabled:
+            # A cold neuronx-cc compile keeps the NeuronCores idle for the first minutes of Training.
+            until = job.compile_until
+            compiling = [m for m in job.pending_metrics if until is not None and m <= until]
+            busy = [m for m in job.pending_metrics if until is None or m > until]
+            outputs.metric_data.extend(utilization_data(job.name, job.instance_count, compiling, 0.0))
             outputs.metric_data.extend(
-                utilization_data(
-                    job.name, job.instance_count, job.pending_metrics, job.plan.reported_utilization
-                )
+                utilization_data(job.name, job.instance_count, busy, job.plan.reported_utilization)
             )
         job.pending_metrics.clear()
 
@@ -259,13 +394,24 @@ class SageMakerBackend:
         donor = self._matching_warm_pool(job, now)
         if donor is None:
             self._check_limits(job.demand)
-            job.start(now)
+            # Only jobs already retrying go first: a new job waits behind them for the same capacity.
+            demand = self._capacity_demand(job)
+            waiting_ahead = any(
+                self._jobs[n].waiting_for_capacity and set(self._capacity_demand(self._jobs[n])) & set(demand)
+                for n in self._waiting
+            )
+            has_capacity = not waiting_ahead and self._has_capacity(demand, self._capacity_used())
+            on_plan = any(key.startswith(PLAN_PREFIX) for key in demand)
+            job.start(now, has_capacity=has_capacity, on_plan=on_plan)
+            if job.waiting_for_capacity:
+                self._waiting.append(name)
         else:
             pool = donor.hand_over_pool(now, to_job=name)
             job.start(now, reused_pool=pool, reused_from=donor.name)
             self._reschedule(donor)
         self._jobs[name] = job
-        self._order[name] = len(self._order)
+        self._order[name] = len(self._sequence)
+        self._sequence.append(job)
         self._reschedule(job)
         self._emit(job, now, outputs)
         return {"TrainingJobArn": job.arn}
@@ -321,6 +467,27 @@ class SageMakerBackend:
         self._emit(job, now, outputs)
         return {}
 
+    def _delete_training_job(
+        self, request: Mapping[str, Any], now: datetime, outputs: Outputs
+    ) -> dict[str, Any]:
+        """Removes an ended job without an Available warm pool; its name may then be used again."""
+        name = check.training_job_name(request.get("TrainingJobName"))
+        job = self._job(name)
+        if not job.ended:
+            raise ValidationError(
+                f"The request was rejected because the training job is in status {job.status}."
+            )
+        if job.warm_pool is not None and job.warm_pool.status is WarmPoolState.AVAILABLE:
+            raise ValidationError(
+                f"Training job {name} has an Available warm pool; terminate it first "
+                "(UpdateTrainingJob with ResourceConfig.KeepAlivePeriodInSeconds 0)."
+            )
+        job.deleted = True
+        del self._jobs[name]
+        self._holders.discard(name)
+        self._available.discard(name)
+        return {}
+
     def _update_training_job(
         self, request: Mapping[str, Any], now: datetime, outputs: Outputs
     ) -> dict[str, Any]:
@@ -370,14 +537,15 @@ class SageMakerBackend:
         the cursor's creation sequence number says where to resume.
         """
         if sort_by == "CreationTime":
-            jobs = list(self._jobs.values())
+            jobs = self._sequence
             if descending:
                 stop = int(cursor[1]) if cursor is not None else len(jobs)
                 indices: Iterable[int] = range(min(stop, len(jobs)) - 1, -1, -1)
             else:
                 indices = range(int(cursor[1]) + 1 if cursor is not None else 0, len(jobs))
             for index in indices:
-                yield self._sort_key(jobs[index], sort_by), jobs[index]
+                if not jobs[index].deleted:
+                    yield self._sort_key(jobs[index], sort_by), jobs[index]
             return
         keyed = sorted(
             ((self._sort_key(job, sort_by), job) for job in self._jobs.values()),
@@ -497,6 +665,13 @@ class SageMakerBackend:
         for key in keys:
             job.tags.pop(key, None)
         return {}
+
+
+PLAN_PREFIX = "training-plan:"
+
+
+def _plan_key(arn: str) -> str:
+    return PLAN_PREFIX + arn
 
 
 #: The types in a cursor of each ordering (see SageMakerBackend._sort_key).

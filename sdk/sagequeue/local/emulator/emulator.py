@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import random
 import threading
 from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
@@ -17,11 +18,13 @@ from typing import Any
 
 from sagequeue.local.clock import Clock, VirtualClock
 from sagequeue.local.emulator.backend import Outputs, SageMakerBackend
+from sagequeue.local.emulator.delivery import DeliveryQueue, EventDelivery, log_line
 from sagequeue.local.emulator.errors import ERRORS_BY_CODE, SageMakerError, UnknownOperation
 from sagequeue.local.emulator.events import EventBridgeForwarder
 from sagequeue.local.emulator.metrics import CloudWatchPublisher
 from sagequeue.local.emulator.server import ServerThread
 from sagequeue.local.emulator.simulation import Timings
+from sagequeue.local.emulator.throttling import DEFAULT_RATES, Rate, Throttle
 
 logger = logging.getLogger("sagequeue.local.emulator")
 
@@ -35,11 +38,16 @@ class EmulatorNotRunning(RuntimeError):
 class SageMakerEmulator:
     """SageMaker's training-job API on 127.0.0.1, driven by a virtual or a real clock.
 
-    Defaults (simulated seconds): provisioning 180, warm start 20, download 30, upload 20, stop grace 30,
+    Defaults (simulated seconds): provisioning 180, warm start 20, download 100, upload 20, stop grace 120 (SIGTERM, then the kill),
     training 600 (a job's SAGEQUEUE_SIM_DURATION overrides it), capacity failure after 1800, spot restart
-    after 120. Instance types missing from `instance_limits` are unlimited. `not_found_code` may be
-    "ValidationException" to answer unknown jobs the way SageMaker does in practice; `duplicate_events`
+    after 120. Instance types missing from `instance_limits` are unlimited. Unknown jobs answer
+    ValidationException "Requested resource not found." as SageMaker does; `not_found_code="ResourceNotFound"`
+    answers what the service model declares instead. `duplicate_events`
     sends every event twice (distinct ids), as SageMaker may, to exercise idempotent consumers.
+
+    Events are delivered as EventBridge does by default (`EventDelivery()`: late, some more than once,
+    not in order), drawn from `seed`; `exactly_once_in_order=True` is the kind exception a test must
+    justify.
     """
 
     def __init__(
@@ -48,12 +56,15 @@ class SageMakerEmulator:
         instance_limits: Mapping[str, int] | None = None,
         provisioning_seconds: float = 180.0,
         warm_start_seconds: float = 20.0,
-        stop_grace_seconds: float = 30.0,
+        stop_grace_seconds: float = 120.0,
         default_duration_seconds: float = 600.0,
         capacity_error_after_seconds: float = 1800.0,
-        download_seconds: float = 30.0,
+        download_seconds: float = 100.0,
         upload_seconds: float = 20.0,
         spot_interruption_seconds: float = 120.0,
+        warm_pool_status_lag_seconds: float = 5.0,
+        compile_seconds: float = 120.0,
+        warm_pool_limits: Mapping[str, int] | None = None,
         on_event: EventSubscriber | None = None,
         events_client: Any = None,
         event_bus_name: str = "default",
@@ -63,10 +74,25 @@ class SageMakerEmulator:
         host: str = "127.0.0.1",
         port: int = 0,
         tick_seconds: float = 0.05,
-        not_found_code: str = "ResourceNotFound",
+        not_found_code: str = "ValidationException",
         duplicate_events: bool = False,
+        seed: int = 0,
+        delivery: EventDelivery | None = None,
+        exactly_once_in_order: bool = False,
+        capacity: Mapping[str, int] | None = None,
+        rates: Mapping[str, Rate] | None = DEFAULT_RATES,
+        transient_error_share: float = 0.0,
     ) -> None:
         self.clock: Clock = clock if clock is not None else VirtualClock()
+        if exactly_once_in_order and delivery is not None:
+            raise ValueError("give either delivery or exactly_once_in_order=True, not both")
+        self.seed = seed
+        self.delivery = (
+            EventDelivery.exactly_once_in_order() if exactly_once_in_order else (delivery or EventDelivery())
+        )
+        self._events = DeliveryQueue(self.delivery, random.Random(f"events:{seed}"))
+        #: Every event delivered, in delivery order, as canonical JSON lines (see `event_log_bytes`).
+        self.event_log: list[str] = []
         self.timings = Timings(
             provisioning_seconds=provisioning_seconds,
             warm_start_seconds=warm_start_seconds,
@@ -76,6 +102,8 @@ class SageMakerEmulator:
             default_duration_seconds=default_duration_seconds,
             capacity_error_after_seconds=capacity_error_after_seconds,
             spot_interruption_seconds=spot_interruption_seconds,
+            warm_pool_status_lag_seconds=warm_pool_status_lag_seconds,
+            compile_seconds=compile_seconds,
         )
         self.region = region
         self.account_id = account_id
@@ -89,6 +117,11 @@ class SageMakerEmulator:
         self._metrics = CloudWatchPublisher(cloudwatch_client) if cloudwatch_client is not None else None
         self.backend.metrics_enabled = self._metrics is not None
         self.backend.duplicate_events = duplicate_events
+        self.backend.new_event_id = self._events.new_id
+        if capacity:
+            self.backend.set_capacity(capacity)
+        self.backend.warm_pool_limits = dict(warm_pool_limits or {})
+        self._throttle = Throttle(rates, transient_error_share, random.Random(f"faults:{seed}"))
         self._host = host
         self._port = port
         self._tick_seconds = tick_seconds
@@ -168,7 +201,7 @@ class SageMakerEmulator:
         with self._advance_lock:
             target = clock.advance(0) + timedelta(seconds=seconds)
             while True:
-                due = self.backend.next_due()
+                due = self.next_due()
                 if due is None or due > target:
                     break
                 clock.advance_to(due)
@@ -180,8 +213,59 @@ class SageMakerEmulator:
             return clock.now()
 
     def next_due(self) -> datetime | None:
-        """When the next timed step (phase change, stopping condition, warm-pool expiry) falls due, or None."""
-        return self.backend.next_due()
+        """When the next timed step (phase change, stopping condition, warm-pool expiry) or the next event
+        delivery falls due, or None."""
+        with self.backend.lock:
+            moments = [m for m in (self.backend.next_due(), self._events.next_due()) if m is not None]
+        return min(moments) if moments else None
+
+    def deliver_pending(self) -> int:
+        """Delivers every event still waiting for its delivery time, now, in the order they would have
+        come (duplicates and reordering stay). For test harnesses that hand events to handlers themselves
+        at moments of their choosing; the clock does not move. Returns how many were delivered."""
+        with self.backend.lock:
+            due = self._events.pop_due(datetime.max.replace(tzinfo=self.clock.now().tzinfo))
+            if due:
+                self.event_log.extend(log_line(event) for event in due)
+                self._outbox.append(Outputs(events=due))
+        self._deliver(raise_errors=True)
+        return len(due)
+
+    @property
+    def lost_events(self) -> list[dict[str, Any]]:
+        """Events dropped on purpose (`EventDelivery.loss_share`), in the order they happened."""
+        return list(self._events.lost)
+
+    def pending_events(self) -> int:
+        """Events produced but not delivered yet (they wait for their delivery time)."""
+        with self.backend.lock:
+            return len(self._events)
+
+    def event_log_bytes(self) -> bytes:
+        """The delivered events, one canonical JSON line each: the same seed and requests give the same
+        bytes."""
+        return "".join(line + "\n" for line in self.event_log).encode()
+
+    def set_capacity(self, capacity: Mapping[str, int | None]) -> None:
+        """How many instances of each type the region can launch from now on (None: unlimited). A create
+        beyond it stays in Starting, "Insufficient capacity error from EC2 while launching instances,
+        retrying!", until capacity frees up or `capacity_error_after_seconds` passes (then CapacityError)."""
+        self.backend.set_capacity(capacity)
+
+    def add_training_plan(self, arn: str, instance_count: int) -> None:
+        """Registers a training plan with `instance_count` reserved instances. Its jobs (ResourceConfig.
+        TrainingPlanArn) share them; beyond them a job waits InProgress/Pending, at most its
+        StoppingCondition.MaxPendingTimeInSeconds. Jobs naming a plan not registered run on the region's
+        capacity."""
+        with self.backend.lock:
+            self._enqueue(self.backend.add_training_plan(arn, instance_count))
+        self._deliver(raise_errors=True)
+
+    def end_warm_pool(self, name: str) -> None:
+        """Ends a job's Available warm pool now, as SageMaker does when it patches or replaces unhealthy
+        instances: the pool is Terminated before its keep-alive ran out."""
+        with self.backend.lock:
+            self.backend.end_warm_pool(name, self.clock.now())
 
     def instances_in_use(self) -> dict[str, int]:
         """Instances held per type right now: live jobs plus Available warm pools (what the limits count)."""
@@ -197,6 +281,7 @@ class SageMakerEmulator:
         # when a request thread processes steps at the same moment.
         with self.backend.lock:
             self._enqueue(self.backend.process_due(moment))
+            self._release_events(moment)
 
     def _tick(self) -> None:
         while not self._stopping.wait(self._tick_seconds):
@@ -234,6 +319,10 @@ class SageMakerEmulator:
             fault = queue.popleft() if queue else None
         if fault is not None:
             raise fault
+        with self.backend.lock:
+            refusal = self._throttle.admit(operation, self.clock.now())
+        if refusal is not None:
+            raise refusal
         outputs = Outputs()
         try:
             with self.backend.lock:
@@ -241,15 +330,28 @@ class SageMakerEmulator:
                     return self.backend.call(operation, request, outputs)
                 finally:
                     self._enqueue(outputs)
+                    # Events whose delivery time has come go out now; this request's own come later
+                    # (unless delivery is immediate), never before the client has its answer.
+                    self._release_events(self.clock.now())
         finally:
-            # Events caused by this request are delivered before the client sees the answer.
+            # What is due goes out before the answer: with immediate delivery, this request's own events.
             self._deliver(raise_errors=False)
 
     # --- delivery --------------------------------------------------------------------------------------
 
     def _enqueue(self, outputs: Outputs) -> None:
-        if outputs:
-            self._outbox.append(outputs)
+        """Metric data goes to the outbox at once; events wait in the delivery queue (under the state lock,
+        so the seeded draws happen in the order the changes did)."""
+        if outputs.metric_data:
+            self._outbox.append(Outputs(metric_data=outputs.metric_data))
+        for event, changed_at in zip(outputs.events, outputs.event_times, strict=True):
+            self._events.add(event, changed_at)
+
+    def _release_events(self, now: datetime) -> None:
+        due = self._events.pop_due(now)
+        if due:
+            self.event_log.extend(log_line(event) for event in due)
+            self._outbox.append(Outputs(events=due))
 
     def _deliver(self, *, raise_errors: bool) -> None:
         if getattr(self._delivering, "active", False):

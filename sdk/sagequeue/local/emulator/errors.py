@@ -54,6 +54,11 @@ class InternalFailure(SageMakerError):
     status = 500
 
 
+class ServiceUnavailable(SageMakerError):
+    code = "ServiceUnavailable"
+    status = 503
+
+
 #: Error classes by wire code, for injected failures (`SageMakerEmulator.fail_next`).
 ERRORS_BY_CODE: dict[str, type[SageMakerError]] = {
     cls.code: cls
@@ -64,11 +69,12 @@ ERRORS_BY_CODE: dict[str, type[SageMakerError]] = {
         ResourceNotFound,
         ThrottlingError,
         InternalFailure,
+        ServiceUnavailable,
     )
 }
 
 
-def not_found(what: str = "", code: str = ResourceNotFound.code) -> SageMakerError:
+def not_found(what: str = "", code: str = "ValidationException") -> SageMakerError:
     """SageMaker's "not found" answer. The service model declares ResourceNotFound, but SageMaker has been
     seen answering ValidationException with the same text for DescribeTrainingJob (aws/aws-sdk#165); `code`
     picks which one the emulator gives."""

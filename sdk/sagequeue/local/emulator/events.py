@@ -36,15 +36,37 @@ def _millis_everywhere(value: Any) -> Any:
     return value
 
 
+#: Members SageMaker's events carry as JSON null while they have no value (AWS's own sample events do),
+#: where DescribeTrainingJob leaves them out.
+NULL_WHEN_ABSENT = (
+    "FailureReason",
+    "TrainingStartTime",
+    "TrainingEndTime",
+    "VpcConfig",
+    "CheckpointConfig",
+    "WarmPoolStatus",
+    "DebugHookConfig",
+    "TensorBoardOutputConfig",
+)
+
+
 def state_change_event(
-    description: Mapping[str, Any], tags: Mapping[str, str], at: datetime, *, region: str, account_id: str
+    description: Mapping[str, Any],
+    tags: Mapping[str, str],
+    at: datetime,
+    *,
+    region: str,
+    account_id: str,
+    event_id: str | None = None,
 ) -> dict[str, Any]:
     """The EventBridge event for a training job that looks like `description` at `at`."""
     detail = _millis_everywhere(description)
+    for member in NULL_WHEN_ABSENT:
+        detail.setdefault(member, None)
     detail["Tags"] = dict(tags)
     return {
         "version": "0",
-        "id": str(uuid.uuid4()),
+        "id": event_id or str(uuid.uuid4()),
         "detail-type": TRAINING_JOB_STATE_CHANGE,
         "source": SAGEMAKER_EVENT_SOURCE,
         "account": account_id,

@@ -43,6 +43,8 @@ class Step(StrEnum):
     COMPLETE = "complete"
     FAIL = "fail"
     CAPACITY_FAIL = "capacity_fail"
+    STOP_UPLOAD = "stop_upload"
+    PENDING_TIMEOUT = "pending_timeout"
     STOPPED = "stopped"
 
 
@@ -55,6 +57,8 @@ class WarmPoolState(StrEnum):
 
 # Status messages as SageMaker shows them in SecondaryStatusTransitions (they are informational only).
 MSG_LAUNCHING = "Launching requested ML instances"
+MSG_PENDING_PLAN = "Waiting for capacity in the training plan"
+PENDING_FAILURE_REASON = "CapacityError: The training plan had no capacity for the job within StoppingCondition.MaxPendingTimeInSeconds."
 MSG_WARM_START = "Preparing the instances for training"
 MSG_CAPACITY_RETRY = "Insufficient capacity error from EC2 while launching instances, retrying!"
 MSG_DOWNLOADING = "Downloading input data"
@@ -157,13 +161,25 @@ class TrainingJob:
     reused_from: str | None = None
     metric_next: datetime | None = None
     pending_metrics: list[datetime] = field(default_factory=list)
+    created_with_pool: bool = False  # KeepAlivePeriodInSeconds > 0 at create, or a reused pool
+    compile_until: datetime | None = None  # NeuronCores idle while the graph compiles, up to this mark
+    deleted: bool = False  # DeleteTrainingJob: kept only so that list cursors keep their places
+    waiting_for_capacity: bool = False  # in Starting, retrying until the region has the instances
 
     # --- creation --------------------------------------------------------------------------------------
 
     def start(
-        self, at: datetime, reused_pool: WarmPool | None = None, reused_from: str | None = None
+        self,
+        at: datetime,
+        reused_pool: WarmPool | None = None,
+        reused_from: str | None = None,
+        *,
+        has_capacity: bool = True,
+        on_plan: bool = False,
     ) -> None:
-        """Enters InProgress/Starting; with `reused_pool` the instances are already there (fast start)."""
+        """Enters InProgress/Starting; with `reused_pool` the instances are already there (fast start).
+        Without `has_capacity` the region lacks the instances: the job retries in Starting until
+        `grant_capacity`, and fails with CapacityError if that does not come in time."""
         config = self.request.setdefault("ResourceConfig", {})
         self.keep_alive = int(config.get("KeepAlivePeriodInSeconds") or 0)
         self.interruptions_left = self.plan.interruptions
@@ -171,6 +187,7 @@ class TrainingJob:
         wait = self.request["StoppingCondition"].get("MaxWaitTimeInSeconds")
         if self.spot and wait:
             self.wait_deadline = at + timedelta(seconds=wait)
+        self.created_with_pool = self.keep_alive > 0 or reused_pool is not None
         if reused_pool is not None:
             self.reused_from = reused_from
             self.launched = True
@@ -180,12 +197,34 @@ class TrainingJob:
             return
         if self.keep_alive > 0:
             self.warm_pool = WarmPool(WarmPoolState.IN_USE)
-        if self.plan.outcome is Outcome.CAPACITY_ERROR:
+        if not has_capacity and on_plan:
+            # A training plan's job waits in Pending for the plan's reserved instances, at most
+            # StoppingCondition.MaxPendingTimeInSeconds.
+            self.waiting_for_capacity = True
+            self._enter(at, IN_PROGRESS, "Pending", MSG_PENDING_PLAN)
+            pending = self.request["StoppingCondition"].get("MaxPendingTimeInSeconds")
+            if pending:
+                self._schedule(at, float(pending), Step.PENDING_TIMEOUT)
+            return
+        if self.plan.outcome is Outcome.CAPACITY_ERROR or not has_capacity:
+            self.waiting_for_capacity = self.plan.outcome is not Outcome.CAPACITY_ERROR
             self._enter(at, IN_PROGRESS, "Starting", MSG_CAPACITY_RETRY)
             self._schedule(at, self.timings.capacity_error_after_seconds, Step.CAPACITY_FAIL)
         else:
             self._enter(at, IN_PROGRESS, "Starting", MSG_LAUNCHING)
             self._schedule(at, self.timings.provisioning_seconds, Step.DOWNLOAD)
+
+    def grant_capacity(self, at: datetime) -> bool:
+        """The instances this job waited for are there: they launch now. True when the secondary status
+        changed (Pending to Starting); a job retrying in Starting only changes its message."""
+        self.waiting_for_capacity = False
+        self.last_modified = at
+        self._schedule(at, self.timings.provisioning_seconds, Step.DOWNLOAD)
+        if self.secondary == "Pending":
+            self._enter(at, IN_PROGRESS, "Starting", MSG_LAUNCHING)
+            return True
+        self.transitions[-1]["StatusMessage"] = MSG_LAUNCHING
+        return False
 
     # --- properties ------------------------------------------------------------------------------------
 
@@ -283,6 +322,7 @@ class TrainingJob:
         elif step is Step.TRAIN:
             self._enter(at, IN_PROGRESS, "Training", MSG_TRAINING)
             self.training_phase_start = at
+            self.compile_until = at + timedelta(seconds=self.plan.compile_seconds)
             self.metric_next = at + timedelta(seconds=METRIC_PERIOD_SECONDS)
             remaining = max(0.0, self.plan.duration_seconds - self.trained_seconds)
             if self.interruptions_left > 0:
@@ -314,8 +354,17 @@ class TrainingJob:
             keeps = not self.plan.failure_reason.startswith("InternalServerError")
             self._finish(at, FAILED, FAILED, MSG_FAILED, keeps_pool=keeps)
         elif step is Step.CAPACITY_FAIL:
+            self.waiting_for_capacity = False
             self.failure_reason = CAPACITY_FAILURE_REASON
             self._finish(at, FAILED, FAILED, MSG_FAILED, keeps_pool=False)
+        elif step is Step.PENDING_TIMEOUT:
+            self.waiting_for_capacity = False
+            self.failure_reason = PENDING_FAILURE_REASON
+            self._finish(at, FAILED, FAILED, MSG_FAILED, keeps_pool=False)
+        elif step is Step.STOP_UPLOAD:
+            # After SIGTERM's grace the container is gone; what it wrote to /opt/ml/model is uploaded.
+            self._enter(at, STOPPING, "Uploading", MSG_UPLOADING)
+            self._schedule(at, timings.upload_seconds, Step.STOPPED)
         elif step is Step.STOPPED:
             message = {"MaxRuntimeExceeded": MSG_MAX_RUNTIME, "MaxWaitTimeExceeded": MSG_MAX_WAIT}.get(
                 self.stop_secondary, MSG_STOPPED
@@ -325,7 +374,8 @@ class TrainingJob:
     # --- requests --------------------------------------------------------------------------------------
 
     def begin_stop(self, at: datetime, secondary_when_stopped: str = STOPPED) -> None:
-        """StopTrainingJob (or a stopping condition): SIGTERM now, Stopped after the grace period."""
+        """StopTrainingJob (or a stopping condition): SIGTERM now, the kill after the grace period, then (when
+        instances had launched) Uploading what the job saved, then Stopped."""
         if self.status != IN_PROGRESS:
             raise ValidationError(
                 f"The request was rejected because the training job is in status {self.status}."
@@ -333,9 +383,11 @@ class TrainingJob:
         self._leave_training(at)
         self.runtime_deadline = None
         self.wait_deadline = None
+        self.waiting_for_capacity = False
         self.stop_secondary = secondary_when_stopped
         self._enter(at, STOPPING, "Stopping", MSG_STOPPING)
-        self._schedule(at, self.timings.stop_grace_seconds, Step.STOPPED)
+        after_grace = Step.STOP_UPLOAD if self.launched else Step.STOPPED
+        self._schedule(at, self.timings.stop_grace_seconds, after_grace)
 
     def update_keep_alive(self, at: datetime, seconds: int) -> None:
         """UpdateTrainingJob(ResourceConfig.KeepAlivePeriodInSeconds) on a live job or an Available pool."""
@@ -345,6 +397,16 @@ class TrainingJob:
                 "spot training or heterogeneous clusters."
             )
         pool = self.warm_pool
+        if not self.created_with_pool:
+            raise ValidationError(
+                f"Training job {self.name} was created without a warm pool (KeepAlivePeriodInSeconds); its "
+                "keep-alive cannot be updated."
+            )
+        if not self.ended:
+            raise ValidationError(
+                f"The request was rejected because the training job is in status {self.status}: "
+                "KeepAlivePeriodInSeconds can be updated once the warm pool is Available."
+            )
         if not self.ended:
             self._set_keep_alive(at, seconds)
             if seconds > 0 and pool is None:
@@ -458,7 +520,16 @@ class TrainingJob:
 
     # --- views -----------------------------------------------------------------------------------------
 
-    def describe(self, now: datetime) -> dict[str, Any]:
+    def _shows_warm_pool(self, now: datetime) -> bool:
+        """SageMaker's WarmPoolStatus goes missing for a moment right after the job ends."""
+        if self.warm_pool is None:
+            return False
+        if self.ended and self.training_end is not None:
+            lag = timedelta(seconds=self.timings.warm_pool_status_lag_seconds)
+            return now >= self.training_end + lag
+        return True
+
+    def describe(self, now: datetime, *, for_event: bool = False) -> dict[str, Any]:
         """DescribeTrainingJob's answer, with datetimes (the protocol layer encodes them)."""
         out: dict[str, Any] = {"TrainingJobName": self.name, "TrainingJobArn": self.arn}
         output_path = str(self.request.get("OutputDataConfig", {}).get("S3OutputPath", "")).rstrip("/")
@@ -470,9 +541,21 @@ class TrainingJob:
         for key in _ECHOED:
             if key in self.request:
                 out[key] = copy.deepcopy(self.request[key])
+        # What SageMaker fills in when the request left it out (SDK v2's Estimator.attach reads
+        # OutputDataConfig.KmsKeyId and EnableNetworkIsolation without a default).
+        for flag in (
+            "EnableNetworkIsolation",
+            "EnableInterContainerTrafficEncryption",
+            "EnableManagedSpotTraining",
+        ):
+            out.setdefault(flag, False)
+        output = out.setdefault("OutputDataConfig", {})
+        output.setdefault("KmsKeyId", "")
+        output.setdefault("CompressionType", "GZIP")
+        out.setdefault("HyperParameters", {})
         out["ResourceConfig"] = copy.deepcopy(self.request["ResourceConfig"])
         out["StoppingCondition"] = copy.deepcopy(self.request["StoppingCondition"])
-        if self.warm_pool is not None:
+        if self.warm_pool is not None and (for_event or self._shows_warm_pool(now)):
             out["WarmPoolStatus"] = self.warm_pool_status(now)
         out["CreationTime"] = self.created_at
         if self.training_start is not None:
@@ -483,7 +566,7 @@ class TrainingJob:
         out["SecondaryStatusTransitions"] = [dict(t) for t in self.transitions]
         if self.ended and self.training_start is not None and self.training_end is not None:
             wall = _seconds(self.training_end - self.training_start)
-            out["TrainingTimeInSeconds"] = max(1, _whole_seconds(wall))
+            out["TrainingTimeInSeconds"] = max(1, math.floor(wall + 1e-9))  # SageMaker truncates
             # Spot bills only the time on instances; on demand, the whole run.
             billable = self.run_seconds if self.spot else wall
             out["BillableTimeInSeconds"] = max(1, _whole_seconds(billable))
@@ -510,6 +593,9 @@ class TrainingJob:
         }
         if self.training_end is not None:
             out["TrainingEndTime"] = self.training_end
-        if self.warm_pool is not None:
+        if self._shows_warm_pool(now):
             out["WarmPoolStatus"] = self.warm_pool_status(now)
+        plan = self.request.get("ResourceConfig", {}).get("TrainingPlanArn")
+        if plan:
+            out["TrainingPlanArn"] = plan
         return out

@@ -21,6 +21,8 @@ DURATION_ENV = "SAGEQUEUE_SIM_DURATION"
 OUTCOME_ENV = "SAGEQUEUE_SIM_OUTCOME"
 #: NeuronCore utilization (percent) a busy host reports, default `DEFAULT_UTILIZATION`.
 UTILIZATION_ENV = "SAGEQUEUE_SIM_UTILIZATION"
+#: Seconds at the start of Training spent compiling (0% utilization), default `Timings.compile_seconds`.
+COMPILE_ENV = "SAGEQUEUE_SIM_COMPILE_SECONDS"
 
 DEFAULT_UTILIZATION = 85.0
 MAX_INTERRUPTIONS = 100
@@ -46,12 +48,16 @@ class Timings:
 
     provisioning_seconds: float = 180.0
     warm_start_seconds: float = 20.0
-    download_seconds: float = 30.0
+    download_seconds: float = 100.0
     upload_seconds: float = 20.0
-    stop_grace_seconds: float = 30.0
+    stop_grace_seconds: float = 120.0
     default_duration_seconds: float = 600.0
     capacity_error_after_seconds: float = 1800.0
     spot_interruption_seconds: float = 120.0
+    #: After a job ends, Describe and List leave WarmPoolStatus out this long before it shows again.
+    warm_pool_status_lag_seconds: float = 5.0
+    #: The first seconds of each Training phase report 0% NeuronCore utilization: a neuronx-cc compile.
+    compile_seconds: float = 120.0
 
     def __post_init__(self) -> None:
         for name, value in vars(self).items():
@@ -70,6 +76,7 @@ class SimPlan:
     failure_reason: str = ""
     interruptions: int = 0
     utilization: float = DEFAULT_UTILIZATION
+    compile_seconds: float = 0.0
 
     @property
     def reported_utilization(self) -> float:
@@ -80,6 +87,12 @@ class SimPlan:
         env = environment or {}
         duration = _positive_number(env.get(DURATION_ENV), DURATION_ENV, timings.default_duration_seconds)
         utilization = _percent(env.get(UTILIZATION_ENV))
+        compile_value = env.get(COMPILE_ENV)
+        compile_seconds = (
+            timings.compile_seconds
+            if compile_value in (None, "")
+            else _non_negative(compile_value, COMPILE_ENV)
+        )
         outcome_text = str(env.get(OUTCOME_ENV) or Outcome.COMPLETED.value).strip()
         kind, _, argument = outcome_text.partition(":")
         try:
@@ -111,6 +124,7 @@ class SimPlan:
             failure_reason=failure_reason,
             interruptions=interruptions,
             utilization=utilization,
+            compile_seconds=compile_seconds,
         )
 
 
@@ -123,6 +137,16 @@ def _positive_number(value: Any, name: str, default: float) -> float:
         raise ValidationError(f"Environment {name}={value!r} must be a number of seconds") from None
     if not math.isfinite(number) or number <= 0:
         raise ValidationError(f"Environment {name}={value!r} must be a positive number of seconds")
+    return number
+
+
+def _non_negative(value: Any, name: str) -> float:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ValidationError(f"Environment {name}={value!r} must be a number of seconds") from None
+    if not math.isfinite(number) or number < 0:
+        raise ValidationError(f"Environment {name}={value!r} must be a non-negative number of seconds")
     return number
 
 

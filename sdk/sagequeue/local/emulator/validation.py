@@ -139,6 +139,10 @@ def create_training_job(request: Mapping[str, Any]) -> None:
 def _resource_config(config: Any, *, spot: bool) -> None:
     if not isinstance(config, Mapping):
         raise violation(config, "resourceConfig", "not be null")
+    if config.get("InstancePreferences") and config.get("InstanceType") is not None:
+        raise ValidationError(
+            "InstancePreferences cannot be used together with InstanceType in ResourceConfig: give one of them."
+        )
     groups = config.get("InstanceGroups")
     if groups:
         if not isinstance(groups, list):
