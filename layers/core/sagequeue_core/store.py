@@ -24,10 +24,10 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from pynamodb.attributes import (
     NumberAttribute,
@@ -44,6 +44,7 @@ from pynamodb.indexes import AllProjection, GlobalSecondaryIndex
 from pynamodb.models import Model
 from pynamodb.transactions import TransactWrite
 
+from sagequeue_core import observability
 from sagequeue_core.domain import (
     PRIORITY_MAX,
     Job,
@@ -54,6 +55,8 @@ from sagequeue_core.domain import (
 )
 from sagequeue_core.errors import JobAlreadyExists, JobNotFound, PoolNotFound, StaleVersion
 
+T = TypeVar("T")
+
 _JOB_SK = "JOB"
 _POOLS_PK = "POOLS"
 _LIVE = "LIVE"
@@ -61,6 +64,12 @@ _WARM = "WARM"
 _CLAIM_SK = "CLAIM"
 
 _CONDITION_FAILED = "ConditionalCheckFailedException"
+
+#: History entries an item keeps: the first (submission) and the latest ones. A job preempted thousands of
+#: times keeps a bounded item; its counters (attempt, preemptions, retries) keep the totals.
+HISTORY_KEPT = 40
+#: Longest reason stored (in the job and in each history entry); SageMaker's FailureReason can be long.
+REASON_MAX_CHARS = 400
 
 
 def _job_pk(name: str) -> str:
@@ -298,7 +307,7 @@ class Repository:
     def queued_jobs(self, pool: str, limit: int) -> list[Job]:
         """The first `limit` queued jobs of `pool` in queue order: one Query, whatever the queue's length."""
         items = self._item.queued_index.query(pool, limit=limit, page_size=limit)
-        return [self._to_job(item) for item in items]
+        return _readable(items, self._to_job)
 
     def queue_position(self, job: Job) -> int | None:
         """1-based place of a queued job among its pool's queued jobs."""
@@ -309,11 +318,11 @@ class Repository:
         return ahead + 1
 
     def live_jobs(self) -> list[Job]:
-        """Jobs whose attempt holds instances (starting, running, preempting, stopping)."""
-        return [
-            self._to_job(item)
-            for item in self._item.live_index.query(_LIVE, self._item.live_name.startswith("JOB#"))
-        ]
+        """Jobs whose attempt holds instances (starting, running, preempting, stopping). An item that does
+        not read as a job is logged, counted and skipped: one poisoned job must not stop a pass."""
+        return _readable(
+            self._item.live_index.query(_LIVE, self._item.live_name.startswith("JOB#")), self._to_job
+        )
 
     def list_jobs(
         self,
@@ -518,14 +527,14 @@ class Repository:
             training_job_name=job.training_job_name,
             started_at=job.started_at,
             ended_at=job.ended_at,
-            reason=job.reason,
+            reason=_clip(job.reason),
             stop_reason=job.stop_reason.value if job.stop_reason else None,
             preemptions=job.preemptions,
             retries=job.retries,
             not_before=job.not_before,
             reused_warm_pool_of=job.reused_warm_pool_of,
             keep_alive_seconds=job.keep_alive_seconds,
-            history=json.dumps(job.history, separators=(",", ":")),
+            history=json.dumps(_bounded_history(job.history), separators=(",", ":")),
             queued_pool=job.pool if queued else None,
             queue_order=queue_order(job.priority, job.submitted_at, job.name) if queued else None,
             live_kind=_LIVE if live else None,
@@ -559,6 +568,31 @@ class Repository:
             version=int(item.version or 0),
             history=json.loads(item.history or "[]"),
         )
+
+
+def _readable(items: Iterable[Any], to_object: Callable[[Any], T]) -> list[T]:
+    out: list[T] = []
+    for item in items:
+        try:
+            out.append(to_object(item))
+        except (ValueError, TypeError, KeyError) as exc:
+            observability.logger.error(
+                "unreadable item skipped", extra={"pk": getattr(item, "pk", None), "error": str(exc)}
+            )
+            observability.count(observability.SKIPPED_ON_ERROR)
+    return out
+
+
+def _clip(text: str | None) -> str | None:
+    if text is None or len(text) <= REASON_MAX_CHARS:
+        return text
+    return text[: REASON_MAX_CHARS - 1] + "…"
+
+
+def _bounded_history(history: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The first entry and the latest HISTORY_KEPT - 1, each reason clipped."""
+    kept = list(history) if len(history) <= HISTORY_KEPT else [history[0], *history[-(HISTORY_KEPT - 1) :]]
+    return [{**entry, "reason": _clip(entry.get("reason"))} for entry in kept]
 
 
 def _encode_token(key: Mapping[str, Any]) -> str:
