@@ -202,7 +202,14 @@ def _apply_to_job(deps: Dependencies, job: Job, change: TrainingJobChange, *, co
         # A duplicate of the end already applied: the job has moved on (requeued, or finished).
         return f"ignored: the attempt already ended ({was.value})"
     target, reason = _end_state(deps, job, change)
-    if target not in TRANSITIONS[was]:
+    if (
+        target not in TRANSITIONS[was]
+        and reason == STOPPED_EXTERNALLY
+        and JobState.STOPPING in TRANSITIONS[was]
+    ):
+        # Stopped outside sagequeue: the stop nobody here asked for is recorded on the way to its end.
+        job.transition(JobState.STOPPING, now, reason=reason)
+    if target not in TRANSITIONS[job.state]:
         return f"ignored: a {was.value} job cannot become {target.value}"
     if target is JobState.QUEUED:
         if job.stop_reason is StopReason.PREEMPTED and was is JobState.PREEMPTING:
