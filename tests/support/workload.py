@@ -92,7 +92,7 @@ def run_workload(
     names: list[str] = []
 
     def step(seconds: float) -> None:
-        world.run(seconds, 30)
+        world.run(seconds, 60)
         if rng.random() < 0.3:
             world.deliver(delivery.flush())  # what was held back arrives late
         monitor.check_settled()
@@ -126,8 +126,8 @@ def run_workload(
             states = {name: world.state(name) for name in names}
             if all(state in TERMINAL for state in states.values()):
                 break
-            step(300)
-            waited += 300
+            step(600)
+            waited += 600
         result.unfinished = [name for name in names if world.state(name) not in TERMINAL]
     finally:
         monitor.detach()
