@@ -32,6 +32,7 @@ from typing import Any, TypeVar
 from pynamodb.attributes import (
     NumberAttribute,
     UnicodeAttribute,
+    UnicodeSetAttribute,
     UTCDateTimeAttribute,
     VersionAttribute,
 )
@@ -126,6 +127,9 @@ class TrackedWarmPool:
 class PoolStatus:
     pool: Pool
     queued: int
+    #: jobs that recently left the queue for a live state: (when, job name). The live index may not show
+    #: them yet (GSIs are eventually consistent); a pass reads them by key.
+    recent_starts: tuple[tuple[datetime, str], ...] = ()
 
 
 @dataclass
@@ -189,6 +193,7 @@ def _model_classes(table_name: str, host: str | None, region: str | None) -> Any
         # pool
         capacity = NumberAttribute(null=True)
         queued = NumberAttribute(null=True)
+        recent = UnicodeSetAttribute(null=True)  # "<epoch seconds>#<job name>" of recent starts
         # external attempt, warm pool, claim
         demand = UnicodeAttribute(null=True)  # JSON {instance type: count}
         resource_key = UnicodeAttribute(null=True)  # JSON
@@ -279,11 +284,15 @@ class Repository:
         leaving = was is JobState.QUEUED and job.state is not JobState.QUEUED
         try:
             if entering or leaving:
+                actions = [self._item.queued.add(1 if entering else -1)]
+                if leaving and job.state.is_live:
+                    stamp = int((job.started_at or datetime.now(UTC)).timestamp())
+                    actions.append(self._item.recent.add({f"{stamp}#{job.name}"}))
                 with self._transaction() as tx:
                     tx.save(item)
                     tx.update(
                         self._item(_POOLS_PK, job.pool),
-                        actions=[self._item.queued.add(1 if entering else -1)],
+                        actions=actions,
                         add_version_condition=False,
                     )
             else:
@@ -382,10 +391,23 @@ class Repository:
     # --- pools --------------------------------------------------------------------------------------------
 
     def pools(self) -> list[PoolStatus]:
+        """Every pool (a consistent Query on the table, not an index)."""
         return [
-            PoolStatus(Pool(item.sk, int(item.capacity or 0)), max(int(item.queued or 0), 0))
-            for item in self._item.query(_POOLS_PK)
+            PoolStatus(
+                Pool(item.sk, int(item.capacity or 0)),
+                max(int(item.queued or 0), 0),
+                tuple(sorted(_recent(item.recent))),
+            )
+            for item in self._item.query(_POOLS_PK, consistent_read=True)
         ]
+
+    def forget_recent_starts(self, instance_type: str, entries: Sequence[tuple[datetime, str]]) -> None:
+        """Drop entries of `recent_starts` old enough for every index to show them."""
+        if entries:
+            values = {f"{int(at.timestamp())}#{name}" for at, name in entries}
+            self._item(_POOLS_PK, instance_type).update(
+                actions=[self._item.recent.delete(values)], add_version_condition=False
+            )
 
     def get_pool(self, instance_type: str) -> PoolStatus:
         try:
@@ -580,6 +602,15 @@ def _readable(items: Iterable[Any], to_object: Callable[[Any], T]) -> list[T]:
                 "unreadable item skipped", extra={"pk": getattr(item, "pk", None), "error": str(exc)}
             )
             observability.count(observability.SKIPPED_ON_ERROR)
+    return out
+
+
+def _recent(values: Iterable[str] | None) -> list[tuple[datetime, str]]:
+    out = []
+    for value in values or ():
+        stamp, _, name = value.partition("#")
+        if stamp.isdigit() and name:
+            out.append((datetime.fromtimestamp(int(stamp), UTC), name))
     return out
 
 

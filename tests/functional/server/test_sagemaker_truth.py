@@ -362,6 +362,41 @@ def test_a_crash_between_an_end_and_its_warm_pool_never_leaves_the_pool_uncounte
     assert monitor.violations == []
 
 
+class LaggingLiveIndex:
+    """The live index answering as it stood one read earlier: the latest starts are missing from it."""
+
+    def __init__(self, read: Any) -> None:
+        self.read = read
+        self.previous: list[Job] = []
+
+    def __call__(self) -> list[Job]:
+        answer, self.previous = self.previous, self.read()
+        names = {job.name for job in self.previous}
+        return [job for job in answer if job.name in names]
+
+
+@pytest.fixture
+def two_trn1_lagging(moto_endpoint: str) -> Iterator[tuple[QueueWorld, InvariantMonitor]]:
+    for world, monitor in monitored(make_world(moto_endpoint, capacity={TRN1: 2})):
+        world.deps.store.live_jobs = LaggingLiveIndex(world.deps.store.live_jobs)  # type: ignore[method-assign]
+        yield world, monitor
+
+
+def test_a_pass_whose_live_index_lags_does_not_overbook(
+    two_trn1_lagging: tuple[QueueWorld, InvariantMonitor],
+) -> None:
+    world, monitor = two_trn1_lagging
+    # GIVEN the live index lags behind the table, and jobs arrive one by one, each triggering a pass
+    for name in ("a", "b", "c", "d"):
+        world.submit(name, duration=600)  # the monitor checks after each SageMaker call
+    advance(world, monitor, 120)
+    # THEN the passes count the starts the index does not show yet: two run, two wait
+    states = [world.state(name) for name in ("a", "b", "c", "d")]
+    assert states.count("queued") == 2
+    assert world.emulator.instances_in_use()[TRN1] == 2
+    assert monitor.violations == []
+
+
 # --- 5. outside sagequeue ----------------------------------------------------------------------------------
 
 

@@ -73,7 +73,7 @@ from sagequeue_core.policy import (
 )
 from sagequeue_core.runtime import Dependencies
 from sagequeue_core.sagemaker import FailureKind, classify_failure
-from sagequeue_core.store import ExternalAttempt, TrackedWarmPool
+from sagequeue_core.store import ExternalAttempt, PoolStatus, TrackedWarmPool
 
 #: SecondaryStatus values under InProgress before the instances are the job's.
 _NOT_YET_RUNNING = frozenset({"", "Starting", "Pending", "LaunchingMLInstances"})
@@ -656,6 +656,7 @@ def run_pass(deps: Dependencies) -> PassReport:
     for status in pool_statuses:
         pool_gauge(QUEUE_DEPTH, status.pool.instance_type, status.queued)
     live = {job.name: job for job in deps.store.live_jobs()}
+    _add_unindexed_starts(deps, pool_statuses, live, now)
     externals = deps.store.external_attempts()
     warm_pools = []
     for warm in deps.store.warm_pools():
@@ -730,6 +731,29 @@ def run_pass(deps: Dependencies) -> PassReport:
         },
     )
     return report
+
+
+#: How long a start is re-read by key rather than trusted to the live index (GSIs are eventually
+#: consistent; their lag is normally well under a second).
+INDEX_LAG_SECONDS = 120
+
+
+def _add_unindexed_starts(
+    deps: Dependencies, pool_statuses: list[PoolStatus], live: dict[str, Job], now: datetime
+) -> None:
+    """Capacity decisions never rest on the live index alone: jobs that recently left the queue (recorded on
+    their pool's item, read consistently) and that the index does not show yet are read by key."""
+    for status in pool_statuses:
+        stale = []
+        for at, name in status.recent_starts:
+            if (now - at).total_seconds() > INDEX_LAG_SECONDS:
+                stale.append((at, name))
+            elif name not in live:
+                job = deps.store.find_job(name)
+                if job is not None and job.state.is_live:
+                    live[name] = job
+        if stale:
+            deps.store.forget_recent_starts(status.pool.instance_type, stale)
 
 
 def _note_waiting(deps: Dependencies, queued: Mapping[str, Job], waiting: Mapping[str, str]) -> None:
