@@ -77,6 +77,13 @@ def _run_seeds(seeds: list[int], operations: int, exact: bool) -> list[dict[str,
                         "operations": result.user_operations,
                     }
                 )
+                mode = "exact" if exact else "adversarial"
+                print(
+                    f"# {mode} seed {seed}: {result.sagemaker_checks} checks, {len(result.violations)} "
+                    f"violations, {len(result.unfinished)} unfinished",
+                    file=sys.stderr,
+                    flush=True,
+                )
     finally:
         server.stop()
     return results

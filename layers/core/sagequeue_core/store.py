@@ -6,7 +6,7 @@ on a sparse index; every state change is a conditional write on the item's versi
 
 Items (pk / sk):
     JOB#<name> / JOB                  a queue entry and its current attempt
-    POOLS / <instance type>           a pool: capacity and a counter of queued jobs
+    POOLS / <instance type>           a pool: capacity, a counter of queued jobs, its recent starts
     EXTERNAL#<training job> / LIVE    a live training job started outside the queue on a managed pool
     WARM#<training job> / WARM        an Available warm pool sagequeue tracks
     CLAIM#<kind>#<subject> / CLAIM    idempotency ledger: the first claim wins
