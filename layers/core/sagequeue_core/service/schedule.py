@@ -83,6 +83,8 @@ _SAGEMAKER_STOPS = frozenset({"MaxRuntimeExceeded", "MaxWaitTimeExceeded"})
 STOPPED_EXTERNALLY = "stopped externally"
 #: Claim kind recording an InProgress training job that is neither ours nor on a managed pool.
 _FOREIGN = "foreign-training-job"
+#: How far back the reconcile lists training jobs: the longest runtime (28 days) plus a day of keep-alive.
+_LISTED_DAYS = 29
 #: How often a write is retried after another writer changed the job in between.
 _WRITE_ATTEMPTS = 3
 
@@ -427,10 +429,15 @@ def _ensure_configured_pools(deps: Dependencies) -> None:
 def _listed(deps: Dependencies, **filters: Any) -> dict[str, dict[str, Any]] | None:
     """Every summary matching `filters` by name; None when SageMaker could not be listed (the caller
     falls back to describing what it tracks)."""
+    # No training job runs longer than 28 days and a warm pool does not outlive that either: older jobs
+    # are left out, so the pages do not grow with the account's history.
+    since = deps.now() - timedelta(days=_LISTED_DAYS)
     try:
         return {
             summary["TrainingJobName"]: summary
-            for summary in deps.sagemaker.list_training_jobs(MaxResults=100, **filters)
+            for summary in deps.sagemaker.list_training_jobs(
+                MaxResults=100, CreationTimeAfter=since, **filters
+            )
         }
     except SageMakerError as exc:
         logger.warning("listing failed", extra={"filters": filters, "error": str(exc)})
