@@ -223,6 +223,23 @@ def test_a_hold_that_loses_the_race_is_refused(one_trn1: tuple[QueueWorld, Invar
     assert monitor.violations == []
 
 
+def test_a_create_sagemaker_throttles_puts_the_job_back_and_the_next_start_uses_a_new_name(
+    one_trn1: tuple[QueueWorld, InvariantMonitor],
+) -> None:
+    world, monitor = one_trn1
+    # GIVEN SageMaker throttles the first CreateTrainingJob (the intent was already written)
+    world.emulator.fail_next("CreateTrainingJob", "ThrottlingException")
+    world.submit("throttled", duration=60)
+    # THEN the intent is undone: the job waits, saying why
+    job = world.job("throttled")
+    assert job["state"] == "queued"
+    assert job["reason"].startswith("SageMaker ThrottlingException")
+    # and the next start uses the next attempt's name, so a create that went through anyway is never reused
+    advance(world, monitor, until=lambda: world.state("throttled") == "completed")
+    assert world.job("throttled")["training_job_name"] == "throttled-2"
+    assert monitor.violations == []
+
+
 def test_the_sweep_stops_an_attempt_of_ours_that_is_not_current(
     one_trn1: tuple[QueueWorld, InvariantMonitor],
 ) -> None:

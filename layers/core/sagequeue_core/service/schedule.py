@@ -948,7 +948,8 @@ def _not_created(
         if refused is not None:
             job.transition(JobState.FAILED, now, reason=f"SageMaker refused the job: {refused}")
         else:
-            job.attempt -= 1
+            # The attempt's number stays used: had the create gone through after all, that training job is
+            # stopped as not current (the sweep), never adopted by a later start of the same name.
             job.training_job_name = previous
             job.reused_warm_pool_of = None
             job.transition(JobState.QUEUED, now, reason=why or f"training job {name} was not created")
