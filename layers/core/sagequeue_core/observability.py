@@ -33,6 +33,8 @@ REQUEUES = "JobsRequeued"
 SUBMISSIONS = "JobsSubmitted"
 POLICY_STOPS = "JobsStoppedForPolicy"
 IDLE_STOPS = "JobsIdleStopped"
+SKIPPED_ON_ERROR = "ItemsSkippedOnError"  # a job or pool a pass or reconcile could not handle, skipped
+JOBS_REBUILT = "JobsEnteredFromTags"  # live attempts the table had lost, entered again by the reconcile
 
 
 def count(name: str, value: float = 1) -> None:

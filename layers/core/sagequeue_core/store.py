@@ -6,7 +6,7 @@ on a sparse index; every state change is a conditional write on the item's versi
 
 Items (pk / sk):
     JOB#<name> / JOB                  a queue entry and its current attempt
-    POOLS / <instance type>           a pool: capacity and a counter of queued jobs
+    POOLS / <instance type>           a pool: capacity, a counter of queued jobs, its recent starts
     EXTERNAL#<training job> / LIVE    a live training job started outside the queue on a managed pool
     WARM#<training job> / WARM        an Available warm pool sagequeue tracks
     CLAIM#<kind>#<subject> / CLAIM    idempotency ledger: the first claim wins
@@ -24,14 +24,15 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from pynamodb.attributes import (
     NumberAttribute,
     UnicodeAttribute,
+    UnicodeSetAttribute,
     UTCDateTimeAttribute,
     VersionAttribute,
 )
@@ -44,6 +45,7 @@ from pynamodb.indexes import AllProjection, GlobalSecondaryIndex
 from pynamodb.models import Model
 from pynamodb.transactions import TransactWrite
 
+from sagequeue_core import observability
 from sagequeue_core.defaults import QUOTA_MEMORY_SECONDS
 from sagequeue_core.domain import (
     PRIORITY_MAX,
@@ -57,6 +59,8 @@ from sagequeue_core.domain import (
 )
 from sagequeue_core.errors import JobAlreadyExists, JobNotFound, PoolNotFound, StaleVersion
 
+T = TypeVar("T")
+
 _JOB_SK = "JOB"
 _POOLS_PK = "POOLS"
 _LIVE = "LIVE"
@@ -67,6 +71,11 @@ _CONDITION_FAILED = "ConditionalCheckFailedException"
 
 #: Items DynamoDB accepts in one TransactWriteItems request.
 TRANSACTION_ITEMS = 100
+#: History entries an item keeps: the first (submission) and the latest ones. A job preempted thousands of
+#: times keeps a bounded item; its counters (attempt, preemptions, retries) keep the totals.
+HISTORY_KEPT = 40
+#: Longest reason stored (in the job and in each history entry); SageMaker's FailureReason can be long.
+REASON_MAX_CHARS = 400
 
 
 def _job_pk(name: str) -> str:
@@ -131,6 +140,10 @@ class PoolStatus:
     def quota_at(self, now: datetime) -> int | None:
         """The account quota to plan with, when SageMaker refused a start recently enough; else None."""
         return active_quota(self.quota, self.quota_seen_at, now, QUOTA_MEMORY_SECONDS)
+
+    #: jobs that recently left the queue for a live state: (when, job name). The live index may not show
+    #: them yet (GSIs are eventually consistent); a pass reads them by key.
+    recent_starts: tuple[tuple[datetime, str], ...] = ()
 
 
 @dataclass
@@ -200,6 +213,7 @@ def _model_classes(table_name: str, host: str | None, region: str | None) -> Any
         queued = NumberAttribute(null=True)
         quota = NumberAttribute(null=True)
         quota_seen_at = UTCDateTimeAttribute(null=True)
+        recent = UnicodeSetAttribute(null=True)  # "<epoch seconds>#<job name>" of recent starts
         # external attempt, warm pool, claim
         demand = UnicodeAttribute(null=True)  # JSON {instance type: count}
         resource_key = UnicodeAttribute(null=True)  # JSON
@@ -306,11 +320,15 @@ class Repository:
         leaving = was is JobState.QUEUED and job.state is not JobState.QUEUED
         try:
             if entering or leaving:
+                actions = [self._item.queued.add(1 if entering else -1)]
+                if leaving and job.state.is_live:
+                    stamp = int((job.started_at or datetime.now(UTC)).timestamp())
+                    actions.append(self._item.recent.add({f"{stamp}#{job.name}"}))
                 with self._transaction() as tx:
                     tx.save(item)
                     tx.update(
                         self._item(_POOLS_PK, job.pool),
-                        actions=[self._item.queued.add(1 if entering else -1)],
+                        actions=actions,
                         add_version_condition=False,
                     )
             else:
@@ -381,7 +399,7 @@ class Repository:
                 self._item.queued_instances <= fitting
             )
         items = self._item.queued_index.query(pool, filter_condition=condition, limit=limit, page_size=limit)
-        return [self._to_job(item) for item in items]
+        return _readable(items, self._to_job)
 
     def queue_position(self, job: Job) -> int | None:
         """1-based place of a queued job among its pool's queued jobs."""
@@ -392,11 +410,11 @@ class Repository:
         return ahead + 1
 
     def live_jobs(self) -> list[Job]:
-        """Jobs whose attempt holds instances (starting, running, preempting, stopping)."""
-        return [
-            self._to_job(item)
-            for item in self._item.live_index.query(_LIVE, self._item.live_name.startswith("JOB#"))
-        ]
+        """Jobs whose attempt holds instances (starting, running, preempting, stopping). An item that does
+        not read as a job is logged, counted and skipped: one poisoned job must not stop a pass."""
+        return _readable(
+            self._item.live_index.query(_LIVE, self._item.live_name.startswith("JOB#")), self._to_job
+        )
 
     def list_jobs(
         self,
@@ -465,7 +483,16 @@ class Repository:
     # --- pools --------------------------------------------------------------------------------------------
 
     def pools(self) -> list[PoolStatus]:
-        return [self._to_pool(item) for item in self._item.query(_POOLS_PK)]
+        """Every pool (a consistent Query on the table, not an index)."""
+        return [self._to_pool(item) for item in self._item.query(_POOLS_PK, consistent_read=True)]
+
+    def forget_recent_starts(self, instance_type: str, entries: Sequence[tuple[datetime, str]]) -> None:
+        """Drop entries of `recent_starts` old enough for every index to show them."""
+        if entries:
+            values = {f"{int(at.timestamp())}#{name}" for at, name in entries}
+            self._item(_POOLS_PK, instance_type).update(
+                actions=[self._item.recent.delete(values)], add_version_condition=False
+            )
 
     def get_pool(self, instance_type: str) -> PoolStatus:
         try:
@@ -497,6 +524,7 @@ class Repository:
             max(int(item.queued or 0), 0),
             quota=None if item.quota is None else int(item.quota),
             quota_seen_at=item.quota_seen_at,
+            recent_starts=tuple(sorted(_recent(item.recent))),
         )
 
     def set_capacity(self, pool: Pool) -> PoolStatus:
@@ -632,7 +660,7 @@ class Repository:
             training_job_name=job.training_job_name,
             started_at=job.started_at,
             ended_at=job.ended_at,
-            reason=job.reason,
+            reason=_clip(job.reason),
             stop_reason=job.stop_reason.value if job.stop_reason else None,
             preemptions=job.preemptions,
             retries=job.retries,
@@ -642,7 +670,7 @@ class Repository:
             training_started_at=job.training_started_at,
             queued_since=job.queued_since,
             reservation=json.dumps(job.reservation.to_dict()) if job.reservation else None,
-            history=json.dumps(job.history, separators=(",", ":")),
+            history=json.dumps(_bounded_history(job.history), separators=(",", ":")),
             queued_pool=job.pool if queued else None,
             queue_order=queue_order(job.priority, job.submitted_at, job.name) if queued else None,
             queued_instances=job.demand[job.pool] if queued else None,
@@ -684,6 +712,40 @@ class Repository:
 
 #: Page tokens are small (a few key attributes); anything longer is not one of ours.
 _MAX_TOKEN_CHARS = 2048
+
+
+def _readable(items: Iterable[Any], to_object: Callable[[Any], T]) -> list[T]:
+    out: list[T] = []
+    for item in items:
+        try:
+            out.append(to_object(item))
+        except (ValueError, TypeError, KeyError) as exc:
+            observability.logger.error(
+                "unreadable item skipped", extra={"pk": getattr(item, "pk", None), "error": str(exc)}
+            )
+            observability.count(observability.SKIPPED_ON_ERROR)
+    return out
+
+
+def _recent(values: Iterable[str] | None) -> list[tuple[datetime, str]]:
+    out = []
+    for value in values or ():
+        stamp, _, name = value.partition("#")
+        if stamp.isdigit() and name:
+            out.append((datetime.fromtimestamp(int(stamp), UTC), name))
+    return out
+
+
+def _clip(text: str | None) -> str | None:
+    if text is None or len(text) <= REASON_MAX_CHARS:
+        return text
+    return text[: REASON_MAX_CHARS - 1] + "…"
+
+
+def _bounded_history(history: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The first entry and the latest HISTORY_KEPT - 1, each reason clipped."""
+    kept = list(history) if len(history) <= HISTORY_KEPT else [history[0], *history[-(HISTORY_KEPT - 1) :]]
+    return [{**entry, "reason": _clip(entry.get("reason"))} for entry in kept]
 
 
 def _encode_token(key: Mapping[str, Any]) -> str:

@@ -9,37 +9,34 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from conftest import QueueWorld, training_request
+from conftest import TRN1, QueueWorld, make_world, training_request
 
 from sagequeue.local.emulator.events import state_change_event
 from sagequeue_core.defaults import QUOTA_MEMORY_SECONDS
 from sagequeue_core.domain import attempt_name
 
 
-class Crash(RuntimeError):
-    """The scheduler's process dying between two calls."""
+class Crash(BaseException):
+    """The scheduler's process dying between two calls (not an error any code path could catch)."""
 
 
 @contextlib.contextmanager
-def crash_between_create_and_write(world: QueueWorld) -> Iterator[None]:
-    """The next table write after a successful CreateTrainingJob dies with the process."""
-    store, sagemaker = world.deps.store.client, world.deps.sagemaker.client
-    armed: dict[str, bool] = {}
-
-    def arm(**_: Any) -> None:
-        armed["crash"] = True
+def crash_after(world: QueueWorld, operation: str, *, when: str = "after") -> Iterator[None]:
+    """The process dies right after (or before) the next SageMaker `operation`: nothing that follows runs."""
+    sagemaker = world.deps.sagemaker.client
+    fired: dict[str, bool] = {}
 
     def crash(**_: Any) -> None:
-        if armed.pop("crash", False):
-            raise Crash("the process died before writing the job")
+        if not fired:
+            fired["once"] = True
+            raise Crash(f"the process died {when} {operation}")
 
-    sagemaker.meta.events.register("after-call.sagemaker.CreateTrainingJob", arm)
-    store.meta.events.register("before-call.dynamodb.TransactWriteItems", crash)
+    event = f"{when}-call.sagemaker.{operation}"
+    sagemaker.meta.events.register(event, crash)
     try:
         yield
     finally:
-        sagemaker.meta.events.unregister("after-call.sagemaker.CreateTrainingJob", arm)
-        store.meta.events.unregister("before-call.dynamodb.TransactWriteItems", crash)
+        sagemaker.meta.events.unregister(event, crash)
 
 
 def _status(event: dict[str, Any]) -> tuple[str, str]:
@@ -143,41 +140,43 @@ def test_a_lost_event_only_delays_the_job(world: QueueWorld) -> None:
     assert world.state("lost") == "completed"
 
 
-def test_a_crash_after_create_is_recognised_by_the_next_pass(world: QueueWorld) -> None:
-    # GIVEN the scheduler dies after CreateTrainingJob succeeded and before the job's write
-    with crash_between_create_and_write(world), pytest.raises(Crash):
-        world.api("POST", "/jobs", training_request("fragile", duration=120))
-    assert (
-        world.sagemaker().describe_training_job(TrainingJobName="fragile")["TrainingJobStatus"]
-        == "InProgress"
-    )
-    assert world.state("fragile") == "queued", "the start was lost with the process"
-    world.take_sagemaker_events()  # and so were the events that would have told
+def test_a_crash_after_create_leaves_a_live_entry_that_counts_the_instances(moto_endpoint: str) -> None:
+    world_iter = make_world(moto_endpoint, capacity={TRN1: 1})
+    world = next(world_iter)
+    try:
+        # GIVEN the scheduler dies right after CreateTrainingJob, with another job waiting for the instance
+        with crash_after(world, "CreateTrainingJob"), pytest.raises(Crash):
+            world.api("POST", "/jobs", training_request("fragile", duration=120))
+        world.submit("next", duration=120)
+        # THEN the intent written before the create counts the attempt: the next pass does not overbook
+        job = world.job("fragile")
+        assert (job["state"], job["attempt"], job["training_job_name"]) == ("starting", 1, "fragile")
+        report = world.timer()
+        assert report["started"] == []
+        assert world.state("next") == "queued"
+        assert world.emulator.instances_in_use().get(TRN1, 0) == 1
+        world.run_until(lambda: world.state("next") == "completed")
+        assert world.state("fragile") == "completed"
+        assert len(world.sagemaker().list_training_jobs()["TrainingJobSummaries"]) == 2
+    finally:
+        next(world_iter, None)
 
-    # WHEN the timer runs the next pass
+
+def test_a_crash_between_the_intent_and_the_create_requeues_the_job(world: QueueWorld) -> None:
+    # GIVEN the scheduler dies after recording the start and before CreateTrainingJob reached SageMaker
+    with crash_after(world, "CreateTrainingJob", when="before"), pytest.raises(Crash):
+        world.api("POST", "/jobs", training_request("fragile", duration=120))
+    assert world.state("fragile") == "starting"
+    assert world.sagemaker().list_training_jobs()["TrainingJobSummaries"] == []
+
+    # WHEN the timer reconciles: SageMaker has no such attempt
     report = world.timer()
 
-    # THEN it finds its own attempt (ResourceInUse, tagged as this job's) instead of failing or duplicating
-    assert report["adopted"] == ["fragile"]
-    assert report["started"] == []
-    job = world.job("fragile")
-    assert (job["state"], job["attempt"], job["training_job_name"]) == ("starting", 1, "fragile")
+    # THEN the job goes back to the queue and its next attempt starts under a new name
+    assert "fragile: queued" in report["applied"]
     world.run_until(lambda: world.state("fragile") == "completed")
-    assert len(world.sagemaker().list_training_jobs()["TrainingJobSummaries"]) == 1
-
-
-def test_an_event_of_the_attempt_created_before_a_crash_adopts_it(world: QueueWorld) -> None:
-    with crash_between_create_and_write(world), pytest.raises(Crash):
-        world.api("POST", "/jobs", training_request("fragile", duration=120))
-    assert world.state("fragile") == "queued"
-
-    # WHEN SageMaker's InProgress event for the attempt arrives
-    world.deliver()
-
-    # THEN the job records the attempt that exists, and no second one is created
-    assert world.job("fragile")["training_job_name"] == "fragile"
-    assert world.state("fragile") in ("starting", "running")
-    assert len(world.sagemaker().list_training_jobs()["TrainingJobSummaries"]) == 1
+    names = [s["TrainingJobName"] for s in world.sagemaker().list_training_jobs()["TrainingJobSummaries"]]
+    assert names == ["fragile-2"]
 
 
 def test_a_training_job_of_the_same_name_not_started_by_the_queue_makes_the_attempt_choose_another(

@@ -13,6 +13,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from functools import partial
 from typing import Any
 
 from sagequeue_core.defaults import (
@@ -30,16 +31,16 @@ from sagequeue_core.domain import (
     ResourceKey,
     StopReason,
     attempt_name,
+    priority_of,
     tags_to_dict,
 )
 from sagequeue_core.errors import (
     AttemptNameTaken,
+    JobAlreadyExists,
     ResourceLimitExceeded,
     SageMakerError,
-    SageMakerUnavailable,
     SageMakerValidationError,
     StaleVersion,
-    Throttled,
     TrainingJobNotFound,
 )
 from sagequeue_core.events import (
@@ -53,11 +54,13 @@ from sagequeue_core.events import (
 )
 from sagequeue_core.observability import (
     FINISHED,
+    JOBS_REBUILT,
     OLDEST_WAIT,
     PREEMPTIONS,
     QUEUE_DEPTH,
     REQUEUES,
     RESUMES,
+    SKIPPED_ON_ERROR,
     STARTS,
     WARM_POOL_RELEASES,
     WARM_POOL_REUSES,
@@ -68,7 +71,7 @@ from sagequeue_core.observability import (
 )
 from sagequeue_core.policy import Preempt, ReleaseWarmPool, Start, plan
 from sagequeue_core.runtime import Dependencies
-from sagequeue_core.sagemaker import CreateResult, FailureKind, classify_failure
+from sagequeue_core.sagemaker import FailureKind, classify_failure
 from sagequeue_core.snapshot import build_snapshot, policy_settings
 from sagequeue_core.store import ExternalAttempt, PoolStatus, TrackedWarmPool
 
@@ -78,6 +81,12 @@ _NOT_YET_RUNNING = frozenset({"", "Starting", "Pending", "LaunchingMLInstances"}
 _TRAINING_OR_LATER = frozenset({"Training", "Uploading"})
 #: SecondaryStatus values under Stopped that SageMaker chose, not anyone's StopTrainingJob.
 _SAGEMAKER_STOPS = frozenset({"MaxRuntimeExceeded", "MaxWaitTimeExceeded"})
+#: The reason of a job whose attempt was stopped outside sagequeue (console, CLI, another tool).
+STOPPED_EXTERNALLY = "stopped externally"
+#: Claim kind recording an InProgress training job that is neither ours nor on a managed pool.
+_FOREIGN = "foreign-training-job"
+#: How far back the reconcile lists training jobs: the longest runtime (28 days) plus a day of keep-alive.
+_LISTED_DAYS = 29
 #: How often a write is retried after another writer changed the job in between.
 _WRITE_ATTEMPTS = 3
 
@@ -135,11 +144,14 @@ def handle_event(deps: Dependencies, event: Mapping[str, Any]) -> PassReport:
 # --- applying SageMaker's view ------------------------------------------------------------------------------------
 
 
-def apply_change(deps: Dependencies, change: TrainingJobChange) -> str:
-    """Bring the job that owns `change`'s training job up to date; returns what happened, in words."""
+def apply_change(deps: Dependencies, change: TrainingJobChange, *, confirmed: bool = False) -> str:
+    """Bring the job that owns `change`'s training job up to date; returns what happened, in words.
+
+    `confirmed`: the change is SageMaker's answer to DescribeTrainingJob just now, not an event (a hint
+    that may be late, repeated or out of order)."""
 
     def step(fresh: Job) -> str:
-        return _apply_to_job(deps, fresh, change)
+        return _apply_to_job(deps, fresh, change, confirmed=confirmed)
 
     tagged = change.tags.get(JOB_TAG)
     job = deps.store.find_job(tagged) if tagged else None
@@ -149,7 +161,7 @@ def apply_change(deps: Dependencies, change: TrainingJobChange) -> str:
     # an index read may lag behind the table: decide on a fresh read of the job
     job = deps.store.find_job_by_training_job(change.training_job_name)
     if job is None:
-        return _apply_external(deps, change)
+        return _apply_external(deps, change, confirmed=confirmed)
     return _with_retries(deps, job.name, step)
 
 
@@ -169,21 +181,17 @@ def _with_retries(
     return "gave up: the job kept changing"
 
 
-def _apply_to_job(deps: Dependencies, job: Job, change: TrainingJobChange) -> str:
+def _apply_to_job(deps: Dependencies, job: Job, change: TrainingJobChange, *, confirmed: bool = False) -> str:
     now = deps.now()
     name = change.training_job_name
     if job.training_job_name != name:
-        # Our next attempt, created by a pass that failed before recording it: adopt it.
-        if (
-            job.state is JobState.QUEUED
-            and job.is_next_attempt(name)
-            and not change.ended
-            and change.tags.get(JOB_TAG) == job.name
-        ):
-            _record_start(deps, job, name, now, reason="attempt found already created")
-            return "adopted"
+        if change.status == "InProgress" and change.tags.get(JOB_TAG) == job.name:
+            # An attempt of ours that is not the job's current one (every create is recorded first, so
+            # this is a create that answered an error but went through): it must not hold instances.
+            _stop_quietly(deps, name, job.name)
+            return "stopped: not the job's current attempt"
         if change.ended:
-            _track_warm_pool(deps, change, job.name)
+            _track_warm_pool(deps, change, job.name, confirmed=confirmed)
         return "ignored: not the job's current attempt"
     was = job.state
     if change.status == "InProgress":
@@ -204,7 +212,14 @@ def _apply_to_job(deps: Dependencies, job: Job, change: TrainingJobChange) -> st
         # A duplicate of the end already applied: the job has moved on (requeued, or finished).
         return f"ignored: the attempt already ended ({was.value})"
     target, reason = _end_state(deps, job, change)
-    if target not in TRANSITIONS[was]:
+    if (
+        target not in TRANSITIONS[was]
+        and reason == STOPPED_EXTERNALLY
+        and JobState.STOPPING in TRANSITIONS[was]
+    ):
+        # Stopped outside sagequeue: the stop nobody here asked for is recorded on the way to its end.
+        job.transition(JobState.STOPPING, now, reason=reason)
+    if target not in TRANSITIONS[job.state]:
         return f"ignored: a {was.value} job cannot become {target.value}"
     if target is JobState.QUEUED:
         if job.stop_reason is StopReason.PREEMPTED and was is JobState.PREEMPTING:
@@ -214,8 +229,10 @@ def _apply_to_job(deps: Dependencies, job: Job, change: TrainingJobChange) -> st
             job.not_before = now + timedelta(seconds=_backoff(deps, job.retries))
         job.stop_reason = None
     job.transition(target, now, reason=reason)
+    # The pool is counted before the attempt stops counting: a crash in between over-counts for a
+    # moment (the reconcile drops what is not Available), never lets a pass overbook.
+    _track_warm_pool(deps, change, job.name, confirmed=confirmed)
     deps.store.save_job(job, was=was)
-    _track_warm_pool(deps, change, job.name)
     _announce_end(deps, job, target)
     logger.info(
         "attempt ended",
@@ -254,7 +271,7 @@ def _end_state(deps: Dependencies, job: Job, change: TrainingJobChange) -> tuple
         # Governance records why it stopped an idle or rule-breaking attempt; keep that as the final reason.
         recorded = job.reason if job.stop_reason in (StopReason.IDLE, StopReason.POLICY) else None
         return job.stop_reason.final_state, recorded or f"stopped: {job.stop_reason.value}"
-    return JobState.CANCELLED, "stopped outside sagequeue"
+    return JobState.CANCELLED, STOPPED_EXTERNALLY
 
 
 def _backoff(deps: Dependencies, retries: int) -> int:
@@ -281,8 +298,14 @@ def _announce_end(deps: Dependencies, job: Job, target: JobState) -> None:
         )
 
 
-def _track_warm_pool(deps: Dependencies, change: TrainingJobChange, job_name: str | None) -> None:
-    """An ended job with a keep-alive leaves its instances Available for a matching job; count them."""
+def _track_warm_pool(
+    deps: Dependencies, change: TrainingJobChange, job_name: str | None, *, confirmed: bool = False
+) -> None:
+    """An ended job with a keep-alive leaves its instances Available for a matching job; count them.
+
+    An event's WarmPoolStatus is a snapshot: a late or repeated Stopped event still says Available after
+    another job reused the pool. Unless `change` is a DescribeTrainingJob answer of just now, SageMaker is
+    asked before the pool is counted, so a pool already reused is never tracked again (a phantom pool)."""
     if change.keep_alive_seconds <= 0:
         return
     if change.warm_pool_status is not None and change.warm_pool_status != "Available":
@@ -290,6 +313,20 @@ def _track_warm_pool(deps: Dependencies, change: TrainingJobChange, job_name: st
         return
     if change.warm_pool_status is None and change.training_start_time is None:
         return  # never launched: nothing was retained
+    if not confirmed:
+        try:
+            described = deps.sagemaker.describe(change.training_job_name)
+        except TrainingJobNotFound:
+            deps.store.forget_warm_pool(change.training_job_name)
+            return
+        except SageMakerError as exc:
+            # Unknown: count it (over-counting only delays a start); the reconcile checks it again.
+            logger.warning(
+                "warm pool not confirmed", extra={"warm_pool": change.training_job_name, "error": str(exc)}
+            )
+        else:
+            _track_warm_pool(deps, parse_description(described), job_name, confirmed=True)
+            return
     key = ResourceKey.from_request(change.detail)
     if key is None:
         return
@@ -300,14 +337,14 @@ def _track_warm_pool(deps: Dependencies, change: TrainingJobChange, job_name: st
     deps.store.track_warm_pool(TrackedWarmPool(change.training_job_name, key, expires, job_name))
 
 
-def _apply_external(deps: Dependencies, change: TrainingJobChange) -> str:
+def _apply_external(deps: Dependencies, change: TrainingJobChange, *, confirmed: bool = False) -> str:
     """A training job sagequeue did not start: it counts against a managed pool while it holds instances."""
     managed = {status.pool.instance_type for status in deps.store.pools()}
     if not managed & set(change.demand):
         return "ignored: not on a managed pool"
     if change.ended:
+        _track_warm_pool(deps, change, None, confirmed=confirmed)
         deps.store.forget_external_attempt(change.training_job_name)
-        _track_warm_pool(deps, change, None)
         return "external attempt ended"
     deps.store.record_external_attempt(
         ExternalAttempt(
@@ -319,66 +356,300 @@ def _apply_external(deps: Dependencies, change: TrainingJobChange) -> str:
     return "external attempt recorded"
 
 
+def _settle_warm_pools(deps: Dependencies, key: ResourceKey | None, started: str) -> str | None:
+    """After a start that may have taken a warm pool: SageMaker, not sagequeue, picks which matching
+    Available pool a job reuses (the oldest), so every tracked pool of the same key is checked and the
+    ones no longer Available are dropped. Same-key pools are interchangeable capacity. Returns the pool
+    the start really reused, if sagequeue tracked it."""
+    donor: str | None = None
+    if key is None:
+        return None
+    for warm in deps.store.warm_pools():
+        if warm.resource_key != key:
+            continue
+        try:
+            status = deps.sagemaker.describe(warm.training_job_name).get("WarmPoolStatus") or {}
+        except TrainingJobNotFound:
+            deps.store.forget_warm_pool(warm.training_job_name)
+            continue
+        except SageMakerError as exc:
+            logger.warning(
+                "warm pool not checked", extra={"warm_pool": warm.training_job_name, "error": str(exc)}
+            )
+            continue
+        if status.get("Status") != "Available":
+            deps.store.forget_warm_pool(warm.training_job_name)
+            if status.get("ReusedByJob") == started:
+                donor = warm.training_job_name
+    return donor
+
+
 # --- reconcile (the timer) ---------------------------------------------------------------------------------------
 
 
 def reconcile(deps: Dependencies) -> PassReport:
-    """Compare every live attempt and tracked warm pool with DescribeTrainingJob, so a lost event only
-    delays: a missed end is applied, a stop that did not land is repeated, a gone warm pool is dropped."""
+    """Bring the table in line with what SageMaker holds, so a lost event, a crash or a lost table only
+    delays: a missed end is applied, a stop that did not land is repeated, a gone warm pool is dropped, an
+    Available pool nobody tracks is adopted, an attempt of ours that is not its job's current one is
+    stopped, and a live attempt the table lost is entered again from its tags.
+
+    SageMaker is read by listing (InProgress jobs, Available warm pools; all pages, as its filters apply
+    after MaxResults) and described only where a list cannot tell: a live attempt that is no longer
+    InProgress, a pool or job it has not seen before. One job that cannot be handled is logged, counted
+    and skipped; it never stops the others."""
     report = PassReport()
+    _ensure_configured_pools(deps)
+    in_progress = _listed(deps, StatusEquals="InProgress")
+    live_names: set[str] = set()
     for job in deps.store.live_jobs():
-        if not job.training_job_name:
-            continue
+        if job.training_job_name:
+            live_names.add(job.training_job_name)
+        _guarded(report, job.name, _reconcile_live, deps, job, in_progress, report)
+    externals = deps.store.external_attempts()
+    for external in externals:
+        _guarded(
+            report,
+            external.training_job_name,
+            _reconcile_external,
+            deps,
+            external,
+            in_progress,
+            report,
+        )
+    known = live_names | {external.training_job_name for external in externals}
+    if in_progress is not None:
+        managed = {status.pool.instance_type for status in deps.store.pools()}
+        for name, summary in in_progress.items():
+            if name not in known:
+                _guarded(report, name, _sweep, deps, summary, managed, report)
+    _reconcile_warm_pools(deps, report)
+    return report
+
+
+def _guarded(report: PassReport, subject: str, step: Callable[..., Any], *args: Any) -> None:
+    """Run one job's step; a failure (a poisoned item, a refused write) is logged, counted and skipped."""
+    try:
+        step(*args)
+    except Exception as exc:  # noqa: BLE001 - one bad job must not stop the others
+        logger.exception("skipped after an error", extra={"subject": subject})
+        count(SKIPPED_ON_ERROR)
+        report.applied.append(f"{subject}: skipped ({type(exc).__name__})")
+
+
+def _ensure_configured_pools(deps: Dependencies) -> None:
+    """A table restored or recreated has lost its pools: enter the deploy-time capacity again."""
+    present = {status.pool.instance_type for status in deps.store.pools()}
+    if set(deps.settings.capacity) - present:
+        deps.store.seed_pools(deps.settings.capacity)
+
+
+def _listed(deps: Dependencies, **filters: Any) -> dict[str, dict[str, Any]] | None:
+    """Every summary matching `filters` by name; None when SageMaker could not be listed (the caller
+    falls back to describing what it tracks)."""
+    # No training job runs longer than 28 days and a warm pool does not outlive that either: older jobs
+    # are left out, so the pages do not grow with the account's history.
+    since = deps.now() - timedelta(days=_LISTED_DAYS)
+    try:
+        return {
+            summary["TrainingJobName"]: summary
+            for summary in deps.sagemaker.list_training_jobs(
+                MaxResults=100, CreationTimeAfter=since, **filters
+            )
+        }
+    except SageMakerError as exc:
+        logger.warning("listing failed", extra={"filters": filters, "error": str(exc)})
+        return None
+
+
+def _reconcile_live(
+    deps: Dependencies, job: Job, in_progress: Mapping[str, Mapping[str, Any]] | None, report: PassReport
+) -> None:
+    name = job.training_job_name
+    if not name:
+        return
+    summary = in_progress.get(name) if in_progress is not None else None
+    if summary is None:
         try:
-            described = deps.sagemaker.describe(job.training_job_name)
+            described = deps.sagemaker.describe(name)
         except TrainingJobNotFound:
-            outcome = _with_retries(deps, job.name, lambda fresh: _vanished(deps, fresh))
-            report.applied.append(f"{job.training_job_name}: {outcome}")
-            continue
+            outcome = _with_retries(deps, job.name, lambda fresh: _vanished(deps, fresh, name))
+            report.applied.append(f"{name}: {outcome}")
+            return
         except SageMakerError as exc:
             logger.warning("describe failed", extra={"job": job.name, "error": str(exc)})
-            continue
+            return
         change = parse_description(described)
-        if job.state in (JobState.PREEMPTING, JobState.STOPPING) and change.status == "InProgress":
-            try:
-                deps.sagemaker.stop(job.training_job_name)
-            except SageMakerError as exc:
-                logger.warning("stop failed again", extra={"job": job.name, "error": str(exc)})
-                continue
-            report.applied.append(f"{job.training_job_name}: stop repeated")
-            continue
-        report.applied.append(f"{job.training_job_name}: {_apply_described(deps, job.name, change)}")
-    for external in deps.store.external_attempts():
-        try:
-            change = parse_description(deps.sagemaker.describe(external.training_job_name))
-        except TrainingJobNotFound:
-            deps.store.forget_external_attempt(external.training_job_name)
-            continue
-        if change.ended:
-            report.applied.append(f"{external.training_job_name}: {_apply_external(deps, change)}")
+    else:
+        change = parse_description(summary)  # the list says all an InProgress attempt needs
+    if job.state in (JobState.PREEMPTING, JobState.STOPPING) and change.status == "InProgress":
+        if _stop_quietly(deps, name, job.name):
+            report.applied.append(f"{name}: stop repeated")
+        return
+    if summary is not None and not (
+        job.state is JobState.STARTING and change.secondary_status not in _NOT_YET_RUNNING
+    ):
+        return  # InProgress and recorded as such: nothing to do
+    report.applied.append(f"{name}: {_apply_described(deps, job.name, change)}")
+
+
+def _reconcile_external(
+    deps: Dependencies,
+    external: ExternalAttempt,
+    in_progress: Mapping[str, Mapping[str, Any]] | None,
+    report: PassReport,
+) -> None:
+    name = external.training_job_name
+    if in_progress is not None and name in in_progress:
+        return
+    try:
+        change = parse_description(deps.sagemaker.describe(name))
+    except TrainingJobNotFound:
+        deps.store.forget_external_attempt(name)
+        return
+    if change.ended:
+        report.applied.append(f"{name}: {_apply_external(deps, change, confirmed=True)}")
+
+
+def _sweep(deps: Dependencies, summary: Mapping[str, Any], managed: set[str], report: PassReport) -> None:
+    """An InProgress training job the table does not count: stop it if it is an attempt of ours that is
+    not its job's current live attempt (a cancel that won a race, a create that answered an error but went
+    through), enter it again if its job is gone from the table, count it if it is someone else's."""
+    name = str(summary["TrainingJobName"])
+    if deps.store.get_claim(_FOREIGN, name) is not None:
+        return  # seen before: not ours, not on a managed pool
+    arn = summary.get("TrainingJobArn")
+    tags = deps.sagemaker.tags(str(arn)) if arn else {}
+    owner = tags.get(JOB_TAG)
+    if owner is None:
+        change = parse_description(deps.sagemaker.describe(name))
+        if managed & set(change.demand):
+            report.applied.append(f"{name}: {_apply_external(deps, change, confirmed=True)}")
+        else:
+            deps.store.claim(_FOREIGN, name)
+        return
+    job = deps.store.find_job(owner)
+    if job is None:
+        report.applied.append(f"{name}: {_rebuild(deps, name, tags)}")
+        return
+    if job.training_job_name == name and job.state.is_live:
+        return  # counted: the live index had not caught up
+    _stop_quietly(deps, name, owner)
+    report.applied.append(f"{name}: stopped: not the current attempt of {owner} ({job.state.value})")
+
+
+#: Fields of a DescribeTrainingJob answer that are CreateTrainingJob parameters (to re-enter a lost job).
+_REQUEST_FIELDS = (
+    "AlgorithmSpecification",
+    "RoleArn",
+    "InputDataConfig",
+    "OutputDataConfig",
+    "ResourceConfig",
+    "VpcConfig",
+    "StoppingCondition",
+    "HyperParameters",
+    "EnableNetworkIsolation",
+    "EnableInterContainerTrafficEncryption",
+    "EnableManagedSpotTraining",
+    "CheckpointConfig",
+    "Environment",
+    "RetryStrategy",
+    "DebugHookConfig",
+    "TensorBoardOutputConfig",
+)
+
+
+def _rebuild(deps: Dependencies, training_job_name: str, tags: Mapping[str, str]) -> str:
+    """The table lost the job of a live attempt of ours (restored from an old backup, recreated): enter it
+    again as the live job its tags and its description say it is, so its instances are counted."""
+    described = deps.sagemaker.describe(training_job_name)
+    change = parse_description(described)
+    if change.ended:
+        return "ended meanwhile"
+    owner = tags[JOB_TAG]
+    request: dict[str, Any] = {key: described[key] for key in _REQUEST_FIELDS if key in described}
+    request["TrainingJobName"] = owner
+    request["Tags"] = [{"Key": k, "Value": v} for k, v in tags.items() if not k.startswith("sagequeue:")]
     now = deps.now()
+    started = change.creation_time or now
+    try:
+        attempt = int(tags.get(ATTEMPT_TAG) or 1)
+    except ValueError:
+        attempt = 1
+    running = change.secondary_status not in _NOT_YET_RUNNING
+    job = Job(
+        name=owner,
+        request=request,
+        priority=priority_of(request),
+        owner=tags.get(SUBMITTED_BY_TAG) or "unknown",
+        submitted_at=started,
+        state=JobState.RUNNING if running else JobState.STARTING,
+        attempt=attempt,
+        training_job_name=training_job_name,
+        started_at=started,
+        reason="entered again from the training job's tags after the table lost it",
+    )
+    job.history.append(
+        {"at": now.isoformat(), "state": job.state.value, "attempt": attempt, "reason": job.reason}
+    )
+    try:
+        deps.store.create_job(job)
+    except JobAlreadyExists:
+        return "entered meanwhile"
+    count(JOBS_REBUILT)
+    return f"entered again as {job.state.value}"
+
+
+def _reconcile_warm_pools(deps: Dependencies, report: PassReport) -> None:
+    """Tracked pools that are no longer Available are dropped; Available pools of managed instance types
+    that nobody tracks (a crash between steps, a lost event, a lost table) are adopted."""
+    now = deps.now()
+    available = _listed(deps, WarmPoolStatusEquals="Available")
+    tracked: set[str] = set()
     for warm in deps.store.warm_pools():
+        tracked.add(warm.training_job_name)
         if warm.expires_at <= now:
             deps.store.forget_warm_pool(warm.training_job_name)
-            continue
-        try:
-            described = deps.sagemaker.describe(warm.training_job_name)
-        except TrainingJobNotFound:
-            deps.store.forget_warm_pool(warm.training_job_name)
-            continue
-        status = (described.get("WarmPoolStatus") or {}).get("Status")
-        if status != "Available":
-            deps.store.forget_warm_pool(warm.training_job_name)
-    return report
+        elif available is not None:
+            if warm.training_job_name not in available:
+                deps.store.forget_warm_pool(warm.training_job_name)
+        else:
+            _guarded(report, warm.training_job_name, _confirm_warm_pool, deps, warm.training_job_name)
+    if available is None:
+        return
+    managed = {status.pool.instance_type for status in deps.store.pools()}
+    for name in available:
+        if name not in tracked:
+            _guarded(report, name, _adopt_warm_pool, deps, name, managed, report)
+
+
+def _confirm_warm_pool(deps: Dependencies, training_job_name: str) -> None:
+    try:
+        described = deps.sagemaker.describe(training_job_name)
+    except TrainingJobNotFound:
+        deps.store.forget_warm_pool(training_job_name)
+        return
+    if (described.get("WarmPoolStatus") or {}).get("Status") != "Available":
+        deps.store.forget_warm_pool(training_job_name)
+
+
+def _adopt_warm_pool(
+    deps: Dependencies, training_job_name: str, managed: set[str], report: PassReport
+) -> None:
+    change = parse_description(deps.sagemaker.describe(training_job_name))
+    if not managed & set(change.demand) or change.warm_pool_status != "Available":
+        return
+    _track_warm_pool(deps, change, change.tags.get(JOB_TAG), confirmed=True)
+    report.applied.append(f"{training_job_name}: untracked warm pool adopted")
 
 
 def _apply_described(deps: Dependencies, job_name: str, change: TrainingJobChange) -> str:
     return _with_retries(deps, job_name, lambda fresh: _apply_to_job(deps, fresh, change))
 
 
-def _vanished(deps: Dependencies, job: Job) -> str:
-    """SageMaker has no such training job (deleted by hand): the attempt is over, the job goes on."""
-    if not job.state.is_live:
+def _vanished(deps: Dependencies, job: Job, training_job_name: str) -> str:
+    """SageMaker has no such training job: never created (a crash between the intent and the create), or
+    deleted by hand. The attempt is over; the job goes back to the queue, or ends as its stop asked."""
+    if not job.state.is_live or job.training_job_name != training_job_name:
         return "no change"
     was = job.state
     stop = job.stop_reason
@@ -416,6 +687,7 @@ def run_pass(deps: Dependencies) -> PassReport:
     for status in pool_statuses:
         pool_gauge(QUEUE_DEPTH, status.pool.instance_type, status.queued)
     live = {job.name: job for job in deps.store.live_jobs()}
+    _add_unindexed_starts(deps, pool_statuses, live, now)
     externals = deps.store.external_attempts()
     warm_pools = []
     for warm in deps.store.warm_pools():
@@ -444,7 +716,7 @@ def run_pass(deps: Dependencies) -> PassReport:
     blocked: set[str] = set()  # jobs whose capacity a failed release did not free
     for action in decided.actions:
         if isinstance(action, Preempt):
-            _preempt(deps, action, report)
+            _guarded(report, action.job_name, _preempt, deps, action, report)
         elif isinstance(action, ReleaseWarmPool):
             if _release(deps, action, report):
                 released = warm_by_name[action.training_job_name]
@@ -455,7 +727,9 @@ def run_pass(deps: Dependencies) -> PassReport:
             if action.job_name in blocked:
                 report.waiting[action.job_name] = "waiting for a warm pool to be released"
                 continue
-            _start(deps, queued[action.job_name], action, report, held, statuses)
+            _guarded(
+                report, action.job_name, _start, deps, queued[action.job_name], action, report, held, statuses
+            )
     _note_waiting(deps, queued, report.waiting, decided.reservations)
     logger.info(
         "pass done",
@@ -467,6 +741,29 @@ def run_pass(deps: Dependencies) -> PassReport:
         },
     )
     return report
+
+
+#: How long a start is re-read by key rather than trusted to the live index (GSIs are eventually
+#: consistent; their lag is normally well under a second).
+INDEX_LAG_SECONDS = 120
+
+
+def _add_unindexed_starts(
+    deps: Dependencies, pool_statuses: list[PoolStatus], live: dict[str, Job], now: datetime
+) -> None:
+    """Capacity decisions never rest on the live index alone: jobs that recently left the queue (recorded on
+    their pool's item, read consistently) and that the index does not show yet are read by key."""
+    for status in pool_statuses:
+        stale = []
+        for at, name in status.recent_starts:
+            if (now - at).total_seconds() > INDEX_LAG_SECONDS:
+                stale.append((at, name))
+            elif name not in live:
+                job = deps.store.find_job(name)
+                if job is not None and job.state.is_live:
+                    live[name] = job
+        if stale:
+            deps.store.forget_recent_starts(status.pool.instance_type, stale)
 
 
 def _learn_quota(deps: Dependencies, job: Job, held: Mapping[str, int]) -> None:
@@ -543,25 +840,6 @@ def attempt_request(
     return request
 
 
-def _create(deps: Dependencies, job: Job, attempt: int, action: Start) -> CreateResult:
-    """Create the attempt under the first of its names that no foreign training job holds: a job outside
-    the queue that took the name makes the attempt choose the next name, never fails the job. The names are
-    tried in a fixed order, so a retried pass finds its own earlier create (ResourceInUse on our job)."""
-    taken: AttemptNameTaken | None = None
-    for choice in range(ATTEMPT_NAME_CHOICES):
-        request = attempt_request(job, attempt, action.keep_alive_seconds, choice=choice)
-        try:
-            return deps.sagemaker.create_attempt(request, job_name=job.name)
-        except AttemptNameTaken as exc:
-            logger.warning(
-                "attempt name held by a foreign training job; choosing another",
-                extra={"job": job.name, "attempt": attempt, "training_job_name": request["TrainingJobName"]},
-            )
-            taken = exc
-    assert taken is not None
-    raise taken
-
-
 def _start(
     deps: Dependencies,
     job: Job,
@@ -570,53 +848,95 @@ def _start(
     held: Counter[str],
     quotas: Mapping[str, PoolStatus],
 ) -> None:
-    """Create the attempt. `held` counts the instances SageMaker holds per pool (live attempts and warm
-    pools, updated here); `quotas` the pools, with the account quota each last met."""
-    attempt = job.attempt + 1
-    try:
-        result = _create(deps, job, attempt, action)
-    except (ResourceLimitExceeded, Throttled, SageMakerUnavailable) as exc:
-        # Nothing was created: the job keeps its place and the next pass tries again.
-        if isinstance(exc, ResourceLimitExceeded):
-            _learn_quota(deps, job, held)
-        report.waiting[job.name] = f"SageMaker {exc.code or type(exc).__name__}: {exc}"
-        logger.warning("create deferred", extra={"job": job.name, "attempt": attempt, "code": exc.code})
-        return
-    except (SageMakerValidationError, AttemptNameTaken) as exc:
-        # The request itself is refused (or every name the attempt may take is held): it fails alone, with
-        # the reason, and the rest of the pass goes on.
-        message = str(exc)
-        outcome = _with_retries(deps, job.name, lambda fresh: _refused(deps, fresh, message))
-        report.failed.append(job.name)
-        logger.warning("create refused", extra={"job": job.name, "attempt": attempt, "outcome": outcome})
-        return
-    except SageMakerError as exc:
-        # An error sagequeue has no rule for: nothing is known to be created, so the job keeps its place
-        # and the rest of the plan still runs; the next pass tries again (ResourceInUse if it was).
-        report.waiting[job.name] = f"SageMaker {exc.code or type(exc).__name__}: {exc}"
-        logger.exception("create failed", extra={"job": job.name, "attempt": attempt, "code": exc.code})
-        return
-    outcome = _with_retries(
-        deps,
-        job.name,
-        lambda fresh: _record_start(
-            deps,
-            fresh,
-            result.training_job_name,
-            deps.now(),
-            warm_pool=action.warm_pool,
-            keep_alive_seconds=action.keep_alive_seconds or 0,
-        ),
-    )
-    (report.adopted if result.already_started else report.started).append(result.training_job_name)
+    """Intent, side effect, confirmation: the attempt is recorded (conditional on the job's version) before
+    CreateTrainingJob, so a cancel or hold that wins the race leaves nothing to start, and a crash after the
+    create leaves a live entry that counts the instances (the reconcile finds what happened).
+
+    A training job outside the queue holding the attempt's name makes the job take its next attempt number
+    (a reserved form no submission can take), never fails it. `held` counts the instances SageMaker holds
+    per pool (live attempts and warm pools, updated here); `quotas` the pools, with the account quota each
+    last met."""
+    current: Job | None = job
+    for choice in range(ATTEMPT_NAME_CHOICES):
+        fresh_job = current or deps.store.get_job(job.name)
+        attempt = fresh_job.attempt + 1
+        request = attempt_request(fresh_job, attempt, action.keep_alive_seconds)
+        name = request["TrainingJobName"]
+        undo = partial(_not_created, deps, name=name, previous=fresh_job.training_job_name)
+        intent = _with_retries(
+            deps, job.name, partial(_intent, deps, name=name, action=action), first=fresh_job
+        )
+        if intent != "started":
+            report.waiting.pop(job.name, None)
+            logger.info("start abandoned", extra={"job": job.name, "attempt": attempt, "outcome": intent})
+            return
+        try:
+            result = deps.sagemaker.create_attempt(request, job_name=job.name)
+        except AttemptNameTaken as exc:
+            if choice + 1 < ATTEMPT_NAME_CHOICES:
+                logger.warning(
+                    "attempt name held by a foreign training job; taking the next attempt's",
+                    extra={"job": job.name, "attempt": attempt, "training_job_name": name},
+                )
+                _with_retries(
+                    deps, job.name, partial(undo, why=f"training job {name} belongs to someone else")
+                )
+                current = None
+                continue
+            outcome = _with_retries(deps, job.name, partial(undo, refused=str(exc)))
+            report.failed.append(job.name)
+            logger.warning("every attempt name is taken", extra={"job": job.name, "outcome": outcome})
+            return
+        except SageMakerValidationError as exc:
+            outcome = _with_retries(deps, job.name, partial(undo, refused=str(exc)))
+            report.failed.append(job.name)
+            logger.warning("create refused", extra={"job": job.name, "attempt": attempt, "outcome": outcome})
+            return
+        except SageMakerError as exc:
+            # Nothing is known to be created: the job keeps its place and the next pass tries again. Had it
+            # been created after all, the reconcile's sweep stops it (it is not the job's current attempt).
+            if isinstance(exc, ResourceLimitExceeded):
+                _learn_quota(deps, job, held)
+            why = f"SageMaker {exc.code or type(exc).__name__}: {exc}"
+            report.waiting[job.name] = why
+            _with_retries(deps, job.name, partial(undo, why=why))
+            logger.warning("create deferred", extra={"job": job.name, "attempt": attempt, "code": exc.code})
+            return
+        break
+    (report.adopted if result.already_started else report.started).append(name)
     if action.warm_pool is None:
         held.update(job.demand)
     for pool in job.demand:
         status = quotas.get(pool)
         if status is not None and status.quota is not None and held[pool] > status.quota:
             deps.store.forget_quota(pool)  # SageMaker granted more than the quota it once refused at
-    if outcome != "started":
-        logger.warning("start not recorded", extra={"job": job.name, "outcome": outcome})
+    fresh = deps.store.get_job(job.name)
+    if fresh.training_job_name != name or fresh.state not in (JobState.STARTING, JobState.RUNNING):
+        # A cancel (or any stop) won the race after the intent: what was just created must not run.
+        _stop_quietly(deps, name, job.name)
+        logger.info("created attempt stopped", extra={"job": job.name, "state": fresh.state.value})
+        return
+    _announce_start(deps, fresh)
+    donor = _settle_warm_pools(deps, job.resource_key, name)
+    if donor != action.warm_pool:
+        _with_retries(deps, job.name, lambda j: _correct_warm_start(deps, j, name, donor), first=fresh)
+    if donor:
+        count(WARM_POOL_REUSES)
+        detail = {"name": job.name, "attempt": fresh.attempt, "training_job_name": name}
+        announce(deps.publisher, EventType.WARM_POOL_REUSED, {**detail, "warm_pool_of": donor})
+
+
+def _intent(deps: Dependencies, job: Job, *, name: str, action: Start) -> str:
+    """The start recorded before CreateTrainingJob (announced once SageMaker has it)."""
+    return _record_start(
+        deps,
+        job,
+        name,
+        deps.now(),
+        warm_pool=action.warm_pool,
+        keep_alive_seconds=action.keep_alive_seconds or 0,
+        created=False,
+    )
 
 
 def _record_start(
@@ -628,8 +948,11 @@ def _record_start(
     reason: str | None = None,
     warm_pool: str | None = None,
     keep_alive_seconds: int = 0,
+    created: bool = True,
 ) -> str:
-    if job.training_job_name == training_job_name and job.state is not JobState.QUEUED:
+    """Record `training_job_name` as the job's current attempt. `created` is False for the intent written
+    before CreateTrainingJob: the start is announced once SageMaker has it."""
+    if job.training_job_name == training_job_name and job.state in (JobState.STARTING, JobState.RUNNING):
         return "started"  # recorded already (an event adopted it first)
     if job.state is not JobState.QUEUED or not job.is_next_attempt(training_job_name):
         return f"not started: the job is {job.state.value}"
@@ -649,28 +972,75 @@ def _record_start(
     logger.append_keys(job=job.name, attempt=job.attempt)
     logger.info("attempt started", extra={"training_job_name": training_job_name, "warm_pool": warm_pool})
     logger.remove_keys(["job", "attempt"])
-    detail = {"name": job.name, "attempt": job.attempt, "training_job_name": training_job_name}
+    if created:
+        _announce_start(deps, job)
+    return "started"
+
+
+def _announce_start(deps: Dependencies, job: Job) -> None:
+    detail = {"name": job.name, "attempt": job.attempt, "training_job_name": job.training_job_name}
     if job.attempt == 1:
         count(STARTS)
         announce(deps.publisher, EventType.JOB_STARTED, detail)
     else:
         count(RESUMES)
         announce(deps.publisher, EventType.JOB_RESUMED, {**detail, "preemptions": job.preemptions})
-    if warm_pool:
-        deps.store.forget_warm_pool(warm_pool)
-        count(WARM_POOL_REUSES)
-        announce(deps.publisher, EventType.WARM_POOL_REUSED, {**detail, "warm_pool_of": warm_pool})
-    return "started"
 
 
-def _refused(deps: Dependencies, job: Job, message: str) -> str:
-    if job.state is not JobState.QUEUED:
-        return f"not failed: the job is {job.state.value}"
+def _stop_quietly(deps: Dependencies, training_job_name: str, job_name: str | None) -> bool:
+    try:
+        return deps.sagemaker.stop(training_job_name)
+    except SageMakerError as exc:
+        logger.warning(
+            "stop failed", extra={"job": job_name, "training_job_name": training_job_name, "error": str(exc)}
+        )
+        return False
+
+
+def _correct_warm_start(deps: Dependencies, job: Job, name: str, donor: str | None) -> str:
+    """SageMaker reused another pool than the one named, or none: the job says what really happened."""
+    if job.training_job_name != name or job.reused_warm_pool_of == donor:
+        return "no change"
+    job.reused_warm_pool_of = donor
+    if job.history and job.history[-1].get("state") == JobState.STARTING.value:
+        job.history[-1]["reason"] = f"on warm pool of {donor}" if donor else None
+    deps.store.save_job(job, was=job.state)
+    return "corrected"
+
+
+def _not_created(
+    deps: Dependencies,
+    job: Job,
+    name: str,
+    previous: str | None,
+    *,
+    refused: str | None = None,
+    why: str | None = None,
+) -> str:
+    """Undo an intent whose CreateTrainingJob did not go through: back in the queue (or failed, when
+    SageMaker refused the request); a job cancelled meanwhile ends as its stop asked."""
+    if job.training_job_name != name or not job.state.is_live:
+        return "no change"
     was = job.state
-    job.transition(JobState.FAILED, deps.now(), reason=f"SageMaker refused the job: {message}")
+    now = deps.now()
+    if was is JobState.STARTING:
+        if refused is not None:
+            job.transition(JobState.FAILED, now, reason=f"SageMaker refused the job: {refused}")
+        else:
+            # The attempt's number stays used: had the create gone through after all, that training job is
+            # stopped as not current (the sweep), never adopted by a later start of the same name.
+            job.training_job_name = previous
+            job.reused_warm_pool_of = None
+            job.transition(JobState.QUEUED, now, reason=why or f"training job {name} was not created")
+    else:
+        target = job.stop_reason.final_state if job.stop_reason else JobState.CANCELLED
+        if target is JobState.QUEUED:
+            job.stop_reason = None
+        job.transition(target, now, reason=f"training job {name} was never created")
     deps.store.save_job(job, was=was)
-    _announce_end(deps, job, JobState.FAILED)
-    return "failed"
+    if job.state.is_terminal:
+        _announce_end(deps, job, job.state)
+    return job.state.value
 
 
 def _preempt(deps: Dependencies, action: Preempt, report: PassReport) -> None:

@@ -1,0 +1,471 @@
+"""The queue stays true to SageMaker: each scenario where it used to lose track (late events re-tracking a
+reused warm pool, SageMaker picking another pool than the one named, a cancel or hold racing a pass, an item
+growing without bound, a crash or a lagging index between steps, a job stopped or a table lost outside
+sagequeue) runs on the local stack with an invariant monitor checking SageMaker's side after every
+SageMaker operation."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import START, SUBMITTER, TRN1, QueueWorld, make_world, training_request
+
+from sagequeue.local.emulator.events import state_change_event
+from sagequeue_core.defaults import ATTEMPT_TAG, JOB_TAG
+from sagequeue_core.domain import InvalidTransition, Job, JobState
+from sagequeue_core.service import jobs
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from support.cfn_template import create_table
+from support.invariants import InvariantMonitor, advance, monitored
+
+
+def _event_now(world: QueueWorld, name: str) -> dict[str, Any]:
+    """SageMaker's state-change event for `name` as it would be sent now (to deliver later, or twice)."""
+    tags = world.emulator.backend._jobs[name].tags
+    return state_change_event(
+        world.emulator.backend.describe(name),
+        tags,
+        world.clock.now(),
+        region="us-east-1",
+        account_id="123456789012",
+    )
+
+
+@pytest.fixture
+def one_trn1(moto_endpoint: str) -> Iterator[tuple[QueueWorld, InvariantMonitor]]:
+    yield from monitored(make_world(moto_endpoint, capacity={TRN1: 1}))
+
+
+@pytest.fixture
+def three_trn1(moto_endpoint: str) -> Iterator[tuple[QueueWorld, InvariantMonitor]]:
+    yield from monitored(make_world(moto_endpoint, capacity={TRN1: 3}))
+
+
+# --- 1. warm pools -------------------------------------------------------------------------------------------
+
+
+def test_a_late_stopped_event_does_not_bring_back_a_reused_warm_pool(
+    one_trn1: tuple[QueueWorld, InvariantMonitor],
+) -> None:
+    world, monitor = one_trn1
+    # GIVEN a finished job's warm pool, reused by the next job of the same key
+    world.submit("first", duration=120, keep_alive=900)
+    advance(world, monitor, until=lambda: world.state("first") == "completed")
+    advance(world, monitor, 30)
+    late = _event_now(world, "first")
+    assert late["detail"]["WarmPoolStatus"]["Status"] == "Available"
+    world.submit("second", duration=1200)
+    assert world.sagemaker().describe_training_job(TrainingJobName="first")["WarmPoolStatus"]["Status"] != (
+        "Available"
+    )
+    # WHEN the first job's end event, which still says Available, arrives again late (twice), and a third
+    # job of the same key is waiting
+    world.submit("third", duration=120)
+    world.deliver([late, late])
+    advance(world, monitor, 120)
+
+    # THEN the pool is not counted again, nothing is started "warm" on it, and SageMaker holds 1 instance
+    assert world.state("third") == "queued"
+    status, pools = world.api("GET", "/pools")
+    assert status == 200
+    assert pools["pools"][0]["warm"] == 0
+    assert monitor.violations == []
+    advance(world, monitor, until=lambda: world.state("third") == "completed")
+    assert monitor.violations == []
+
+
+def test_sagemaker_choosing_another_same_key_pool_is_followed(
+    three_trn1: tuple[QueueWorld, InvariantMonitor],
+) -> None:
+    world, monitor = three_trn1
+    # GIVEN two Available pools of one key (p1 older than p2)
+    world.submit("p1", duration=60, keep_alive=1800)
+    advance(world, monitor, 60)
+    world.submit("p2", duration=60, keep_alive=1800)
+    advance(world, monitor, until=lambda: world.state("p2") == "completed")
+    advance(world, monitor, 30)
+    held = world.emulator.instances_in_use()[TRN1]
+    assert held == 2
+
+    # WHEN a job of that key and two of another key are submitted
+    world.submit("warm", duration=1200)
+    world.submit("cold1", duration=1200, volume=500)
+    world.submit("cold2", duration=1200, volume=500)
+    advance(world, monitor, 180)
+
+    # THEN the queue knows which pool SageMaker gave and keeps the other counted: one cold job waits
+    warm = world.job("warm")
+    donor = world.sagemaker().describe_training_job(TrainingJobName="p1")["WarmPoolStatus"]
+    assert donor.get("ReusedByJob") == "warm", "SageMaker takes the oldest pool"
+    assert warm["history"][1]["reason"] == "on warm pool of p1"
+    p2 = world.sagemaker().describe_training_job(TrainingJobName="p2")["WarmPoolStatus"]["Status"]
+    waiting = [world.state("cold1"), world.state("cold2")].count("queued")
+    # the other pool is either still held (one cold job waits) or released for the second cold job
+    assert (p2, waiting) in (("Available", 1), ("Terminated", 0))
+    assert world.emulator.instances_in_use()[TRN1] == 3
+    assert monitor.violations == []
+    reused = [detail["warm_pool_of"] for kind, detail in world.audit() if kind == "WarmPoolReused"]
+    assert reused == ["p1"]
+
+
+def test_the_reconcile_adopts_an_available_pool_nobody_tracks(
+    one_trn1: tuple[QueueWorld, InvariantMonitor],
+) -> None:
+    world, monitor = one_trn1
+    # GIVEN a warm pool SageMaker holds that the queue lost track of (its tracking item lost)
+    world.submit("first", duration=60, keep_alive=1800)
+    advance(world, monitor, until=lambda: world.state("first") == "completed")
+    assert world.deps.store.forget_warm_pool("first")
+    # WHEN the timer reconciles
+    report = world.timer()
+    # THEN the Available pool is counted again
+    assert "first: untracked warm pool adopted" in report["applied"]
+    assert [w.training_job_name for w in world.deps.store.warm_pools()] == ["first"]
+    # and a job of another key gets the instance only once the pool is released
+    world.submit("other", duration=60, volume=500)
+    advance(world, monitor, until=lambda: world.state("other") == "completed")
+    assert world.sagemaker().describe_training_job(TrainingJobName="first")["WarmPoolStatus"]["Status"] == (
+        "Terminated"
+    )
+    assert monitor.violations == []
+
+
+# --- 2. cancel and hold racing the pass ------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def before_sagemaker(world: QueueWorld, operation: str, action: Any) -> Iterator[None]:
+    """Run `action` once, just before the scheduler's next `operation` reaches SageMaker."""
+    client = world.deps.sagemaker.client
+    done: list[bool] = []
+
+    def hook(**_: Any) -> None:
+        if not done:
+            done.append(True)
+            action()
+
+    client.meta.events.register(f"before-call.sagemaker.{operation}", hook)
+    try:
+        yield
+    finally:
+        client.meta.events.unregister(f"before-call.sagemaker.{operation}", hook)
+
+
+def test_a_cancel_between_the_pass_and_its_create_stops_what_was_created(
+    one_trn1: tuple[QueueWorld, InvariantMonitor],
+) -> None:
+    world, monitor = one_trn1
+    # GIVEN the user cancels the job after the pass decided to start it, before CreateTrainingJob
+    with before_sagemaker(world, "CreateTrainingJob", lambda: jobs.cancel(world.deps, "racy", SUBMITTER)):
+        world.submit("racy", duration=3600)
+    world.submit("next", duration=120)
+
+    # THEN the attempt that was created is stopped, the job ends cancelled and the instance is free again
+    advance(world, monitor, until=lambda: world.state("racy") == "cancelled")
+    assert world.sagemaker().describe_training_job(TrainingJobName="racy")["TrainingJobStatus"] in (
+        "Stopping",
+        "Stopped",
+    )
+    advance(world, monitor, until=lambda: world.state("next") == "completed")
+    assert world.sagemaker().describe_training_job(TrainingJobName="racy")["TrainingJobStatus"] == "Stopped"
+    assert monitor.violations == []
+
+
+def test_a_hold_that_wins_the_race_leaves_nothing_to_start(
+    one_trn1: tuple[QueueWorld, InvariantMonitor],
+) -> None:
+    world, monitor = one_trn1
+    store = world.deps.store.client
+    done: list[bool] = []
+
+    def hold_first(**_: Any) -> None:
+        # the first transaction on the job once it exists is the pass's intent; the hold goes first
+        if not done and world.deps.store.find_job("racy") is not None:
+            done.append(True)
+            jobs.change(world.deps, "racy", SUBMITTER, held=True)
+
+    store.meta.events.register("before-call.dynamodb.TransactWriteItems", hold_first)
+    try:
+        status, _ = world.api("POST", "/jobs", training_request("racy", duration=3600))
+    finally:
+        store.meta.events.unregister("before-call.dynamodb.TransactWriteItems", hold_first)
+    assert status == 201
+    assert done
+    advance(world, monitor, 300)
+    assert world.state("racy") == "held"
+    names = [s["TrainingJobName"] for s in world.sagemaker().list_training_jobs()["TrainingJobSummaries"]]
+    assert "racy" not in names
+    assert monitor.violations == []
+
+
+def test_a_hold_that_loses_the_race_is_refused(one_trn1: tuple[QueueWorld, InvariantMonitor]) -> None:
+    world, monitor = one_trn1
+    refused: list[Exception] = []
+
+    def hold() -> None:
+        try:
+            jobs.change(world.deps, "racy", SUBMITTER, held=True)
+        except InvalidTransition as exc:
+            refused.append(exc)
+
+    with before_sagemaker(world, "CreateTrainingJob", hold):
+        world.submit("racy", duration=120)
+    assert refused, "the start was recorded first: a hold can no longer apply"
+    advance(world, monitor, until=lambda: world.state("racy") == "completed")
+    assert monitor.violations == []
+
+
+def test_a_create_sagemaker_throttles_puts_the_job_back_and_the_next_start_uses_a_new_name(
+    one_trn1: tuple[QueueWorld, InvariantMonitor],
+) -> None:
+    world, monitor = one_trn1
+    # GIVEN SageMaker throttles the first CreateTrainingJob (the intent was already written)
+    world.emulator.fail_next("CreateTrainingJob", "ThrottlingException")
+    world.submit("throttled", duration=60)
+    # THEN the intent is undone: the job waits, saying why
+    job = world.job("throttled")
+    assert job["state"] == "queued"
+    assert job["reason"].startswith("SageMaker ThrottlingException")
+    # and the next start uses the next attempt's name, so a create that went through anyway is never reused
+    advance(world, monitor, until=lambda: world.state("throttled") == "completed")
+    assert world.job("throttled")["training_job_name"] == "throttled-2"
+    assert monitor.violations == []
+
+
+def test_the_sweep_stops_an_attempt_of_ours_that_is_not_current(
+    one_trn1: tuple[QueueWorld, InvariantMonitor],
+) -> None:
+    world, monitor = one_trn1
+    world.submit("owner", duration=1200)
+    advance(world, monitor, 60)
+    # GIVEN a training job named and tagged as another attempt of the job (a create that answered an
+    # error but went through), whose events are lost
+    world.mangle = lambda events: []
+    request = training_request("owner-7", duration=1200, tags={JOB_TAG: "owner", ATTEMPT_TAG: "7"})
+    request.pop("priority", None)
+    world.sagemaker().create_training_job(**request)
+    world.deliver()
+    world.mangle = None
+    # WHEN the timer reconciles
+    world.timer()
+    # THEN it is stopped within that one period
+    assert world.sagemaker().describe_training_job(TrainingJobName="owner-7")["TrainingJobStatus"] in (
+        "Stopping",
+        "Stopped",
+    )
+    assert world.job("owner")["training_job_name"] == "owner"
+
+
+# --- 3. bounded items, poisoned items ---------------------------------------------------------------------
+
+
+def _item_bytes(world: QueueWorld, name: str) -> int:
+    raw = world.deps.store.client.get_item(
+        TableName=world.deps.store.table_name, Key={"pk": {"S": f"JOB#{name}"}, "sk": {"S": "JOB"}}
+    )["Item"]
+    # DynamoDB's item size: attribute names plus values (an upper bound for numbers)
+    return sum(len(key) + len(json.dumps(value)) for key, value in raw.items())
+
+
+def test_a_job_preempted_5000_times_keeps_a_small_item_and_can_still_be_preempted(
+    one_trn1: tuple[QueueWorld, InvariantMonitor],
+) -> None:
+    world, monitor = one_trn1
+    # GIVEN a job that has been preempted 5,000 times (its history built the way transitions build it)
+    world.submit("veteran", duration=3600, priority=1)
+    job = world.deps.store.get_job("veteran")
+    moment = START
+    for _ in range(5000):
+        for state in (JobState.STARTING, JobState.RUNNING, JobState.PREEMPTING, JobState.QUEUED):
+            moment += timedelta(seconds=1)
+            job.history.append(
+                {"at": moment.isoformat(), "state": state.value, "attempt": job.attempt, "reason": "x" * 200}
+            )
+        job.preemptions += 1
+    world.deps.store.save_job(job, was=JobState.QUEUED)
+    advance(world, monitor, until=lambda: world.state("veteran") == "running")
+
+    # WHEN it is preempted once more
+    world.submit("urgent", duration=60, priority=9)
+    advance(world, monitor, until=lambda: world.state("urgent") == "completed")
+    advance(world, monitor, until=lambda: world.state("veteran") == "running")
+
+    # THEN its item stays far below DynamoDB's limit and its counters keep the totals
+    assert _item_bytes(world, "veteran") < 64 * 1024
+    veteran = world.job("veteran")
+    assert veteran["preemptions"] == 5001
+    assert veteran["history"][0]["state"] == "queued", "the submission is kept"
+    assert monitor.violations == []
+
+
+def test_a_poisoned_job_does_not_stop_the_reconcile_for_the_others(
+    three_trn1: tuple[QueueWorld, InvariantMonitor],
+) -> None:
+    world, monitor = three_trn1
+    # GIVEN a live job whose item no longer reads (corrupted), and another job whose events are all lost
+    world.submit("poisoned", duration=3600)
+    world.submit("lost", duration=60)
+    world.mangle = lambda events: []
+    advance(world, monitor, 30)
+    client, table = world.deps.store.client, world.deps.store.table_name
+    client.update_item(
+        TableName=table,
+        Key={"pk": {"S": "JOB#poisoned"}, "sk": {"S": "JOB"}},
+        UpdateExpression="SET #r = :bad",
+        ExpressionAttributeNames={"#r": "request"},
+        ExpressionAttributeValues={":bad": {"S": "{not json"}},
+    )
+    world.emulator.advance(600)
+    world.take_sagemaker_events()
+    world.mangle = None
+
+    # WHEN the timer reconciles
+    report = world.timer()
+
+    # THEN the other job's end is applied all the same
+    assert world.state("lost") == "completed"
+    assert "lost: completed" in report["applied"]
+
+
+# --- 4. crashes and index lag ------------------------------------------------------------------------------
+
+
+class Crash(BaseException):
+    """The process dying between two steps."""
+
+
+@pytest.fixture
+def two_trn1(moto_endpoint: str) -> Iterator[tuple[QueueWorld, InvariantMonitor]]:
+    yield from monitored(make_world(moto_endpoint, capacity={TRN1: 2}))
+
+
+def test_a_crash_between_an_end_and_its_warm_pool_never_leaves_the_pool_uncounted(
+    two_trn1: tuple[QueueWorld, InvariantMonitor],
+) -> None:
+    world, monitor = two_trn1
+    store = world.deps.store
+    save = store.save_job
+    crashed: list[bool] = []
+
+    def dying_save(job: Job, *, was: JobState) -> Job:
+        if job.state is JobState.COMPLETED and not crashed:
+            crashed.append(True)
+            raise Crash("died between tracking the pool and recording the end")
+        return save(job, was=was)
+
+    # GIVEN a job with a keep-alive ends, and the scheduler dies right after counting its pool
+    store.save_job = dying_save  # type: ignore[method-assign]
+    world.submit("first", duration=60, keep_alive=1800)
+    with pytest.raises(Crash):
+        advance(world, monitor, 600)
+    store.save_job = save  # type: ignore[method-assign]
+    # WHEN two jobs of another key are submitted
+    world.submit("a", duration=600, volume=500)
+    world.submit("b", duration=600, volume=500)
+    advance(world, monitor, 180)
+    # THEN the pool was counted all along: one waits while it is held, or it was released first
+    pool = world.sagemaker().describe_training_job(TrainingJobName="first")["WarmPoolStatus"]["Status"]
+    waiting = [world.state("a"), world.state("b")].count("queued")
+    assert (pool, waiting) in (("Available", 1), ("Terminated", 0))
+    assert world.state("first") == "completed", "the reconcile applied the end"
+    assert monitor.violations == []
+
+
+class LaggingLiveIndex:
+    """The live index answering as it stood one read earlier: the latest starts are missing from it."""
+
+    def __init__(self, read: Any) -> None:
+        self.read = read
+        self.previous: list[Job] = []
+
+    def __call__(self) -> list[Job]:
+        answer, self.previous = self.previous, self.read()
+        names = {job.name for job in self.previous}
+        return [job for job in answer if job.name in names]
+
+
+@pytest.fixture
+def two_trn1_lagging(moto_endpoint: str) -> Iterator[tuple[QueueWorld, InvariantMonitor]]:
+    for world, monitor in monitored(make_world(moto_endpoint, capacity={TRN1: 2})):
+        world.deps.store.live_jobs = LaggingLiveIndex(world.deps.store.live_jobs)  # type: ignore[method-assign]
+        yield world, monitor
+
+
+def test_a_pass_whose_live_index_lags_does_not_overbook(
+    two_trn1_lagging: tuple[QueueWorld, InvariantMonitor],
+) -> None:
+    world, monitor = two_trn1_lagging
+    # GIVEN the live index lags behind the table, and jobs arrive one by one, each triggering a pass
+    for name in ("a", "b", "c", "d"):
+        world.submit(name, duration=600)  # the monitor checks after each SageMaker call
+    advance(world, monitor, 120)
+    # THEN the passes count the starts the index does not show yet: two run, two wait
+    states = [world.state(name) for name in ("a", "b", "c", "d")]
+    assert states.count("queued") == 2
+    assert world.emulator.instances_in_use()[TRN1] == 2
+    assert monitor.violations == []
+
+
+# --- 5. outside sagequeue ----------------------------------------------------------------------------------
+
+
+def test_a_job_stopped_outside_sagequeue_ends_stopped_externally_and_frees_its_instance(
+    one_trn1: tuple[QueueWorld, InvariantMonitor],
+) -> None:
+    world, monitor = one_trn1
+    world.submit("victim", duration=3600)
+    world.submit("next", duration=120)
+    advance(world, monitor, until=lambda: world.state("victim") == "running")
+    # GIVEN someone stops it from the console, and the Stopped event is lost
+    world.mangle = lambda events: [e for e in events if e["detail"]["TrainingJobStatus"] != "Stopped"]
+    world.sagemaker().stop_training_job(TrainingJobName="victim")
+    advance(world, monitor, 60)
+    world.mangle = None
+    # THEN the reconcile ends it as stopped externally, and its instance goes to the next job
+    advance(world, monitor, until=lambda: world.state("victim") == "cancelled")
+    assert world.job("victim")["reason"] == "stopped externally"
+    advance(world, monitor, until=lambda: world.state("next") == "completed")
+    assert monitor.violations == []
+
+
+def test_after_the_table_is_lost_the_reconcile_rebuilds_live_jobs_and_pools(
+    three_trn1: tuple[QueueWorld, InvariantMonitor],
+) -> None:
+    world, monitor = three_trn1
+    # GIVEN two running jobs and a warm pool
+    world.submit("pool", duration=60, keep_alive=3600)
+    advance(world, monitor, until=lambda: world.state("pool") == "completed")
+    world.submit("a", duration=3600, volume=500, tags={"priority": "7"})
+    world.submit("b", duration=3600, volume=500)
+    advance(world, monitor, until=lambda: world.state("a") == "running" and world.state("b") == "running")
+    assert world.emulator.instances_in_use()[TRN1] == 3
+
+    # WHEN the table is deleted and created again empty (a restore from an old backup)
+    client, table = world.deps.store.client, world.deps.store.table_name
+    client.delete_table(TableName=table)
+    create_table(client, table)
+    report = world.timer()
+    world.deliver()
+    monitor.check_settled()
+    assert "a: entered again as running" in report["applied"]
+
+    # THEN the live attempts and the warm pool are counted again
+    a = world.job("a")
+    assert (a["state"], a["training_job_name"], a["priority"]) == ("running", "a", 7)
+    assert world.state("b") == "running"
+    assert [w.training_job_name for w in world.deps.store.warm_pools()] == ["pool"]
+    # and a newcomer of another key starts only once the pool's instance is released for it
+    world.submit("newcomer", duration=60, volume=500)
+    monitor.check_settled()
+    pool = world.sagemaker().describe_training_job(TrainingJobName="pool")["WarmPoolStatus"]["Status"]
+    assert (pool, world.state("newcomer")) in (("Available", "queued"), ("Terminated", "starting"))
+    advance(world, monitor, until=lambda: world.state("a") == "completed")
+    assert monitor.violations == []
