@@ -247,15 +247,16 @@ def test_5_a_name_an_attempt_would_take_is_refused_and_a_foreign_holder_is_stepp
     assert (refused.value.status, "reserved" in str(refused.value)) == (400, True)
     # someone creates a training job of that name directly on SageMaker
     stack.sagemaker.create_training_job(**request(stack, attempt_name(victim, 2), 60))
-    # the victim runs, is preempted, and resumes: its second attempt steps around the taken name
+    # the victim runs, is preempted, and resumes: its next attempt steps around the taken name (the number
+    # of the attempt that met the foreign job stays used)
     queue.submit(request(stack, victim, 1200), priority=1)
     filler = unique("fill")
     queue.submit(request(stack, filler, 1200), priority=1)
     until(stack, lambda: states(queue)[victim] == "running", limit=600)
     admin.submit(request(stack, unique("urgent"), 120), priority=900)
-    until(stack, lambda: queue.job(victim).attempt == 2, limit=1200)
+    until(stack, lambda: queue.job(victim).attempt == 3 and queue.job(victim).live, limit=1200)
     job = queue.job(victim)
     assert job.state != "failed"
-    assert job.training_job_name == attempt_name(victim, 2, 1)
+    assert job.training_job_name == attempt_name(victim, 3)
     cancel_all(stack, queue)
     cancel_all(stack, admin)

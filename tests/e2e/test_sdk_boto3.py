@@ -25,7 +25,8 @@ IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/neuron-train:2.21"
 
 @pytest.fixture(scope="module")
 def stack() -> Iterator[Any]:
-    settings = {"capacity": {POOL: 1}, "min_runtime_before_preemption_seconds": 0}
+    # a training plan is a pool of its own (plan:<name>)
+    settings = {"capacity": {POOL: 1, "plan:trn1-reserved": 1}, "min_runtime_before_preemption_seconds": 0}
     with LocalStack(settings=settings) as running:
         yield running
 
@@ -105,7 +106,7 @@ def test_create_queues_with_tag_priority_and_the_scheduler_starts_it_unchanged(
         answer["TrainingJobArn"] == f"arn:aws:sagemaker:{stack.region}:{stack.account_id}:training-job/{name}"
     )
     job = queue.job(name)
-    assert (job.state, job.priority, job.pool, job.position) == ("queued", 100, POOL, 1)
+    assert (job.state, job.priority, job.pool, job.position) == ("queued", 100, "plan:trn1-reserved", 1)
     assert job.owner == stack.identity().arn
     # nothing reached SageMaker yet: the job waits for the scheduler
     pending = sagemaker.describe_training_job(TrainingJobName=name)

@@ -176,7 +176,7 @@ def test_a_crash_between_the_intent_and_the_create_requeues_the_job(world: Queue
     assert "fragile: queued" in report["applied"]
     world.run_until(lambda: world.state("fragile") == "completed")
     names = [s["TrainingJobName"] for s in world.sagemaker().list_training_jobs()["TrainingJobSummaries"]]
-    assert names == ["fragile-2"]
+    assert names == [attempt_name("fragile", 2)]
 
 
 def test_a_training_job_of_the_same_name_not_started_by_the_queue_makes_the_attempt_choose_another(
@@ -192,12 +192,12 @@ def test_a_training_job_of_the_same_name_not_started_by_the_queue_makes_the_atte
     # WHEN the job is submitted
     world.api("POST", "/jobs", training_request("taken", duration=60))
 
-    # THEN it starts under the attempt's next name (a reserved form) instead of failing or adopting the
-    # stranger's job, which is left as it was
+    # THEN it starts under its next attempt's name (a reserved form no submission can take) instead of
+    # failing or adopting the stranger's job, which is left as it was; the attempt that met it stays used
     job = world.job("taken")
     assert job["state"] == "starting"
-    assert job["training_job_name"] == attempt_name("taken", 1, 1) == "taken--1c1"
-    assert job["attempts"] == ["taken--1c1"]
+    assert job["training_job_name"] == attempt_name("taken", 2) == "taken--2"
+    assert job["attempt"] == 2
     tags = world.sagemaker().list_tags(
         ResourceArn=world.sagemaker().describe_training_job(TrainingJobName="taken")["TrainingJobArn"]
     )["Tags"]
@@ -213,7 +213,8 @@ def test_a_throttled_create_leaves_the_job_queued_and_it_starts_later(world: Que
     world.timer()
 
     assert world.state("patient") == "starting"
-    assert world.job("patient")["attempt"] == 1
+    # the deferred create's attempt number stays used: had it gone through, its job is stopped, never adopted
+    assert world.job("patient")["attempt"] == 2
 
 
 def test_a_quota_refusal_is_learned_and_the_configured_capacity_tried_again_later(world: QueueWorld) -> None:
@@ -230,7 +231,7 @@ def test_a_quota_refusal_is_learned_and_the_configured_capacity_tried_again_late
     assert "the account's quota allows 0" in world.job("patient")["reason"]
     # AND once the quota is old news the configured capacity is tried again: this time SageMaker accepts
     world.run(QUOTA_MEMORY_SECONDS + 60, step=60)
-    assert world.job("patient")["attempt"] == 1
+    assert world.job("patient")["attempt"] == 2  # the refused attempt's number stays used
     assert world.api("GET", "/pools")[1]["pools"][0]["quota"] is None
 
 

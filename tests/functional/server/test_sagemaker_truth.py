@@ -19,7 +19,7 @@ from conftest import START, SUBMITTER, TRN1, QueueWorld, make_world, training_re
 
 from sagequeue.local.emulator.events import state_change_event
 from sagequeue_core.defaults import ATTEMPT_TAG, JOB_TAG
-from sagequeue_core.domain import InvalidTransition, Job, JobState
+from sagequeue_core.domain import InvalidTransition, Job, JobState, attempt_name
 from sagequeue_core.service import jobs
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -236,7 +236,7 @@ def test_a_create_sagemaker_throttles_puts_the_job_back_and_the_next_start_uses_
     assert job["reason"].startswith("SageMaker ThrottlingException")
     # and the next start uses the next attempt's name, so a create that went through anyway is never reused
     advance(world, monitor, until=lambda: world.state("throttled") == "completed")
-    assert world.job("throttled")["training_job_name"] == "throttled-2"
+    assert world.job("throttled")["training_job_name"] == attempt_name("throttled", 2)
     assert monitor.violations == []
 
 
@@ -275,10 +275,18 @@ def _item_bytes(world: QueueWorld, name: str) -> int:
     return sum(len(key) + len(json.dumps(value)) for key, value in raw.items())
 
 
+@pytest.fixture
+def one_trn1_no_budget(moto_endpoint: str) -> Iterator[tuple[QueueWorld, InvariantMonitor]]:
+    # MaxPreemptionsPerJob 0: no budget, so a job preempted thousands of times may be preempted again
+    yield from monitored(
+        make_world(moto_endpoint, capacity={TRN1: 1}, settings={"max_preemptions_per_job": 0})
+    )
+
+
 def test_a_job_preempted_5000_times_keeps_a_small_item_and_can_still_be_preempted(
-    one_trn1: tuple[QueueWorld, InvariantMonitor],
+    one_trn1_no_budget: tuple[QueueWorld, InvariantMonitor],
 ) -> None:
-    world, monitor = one_trn1
+    world, monitor = one_trn1_no_budget
     # GIVEN a job that has been preempted 5,000 times (its history built the way transitions build it)
     world.submit("veteran", duration=3600, priority=1)
     job = world.deps.store.get_job("veteran")
