@@ -104,6 +104,32 @@ def test_a_late_event_of_an_earlier_attempt_does_not_touch_the_current_one(world
     assert (job1["state"], job1["attempt"], job1["preemptions"]) == ("running", 2, 1)
 
 
+def test_a_forged_failed_event_does_not_requeue_a_running_job(world: QueueWorld) -> None:
+    # GIVEN a job running on SageMaker
+    world.submit("steady", priority=1, duration=3600)
+    world.run_until(lambda: world.state("steady") == "running")
+    # WHEN an event claims its attempt failed with a retryable error (SageMaker says it still trains)
+    forged = dict(world.emulator.backend.describe("steady"))
+    forged.update(
+        TrainingJobStatus="Failed",
+        SecondaryStatus="Failed",
+        FailureReason="InternalServerError: forged",
+    )
+    event = state_change_event(
+        forged,
+        {"sagequeue:job": "steady", "sagequeue:attempt": "1"},
+        world.clock.now(),
+        region="us-east-1",
+        account_id="123456789012",
+    )
+    world.deliver([event])
+    # THEN the scheduler asked SageMaker, which still runs it: one live attempt, the job still running
+    job = world.job("steady")
+    assert (job["state"], job["attempt"], job["retries"]) == ("running", 1, 0)
+    live = world.sagemaker().list_training_jobs(StatusEquals="InProgress")["TrainingJobSummaries"]
+    assert [s["TrainingJobName"] for s in live] == ["steady"]
+
+
 def test_a_duplicated_stop_after_preemption_does_not_cancel_the_requeued_job(world: QueueWorld) -> None:
     # GIVEN job1 is preempted and its Stopped event is applied: the job is queued again
     world.submit("job1", priority=1, duration=1200)

@@ -126,7 +126,21 @@ def handle_event(deps: Dependencies, event: Mapping[str, Any]) -> PassReport:
         except MalformedEvent as exc:
             logger.warning("ignoring a malformed SageMaker event", extra={"problem": str(exc)})
         else:
-            report.applied.append(f"{change.training_job_name}: {apply_change(deps, change)}")
+            confirmed = False
+            if change.ended:
+                # An end frees capacity and may requeue the job: act on what SageMaker says now, not on
+                # the event, which may be late, repeated or forged (a forged Failed once gave a job two
+                # live attempts). If SageMaker cannot say, the timer's reconcile will.
+                described = _confirm_end(deps, change)
+                if described is None:
+                    report.applied.append(
+                        f"{change.training_job_name}: end not confirmed; left to the reconcile"
+                    )
+                    return report
+                change, confirmed = described, True
+            report.applied.append(
+                f"{change.training_job_name}: {apply_change(deps, change, confirmed=confirmed)}"
+            )
             if not change.ended:
                 # Capacity comes back only when an attempt ends. An in-progress step (Downloading,
                 # Training, ...) or a job started by hand can only hold instances the last pass already
@@ -142,6 +156,19 @@ def handle_event(deps: Dependencies, event: Mapping[str, Any]) -> PassReport:
 
 
 # --- applying SageMaker's view ------------------------------------------------------------------------------------
+
+
+def _confirm_end(deps: Dependencies, change: TrainingJobChange) -> TrainingJobChange | None:
+    """The training job an event says ended, as DescribeTrainingJob tells it now; None when SageMaker does
+    not answer (or knows no such job)."""
+    try:
+        return parse_description(deps.sagemaker.describe(change.training_job_name))
+    except SageMakerError as exc:
+        logger.warning(
+            "end not confirmed; the reconcile will",
+            extra={"job": change.training_job_name, "error": str(exc)},
+        )
+        return None
 
 
 def apply_change(deps: Dependencies, change: TrainingJobChange, *, confirmed: bool = False) -> str:
