@@ -164,16 +164,24 @@ def test_a_forged_alarm_message_stops_nothing(world: World) -> None:
     forged += world.idle_stop.on_sns(alarm_event(f"sagequeue-idle-{name}/algo-7"))
     in_alarm(world, f"sagequeue-idle-{other}/algo-1")
     spec = world.cloudwatch.describe_alarms(AlarmNames=[f"sagequeue-idle-{other}/algo-1"])["MetricAlarms"][0]
+    # the same metrics (or metric math) as the other job's alarm: it watches the other job's host
+    watched = (
+        {"Metrics": spec["Metrics"]}
+        if spec.get("Metrics")
+        else {
+            "Namespace": spec["Namespace"],
+            "MetricName": spec["MetricName"],
+            "Dimensions": spec["Dimensions"],
+            "Statistic": "Average",
+            "Period": 60,
+        }
+    )
     world.cloudwatch.put_metric_alarm(
         AlarmName=f"sagequeue-idle-{name}/algo-2",
-        Namespace=spec["Namespace"],
-        MetricName=spec["MetricName"],
-        Dimensions=spec["Dimensions"],  # watches the other job's host
-        Statistic="Average",
-        Period=60,
         EvaluationPeriods=1,
         Threshold=5,
         ComparisonOperator="LessThanOrEqualToThreshold",
+        **watched,
     )
     in_alarm(world, f"sagequeue-idle-{name}/algo-2")
     forged += world.idle_stop.on_sns(alarm_event(f"sagequeue-idle-{name}/algo-2"))
