@@ -133,8 +133,9 @@ def test_a_job_submitted_from_the_cli_runs_on_the_local_stack(local_stack: tuple
     )
     assert waited.returncode == 0, waited.stderr
     lines = waited.stdout.splitlines()
-    assert lines[0].startswith(f"{followed}: queued")
-    assert any(line.startswith(f"{followed}: running, attempt 1 as {followed}") for line in lines)
+    # the first poll may already find it started (the pool has room); a busy machine may skip a state
+    assert lines[0].split(",")[0] in (f"{followed}: queued", f"{followed}: starting", f"{followed}: running")
+    assert any(f"attempt 1 as {followed}" in line for line in lines)
     assert lines[-1].startswith(f"{followed}: completed")
     failing = {
         **request,
