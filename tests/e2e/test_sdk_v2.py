@@ -36,11 +36,15 @@ from sagequeue.client import QueueClient
 from sagequeue.local import LocalStack
 from sagequeue.session import SDK_MAJOR, QueueSession
 
+PLAN_POOL = "plan:trn1-reserved"
+
 
 @pytest.fixture(scope="module")
 def stack() -> Iterator[Any]:
     assert SDK_MAJOR == 2
-    with LocalStack(settings={"capacity": {POOL: 1}, "min_runtime_before_preemption_seconds": 0}) as running:
+    # a training plan is a pool of its own; this one is drained (capacity 0), so its jobs stay queued
+    settings = {"capacity": {POOL: 1, PLAN_POOL: 0}, "min_runtime_before_preemption_seconds": 0}
+    with LocalStack(settings=settings) as running:
         yield running
 
 
@@ -134,14 +138,14 @@ def test_fit_without_waiting_queues_the_request_whole(
     stack: Any, queue: QueueClient, session: QueueSession
 ) -> None:
     hold_the_pool(stack, queue)
-    plan = f"arn:aws:sagemaker:{stack.region}:{stack.account_id}:training-plan/trn1-reserved"
+    plan = f"arn:aws:sagemaker:{stack.region}:{stack.account_id}:training-plan/{PLAN_POOL.split(':')[1]}"
     est = estimator(stack, session, training_plan=plan)
 
     est.fit(wait=False)
 
     name = est.latest_training_job.name
     job = queue.job(name)
-    assert (job.state, job.priority, job.pool, job.position) == ("queued", 100, POOL, 1)
+    assert (job.state, job.priority, job.pool, job.position) == ("queued", 100, PLAN_POOL, 1)
     described = est.latest_training_job.describe()
     assert (described["TrainingJobStatus"], described["SecondaryStatus"]) == ("InProgress", "Pending")
     assert described["ResourceConfig"]["KeepAlivePeriodInSeconds"] == 900
