@@ -124,7 +124,9 @@ def test_a_full_disk_stops_the_restore_and_removes_its_staging(
     for entry in neuron.scan(root, VERSION):
         if entry.module.endswith("+abcdef12"):
             assert entry.state is neuron.EntryState.COMPLETE, entry
-    assert (tmp_path / "report.json").exists(), result.stderr
+    # the command itself was started (its own compile may then fail on the disk left full)
+    assert "standin-train" in result.stderr
+    assert any("sagequeue-job INFO running " in line for line in result.stderr.splitlines()), result.stderr
 
 
 def test_restore_max_bytes_caps_the_download(s3_cache: Cache, small_disk: Path, tmp_path: Path) -> None:

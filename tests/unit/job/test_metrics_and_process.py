@@ -114,6 +114,11 @@ def test_a_running_compiler_is_published_as_compiling(tmp_path: Path) -> None:
     publisher = UtilizationPublisher(HostIdentity("job-1", 1), cloudwatch=cloudwatch)
     compiler = subprocess.Popen([sys.executable, str(script), "compile"])
     try:
+        # the process is visible under its script's name once the interpreter has started it
+        cmdline = Path(f"/proc/{compiler.pid}/cmdline")
+        deadline = time.monotonic() + 10
+        while b"neuronx-cc" not in cmdline.read_bytes() and time.monotonic() < deadline:
+            time.sleep(0.02)
         publisher.sample_compiling()
     finally:
         compiler.kill()
