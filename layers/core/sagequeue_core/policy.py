@@ -32,11 +32,13 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 from sagequeue_core.domain import Reservation, ReservationKind, ResourceKey, never_fits
+from sagequeue_core.quotas import TeamLedger, TeamQuota, fair_share_factors, fair_share_key
 
 #: Above this many preemption candidates in a pool, the exact fewest-victims search gives way to a
 #: greedy cover that is then pruned to a minimal one (the search is combinatorial).
@@ -56,6 +58,7 @@ class QueuedJob:
     not_before: datetime | None = None  # backoff after a transient failure
     reservation: Reservation | None = None  # what an earlier pass promised it
     queued_since: datetime | None = None  # when it last entered the queue; None: submitted_at
+    team: str | None = None  # whose quota it draws on (quotas.py); None: no team
 
     @property
     def waiting_since(self) -> datetime:
@@ -77,6 +80,7 @@ class RunningAttempt:
     training_started_at: datetime | None = None
     preemptions: int = 0  # times its queue entry was preempted already
     checkpointed: bool = True  # it resumes from checkpoints (CheckpointConfig); else it restarts from zero
+    team: str | None = None  # whose quota it draws on (quotas.py); None: no team
 
     @property
     def preemptible(self) -> bool:
@@ -108,6 +112,10 @@ class Snapshot:
     queued: Sequence[QueuedJob] = ()
     running: Sequence[RunningAttempt] = ()
     warm_pools: Sequence[WarmPool] = ()
+    #: team quotas per pool (quotas.py); none: pools are not divided among teams, as without teams
+    team_quotas: Sequence[TeamQuota] = ()
+    #: decayed instance-hours per team: fair share orders teams within a priority when quotas exist
+    team_usage: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -229,8 +237,26 @@ class _Pass:
             if attempt.preemptible:
                 for pool in attempt.demand:
                     self.preemptible_by_pool.setdefault(pool, []).append(attempt)
+        # --- team quotas hook (quotas.py): a no-op without quotas ---
+        self.teams = TeamLedger(
+            snapshot.team_quotas, {pool: self._limit(pool) for pool in snapshot.capacity}, snapshot.running
+        )
+        factors = fair_share_factors(snapshot.team_usage, snapshot.team_quotas)
         # 2. order
-        self.order = sorted(snapshot.queued, key=pass_order)
+        if self.teams.governed:
+            # what a team's nominal quota guarantees before what it would borrow; within a priority and
+            # after reservation holders, the team with less recent usage first
+            self.order = sorted(
+                snapshot.queued,
+                key=lambda j: (
+                    not self.teams.within_nominal(j.team, j.demand),
+                    *pass_order(j)[:2],
+                    fair_share_key(j.team, factors),
+                    *pass_order(j)[2:],
+                ),
+            )
+        else:
+            self.order = sorted(snapshot.queued, key=pass_order)
         self.eligible = [j for j in self.order if j.not_before is None or j.not_before <= snapshot.now]
         self.started: set[str] = set()
         self.blocked_pools: set[str] = set()  # pools where a job already waits in this pass
@@ -267,6 +293,8 @@ class _Pass:
         never = self._never_fits(job)
         if never is not None:
             self.result.waiting[job.name] = never
+            return
+        if not self._team_admits(job):  # team quotas hook
             return
         warm = self._matching_warm_pool(job)
         if warm is not None:
@@ -339,6 +367,7 @@ class _Pass:
 
     def _start(self, job: QueuedJob, warm_pool: str | None = None) -> None:
         self.started.add(job.name)
+        self.teams.take(job.team, job.demand)  # team quotas hook
         if job.resource_key:
             self.open_keys[job.resource_key] -= 1
         self.result.actions.append(
@@ -364,7 +393,7 @@ class _Pass:
             remaining = {pool: need for pool, need in remaining.items() if need > 0}
         if remaining:
             ready = [a for a in self._candidates(job, remaining) if self._ran_long_enough(a)]
-            victims = minimal_cover(ready, remaining)
+            victims = minimal_cover(ready, remaining, key=self._reclaim_first(job))
             if victims is None:
                 cover.short = remaining
             else:
@@ -382,8 +411,63 @@ class _Pass:
                     continue
                 if budget > 0 and attempt.preemptions >= budget:
                     continue  # preempted enough: it runs to its end
+                if self.teams.same_team_only(job.team, attempt):
+                    continue  # team quotas hook: other teams' work is reclaimed, not preempted by priority
                 candidates[attempt.training_job_name] = attempt
+        # team quotas hook: borrowing work of other teams, whatever its priority, for a team under its quota
+        for attempt in self.teams.reclaim_candidates(
+            job.team,
+            job.demand,
+            itertools.chain.from_iterable(self.preemptible_by_pool.get(pool, ()) for pool in remaining),
+            lambda a: (
+                a.training_job_name not in self.victims and not (budget > 0 and a.preemptions >= budget)
+            ),
+        ):
+            candidates[attempt.training_job_name] = attempt
         return list(candidates.values())
+
+    # --- team quotas hooks (the arithmetic is quotas.py's) ---
+    def _team_admits(self, job: QueuedJob) -> bool:
+        """Whether the job's team may take its demand (nominal quota, or borrowing). If not, the job waits
+        with a reason naming the quota; within the team, a higher priority preempts its own team's
+        lower-priority work to make room, as it would in the pool."""
+        short = self.teams.short(job.team, job.demand)
+        if not short:
+            return True
+        reason = self.teams.reason(job.team, job.demand, self.free)
+        if not self.teams.short(job.team, job.demand, returning=True):
+            self.result.waiting[job.name] = reason + "; waiting for the team's stopping jobs"
+            return False
+        ready = [a for a in self._candidates(job, short) if self._ran_long_enough(a)]
+        victims = minimal_cover(ready, short)
+        if victims is not None:
+            # no claim on free capacity: that is other teams' to use while these stop
+            for victim in victims:
+                self.victims.add(victim.training_job_name)
+                assert victim.job_name is not None  # preemptible attempts belong to the queue
+                self.result.actions.append(
+                    Preempt(victim.job_name, victim.training_job_name, for_job=job.name)
+                )
+            self.result.waiting[job.name] = (
+                reason
+                + "; waiting for the team's preempted jobs to stop: "
+                + (", ".join(v.training_job_name for v in victims))
+            )
+            return False
+        self.result.waiting[job.name] = reason
+        return False
+
+    def _reclaim_first(self, job: QueuedJob) -> Callable[[RunningAttempt], tuple[Any, ...]] | None:
+        """Victim order when other teams' borrowing work is among the candidates: that first, newest first."""
+        if not self.teams.governed:
+            return None
+
+        def key(attempt: RunningAttempt) -> tuple[Any, ...]:
+            if self.teams.same_team_only(job.team, attempt):
+                return (0, -attempt.started_at.timestamp(), attempt.training_job_name)
+            return (1, *victim_order(attempt))
+
+        return key
 
     def _coverable_later(self, job: QueuedJob, cover: _Cover) -> bool:
         if not cover.short:
@@ -543,7 +627,9 @@ def covers(attempts: Iterable[RunningAttempt], deficit: Mapping[str, int]) -> bo
 
 
 def minimal_cover(
-    candidates: Sequence[RunningAttempt], deficit: Mapping[str, int]
+    candidates: Sequence[RunningAttempt],
+    deficit: Mapping[str, int],
+    key: Callable[[RunningAttempt], tuple[Any, ...]] | None = None,
 ) -> list[RunningAttempt] | None:
     """The fewest candidates that together free `deficit`, preferring the cheapest to stop (victim_order);
     None if none do.
@@ -551,7 +637,8 @@ def minimal_cover(
     The result is always minimal: dropping any victim leaves the deficit uncovered, so no job is stopped
     that the waiting job does not need.
     """
-    ordered = sorted(candidates, key=victim_order)
+    order = key or victim_order
+    ordered = sorted(candidates, key=order)
     if not covers(ordered, deficit):
         return None
     if len(ordered) <= EXACT_VICTIM_SEARCH_LIMIT:
@@ -567,7 +654,7 @@ def minimal_cover(
         if covers(chosen, deficit):
             break
     # prune: drop the most expensive victims the cover does not need
-    for attempt in sorted(chosen, key=victim_order, reverse=True):
+    for attempt in sorted(chosen, key=order, reverse=True):
         rest = [a for a in chosen if a is not attempt]
         if covers(rest, deficit):
             chosen = rest
