@@ -18,7 +18,7 @@ from aws_lambda_powertools.utilities.typing import LambdaContext
 from sagequeue_core.defaults import TRAINING_JOB_NAME_MAX_LENGTH
 from sagequeue_core.observability import logger, metrics
 from sagequeue_core.runtime import dependencies
-from sagequeue_core.service import jobs, submit
+from sagequeue_core.service import jobs, submit, teams
 from sagequeue_core.service.access import is_admin, require_caller
 from sagequeue_core.service.http import (
     NAME_PATTERN,
@@ -31,6 +31,9 @@ from sagequeue_core.service.http import (
     JobOut,
     PoolList,
     PoolOut,
+    QuotaList,
+    QuotaOut,
+    QuotaRequest,
     SubmitRequest,
     WhoAmI,
     answers,
@@ -51,6 +54,10 @@ InstanceType = Annotated[
     Path(
         pattern=POOL_PATTERN, max_length=69, description="e.g. ml.trn1.32xlarge, or plan:<training plan name>"
     ),
+]
+
+TeamName = Annotated[
+    str, Path(pattern=r"^[A-Za-z0-9._-]{1,64}$", max_length=64, description="a team, as its tag names it")
 ]
 
 QUEUED_RESPONSES = answers(201, "the job, queued", JobOut)
@@ -140,6 +147,24 @@ def list_pools() -> PoolList:
 def set_pool(instanceType: InstanceType, request: CapacityRequest) -> PoolOut:
     view = jobs.set_pool(dependencies(), instanceType, request.capacity, _caller())
     return PoolOut(**view.to_api())
+
+
+@app.get(
+    "/teams/<team>/quotas",
+    responses=answers(200, "the team's quota and usage per pool", QuotaList),
+    summary="A team's quotas: nominal, used, borrowed, lent per pool",
+)
+def get_team_quotas(team: TeamName) -> QuotaList:
+    return QuotaList(quotas=[QuotaOut(**share) for share in teams.team_quotas(dependencies(), team)])
+
+
+@app.put(
+    "/teams/<team>/quotas",
+    responses=answers(200, "the team's quota in the pool", QuotaOut),
+    summary="Set a team's quota in a pool (admin)",
+)
+def set_team_quota(team: TeamName, request: QuotaRequest) -> QuotaOut:
+    return QuotaOut(**teams.set_quota(dependencies(), team, request.model_dump(), _caller()))
 
 
 @app.put(

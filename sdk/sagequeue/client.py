@@ -752,6 +752,31 @@ class QueueClient:
         path = "/pools/" + quote(instance_type, safe="")
         return Pool.from_api(self.request("PUT", path, body={"capacity": instances}))
 
+    def team_quotas(self, team: str) -> list[dict[str, Any]]:
+        """A team's quota and usage per pool: nominal, used, borrowed, lent, borrowable."""
+        answer = self.request("GET", "/teams/" + quote(team, safe="") + "/quotas")
+        if not isinstance(answer, Mapping):
+            raise ServerError(f"GET /teams/{team}/quotas answered {answer!r}", status=200)
+        return [dict(q) for q in answer.get("quotas") or ()]
+
+    def set_team_quota(
+        self,
+        team: str,
+        pool: str,
+        nominal: int | None,
+        *,
+        borrowing_limit: int | None = None,
+        lending_limit: int | None = None,
+    ) -> dict[str, Any]:
+        """Set `team`'s quota in `pool` (admins only); limits None are unlimited, nominal None removes it."""
+        body = {
+            "pool": pool,
+            "nominal": nominal,
+            "borrowing_limit": borrowing_limit,
+            "lending_limit": lending_limit,
+        }
+        return dict(self.request("PUT", "/teams/" + quote(team, safe="") + "/quotas", body=body))
+
     def whoami(self) -> Identity:
         answer = self.request("GET", "/whoami")
         if not isinstance(answer, Mapping) or "arn" not in answer:

@@ -176,6 +176,32 @@ def _required_tags(value: Any) -> str:
     return spec
 
 
+def _team_roles(value: Any) -> dict[str, str]:
+    """`arn:aws:iam::123456789012:role/vision=vision,...` (or a mapping) -> {role ARN: team}."""
+    from sagequeue_core.quotas import QuotaError, check_team_name
+
+    if isinstance(value, Mapping):
+        pairs = [(str(k), str(v)) for k, v in value.items()]
+    else:
+        pairs = []
+        for raw in _text(value).split(","):
+            entry = raw.strip()
+            if entry:
+                arn, sep, team = (part.strip() for part in entry.rpartition("="))
+                if not sep:
+                    raise ValueError(f"entry {entry!r} must be <role ARN>=<team>")
+                pairs.append((arn, team))
+    roles: dict[str, str] = {}
+    for arn, team in pairs:
+        if not _PRINCIPAL_ARN.fullmatch(arn):
+            raise ValueError(f"{arn!r} is not an IAM role ARN")
+        try:
+            roles[arn] = check_team_name(team)
+        except QuotaError as exc:
+            raise ValueError(str(exc)) from None
+    return roles
+
+
 def setting(default: Any, parse: Parser) -> Any:
     """A settings field: its default and the parser its values go through."""
     return dataclasses.field(default=default, metadata={"parse": parse})
@@ -254,6 +280,12 @@ class Settings:
     alarm_topic_arn: str = setting("", _text)
     #: SNS topic for notifications to people (policy violations, idle stops).
     notification_topic_arn: str = setting("", _text)
+    #: The tag whose value names a job's team (team quotas, docs/adr/0011-team-quotas.md).
+    team_tag: str = setting("team", _text)
+    #: `<role ARN>=<team>` pairs: the team of a job without the tag, from the role that submitted it.
+    team_roles: dict[str, str] = dataclasses.field(default_factory=dict, metadata={"parse": _team_roles})
+    #: Half-life of the decaying instance-hours counter that orders teams within a priority (fair share).
+    fair_share_half_life_seconds: int = setting(86_400, _integer(ge=0))
 
     def __post_init__(self) -> None:
         problems = []

@@ -49,6 +49,8 @@ class EventType(StrEnum):
     JOB_FINISHED = "JobFinished"
     WARM_POOL_REUSED = "WarmPoolReused"
     JOB_RESERVED = "JobReserved"  # a waiting job was promised capacity, or its promise ended
+    QUOTA_BORROWED = "QuotaBorrowed"  # a job started on capacity its team borrows beyond its quota
+    QUOTA_RECLAIMED = "QuotaReclaimed"  # a team under its quota preempted another team's borrowing job
     POLICY_VIOLATION = "PolicyViolation"
     IDLE_STOPPED = "IdleStopped"
 

@@ -16,6 +16,7 @@ from typing import Protocol
 
 from sagequeue_core.domain import PRIORITY_MAX, Job, JobState, ResourceKey
 from sagequeue_core.policy import PolicySettings, QueuedJob, RunningAttempt, Snapshot, WarmPool
+from sagequeue_core.quotas import TeamQuota
 
 #: Live states whose instances come back without anything left to decide.
 _STOPPING_STATES = frozenset({JobState.PREEMPTING, JobState.STOPPING})
@@ -82,6 +83,8 @@ def build_snapshot(
     live: Iterable[Job],
     external: Iterable[HeldOutsideQueue] = (),
     warm_pools: Iterable[RetainedWarmPool] = (),
+    team_quotas: Iterable[TeamQuota] = (),
+    team_usage: Mapping[str, float] | None = None,
 ) -> Snapshot:
     """The snapshot of one pass.
 
@@ -90,7 +93,7 @@ def build_snapshot(
     order). `live`: jobs whose attempt holds instances (starting, running, preempting, stopping).
     `external`: attempts started outside the queue; they count at the highest priority and are never
     preempted. `warm_pools`: tracked Available warm pools; those whose keep-alive has run out by `now` are
-    left out.
+    left out. `team_quotas`: every team's quota per pool; `team_usage`: decayed instance-hours per team.
     """
     return Snapshot(
         now=now,
@@ -106,6 +109,7 @@ def build_snapshot(
                 not_before=job.not_before,
                 reservation=job.reservation,
                 queued_since=job.queued_since,
+                team=job.team,
             )
             for job in queued
         ],
@@ -120,6 +124,7 @@ def build_snapshot(
                 training_started_at=job.training_started_at,
                 preemptions=job.preemptions,
                 checkpointed=job.checkpointed,
+                team=job.team,
             )
             for job in live
         ]
@@ -133,6 +138,8 @@ def build_snapshot(
             for attempt in external
         ],
         warm_pools=[WarmPool(w.training_job_name, w.resource_key) for w in warm_pools if w.expires_at > now],
+        team_quotas=tuple(team_quotas),
+        team_usage=dict(team_usage or {}),
     )
 
 

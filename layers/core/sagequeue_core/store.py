@@ -7,6 +7,8 @@ on a sparse index; every state change is a conditional write on the item's versi
 Items (pk / sk):
     JOB#<name> / JOB                  a queue entry and its current attempt
     POOLS / <instance type>           a pool: capacity, a counter of queued jobs, its recent starts
+    TEAMS / <team>#<pool>             a team's quota in a pool: nominal, borrowing and lending limits
+    TEAMS / ~usage                    decayed instance-hours per team (fair share), as of a time
     EXTERNAL#<training job> / LIVE    a live training job started outside the queue on a managed pool
     WARM#<training job> / WARM        an Available warm pool sagequeue tracks
     CLAIM#<kind>#<subject> / CLAIM    idempotency ledger: the first claim wins
@@ -58,11 +60,15 @@ from sagequeue_core.domain import (
     active_quota,
 )
 from sagequeue_core.errors import JobAlreadyExists, JobNotFound, PoolNotFound, StaleVersion
+from sagequeue_core.quotas import TeamQuota, UsageCounter
 
 T = TypeVar("T")
 
 _JOB_SK = "JOB"
 _POOLS_PK = "POOLS"
+_TEAMS_PK = "TEAMS"  # sort key <team>#<pool>: a quota; _USAGE_SK: the decaying usage counter
+_TEAM_SEP = "#"
+_USAGE_SK = "~usage"
 _LIVE = "LIVE"
 _WARM = "WARM"
 _CLAIM_SK = "CLAIM"
@@ -200,6 +206,7 @@ def _model_classes(table_name: str, host: str | None, region: str | None) -> Any
         training_started_at = UTCDateTimeAttribute(null=True)
         queued_since = UTCDateTimeAttribute(null=True)
         reservation = UnicodeAttribute(null=True)  # JSON {instances, since, kind}
+        team = UnicodeAttribute(null=True)
         history = UnicodeAttribute(null=True)  # JSON list
         # index keys
         queued_pool = UnicodeAttribute(null=True)
@@ -214,6 +221,10 @@ def _model_classes(table_name: str, host: str | None, region: str | None) -> Any
         quota = NumberAttribute(null=True)
         quota_seen_at = UTCDateTimeAttribute(null=True)
         recent = UnicodeSetAttribute(null=True)  # "<epoch seconds>#<job name>" of recent starts
+        # team quota (team and pool in the key; a null limit is unlimited)
+        nominal = NumberAttribute(null=True)
+        borrowing_limit = NumberAttribute(null=True)
+        lending_limit = NumberAttribute(null=True)
         # external attempt, warm pool, claim
         demand = UnicodeAttribute(null=True)  # JSON {instance type: count}
         resource_key = UnicodeAttribute(null=True)  # JSON
@@ -546,6 +557,80 @@ class Repository:
                 if not _condition_failed(exc):
                     raise
 
+    # --- team quotas and the fair-share counter ---------------------------------------------------------
+
+    def team_quotas(self) -> list[TeamQuota]:
+        """Every team's quota in every pool (a consistent Query on one partition)."""
+        quotas, _ = self._teams_partition()
+        return quotas
+
+    def _teams_partition(self) -> tuple[list[TeamQuota], UsageCounter | None]:
+        quotas: list[TeamQuota] = []
+        counter: UsageCounter | None = None
+        for item in self._item.query(_TEAMS_PK, consistent_read=True):
+            if item.sk == _USAGE_SK:
+                detail = json.loads(item.detail or "{}")
+                counter = UsageCounter(
+                    as_of=item.claimed_at, hours={str(k): float(v) for k, v in detail.items()}
+                )
+                continue
+            team, _, pool = item.sk.partition(_TEAM_SEP)
+            quotas.append(
+                TeamQuota(
+                    team=team,
+                    pool=pool,
+                    nominal=int(item.nominal or 0),
+                    borrowing_limit=None if item.borrowing_limit is None else int(item.borrowing_limit),
+                    lending_limit=None if item.lending_limit is None else int(item.lending_limit),
+                )
+            )
+        return quotas, counter
+
+    def teams(self) -> tuple[list[TeamQuota], UsageCounter | None]:
+        """The quotas and the decaying usage counter, in one read."""
+        return self._teams_partition()
+
+    def set_team_quota(self, quota: TeamQuota) -> TeamQuota:
+        """Create or replace a team's quota in a pool."""
+        self._item(
+            _TEAMS_PK,
+            f"{quota.team}{_TEAM_SEP}{quota.pool}",
+            nominal=quota.nominal,
+            borrowing_limit=quota.borrowing_limit,
+            lending_limit=quota.lending_limit,
+        ).save(add_version_condition=False)
+        return quota
+
+    def remove_team_quota(self, team: str, pool: str) -> bool:
+        """Drop a team's quota in a pool; False if it had none."""
+        try:
+            self._item(_TEAMS_PK, f"{team}{_TEAM_SEP}{pool}").delete(
+                condition=self._item.pk.exists(), add_version_condition=False
+            )
+        except DeleteError as exc:
+            if _condition_failed(exc):
+                return False
+            raise
+        return True
+
+    def save_usage_counter(self, counter: UsageCounter, *, was: UsageCounter | None) -> bool:
+        """Store the advanced counter if nobody advanced it since `was` was read; False on a lost race
+        (the other pass's counter stands, and this pass's interval is counted by the next one)."""
+        item = self._item(
+            _TEAMS_PK,
+            _USAGE_SK,
+            detail=json.dumps(dict(counter.hours), separators=(",", ":")),
+            claimed_at=counter.as_of,
+        )
+        condition = self._item.pk.does_not_exist() if was is None else (self._item.claimed_at == was.as_of)
+        try:
+            item.save(condition=condition, add_version_condition=False)
+        except PutError as exc:
+            if _condition_failed(exc):
+                return False
+            raise
+        return True
+
     # --- attempts started outside the queue ---------------------------------------------------------------
 
     def record_external_attempt(self, attempt: ExternalAttempt) -> None:
@@ -670,6 +755,7 @@ class Repository:
             training_started_at=job.training_started_at,
             queued_since=job.queued_since,
             reservation=json.dumps(job.reservation.to_dict()) if job.reservation else None,
+            team=job.team,
             history=json.dumps(_bounded_history(job.history), separators=(",", ":")),
             queued_pool=job.pool if queued else None,
             queue_order=queue_order(job.priority, job.submitted_at, job.name) if queued else None,
@@ -705,6 +791,7 @@ class Repository:
             training_started_at=item.training_started_at,
             queued_since=item.queued_since,
             reservation=Reservation.from_dict(json.loads(item.reservation)) if item.reservation else None,
+            team=item.team,
             version=int(item.version or 0),
             history=json.loads(item.history or "[]"),
         )

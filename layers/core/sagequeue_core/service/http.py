@@ -70,7 +70,33 @@ class CapacityRequest(BaseModel):
     capacity: int = Field(ge=0, le=MAX_POOL_CAPACITY, description="instances of this type the queue may use")
 
 
+class QuotaRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    pool: str = Field(description="instance type or plan:<name>")
+    nominal: int | None = Field(ge=0, le=MAX_POOL_CAPACITY, description="instances guaranteed; null removes")
+    borrowing_limit: int | None = Field(default=None, ge=0, description="above nominal; null: unlimited")
+    lending_limit: int | None = Field(default=None, ge=0, description="of unused nominal; null: all of it")
+
+
 # --- answers ---------------------------------------------------------------------------------------------------
+
+
+class QuotaOut(BaseModel):
+    team: str
+    pool: str
+    nominal: int | None = None
+    borrowing_limit: int | None = None
+    lending_limit: int | None = None
+    used: int = 0
+    borrowed: int = Field(default=0, description="instances held above the nominal quota")
+    lent: int = Field(default=0, description="of the nominal quota, instances other teams hold now")
+    borrowable: int = Field(default=0, description="what the team could borrow now")
+    removed: bool = False
+
+
+class QuotaList(BaseModel):
+    quotas: list[QuotaOut]
 
 
 class ReservationOut(BaseModel):
@@ -103,6 +129,7 @@ class JobOut(BaseModel):
         default=None, description="when the current attempt began to train (minimum runtime counts from here)"
     )
     warnings: list[str] = Field(default_factory=list, description="how the queue will treat the job")
+    team: str | None = Field(default=None, description="whose quota the job draws on")
 
 
 class HistoryEntry(BaseModel):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import copy
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import partial
@@ -62,14 +62,18 @@ from sagequeue_core.observability import (
     RESUMES,
     SKIPPED_ON_ERROR,
     STARTS,
+    TEAM_BORROWED,
+    TEAM_USED,
     WARM_POOL_RELEASES,
     WARM_POOL_REUSES,
     MetricUnit,
     count,
     logger,
     pool_gauge,
+    team_gauge,
 )
-from sagequeue_core.policy import Preempt, ReleaseWarmPool, Start, plan
+from sagequeue_core.policy import Action, Preempt, ReleaseWarmPool, Snapshot, Start, plan
+from sagequeue_core.quotas import NO_TEAM, TeamLedger, TeamQuota, UsageCounter
 from sagequeue_core.runtime import Dependencies
 from sagequeue_core.sagemaker import FailureKind, classify_failure
 from sagequeue_core.snapshot import build_snapshot, policy_settings
@@ -689,6 +693,75 @@ def _vanished(deps: Dependencies, job: Job, training_job_name: str) -> str:
     return target.value
 
 
+# --- team quotas ---------------------------------------------------------------------------------------------------
+
+
+def _team_usage(
+    deps: Dependencies, live: Iterable[Job], now: datetime
+) -> tuple[list[TeamQuota], dict[str, float]]:
+    """The team quotas and the fair-share counter, advanced to `now` by what each team holds and stored
+    (conditionally: of two racing passes, one advances it). Nothing to read or write without quotas."""
+    quotas, counter = deps.store.teams()
+    if not quotas:
+        return [], {}
+    holding: Counter[str] = Counter()
+    for job in live:
+        holding[job.team or NO_TEAM] += sum(job.demand.values())
+    advanced = (counter or UsageCounter(as_of=now)).advance(
+        now, holding, deps.settings.fair_share_half_life_seconds
+    )
+    if counter is None or advanced.as_of != counter.as_of:
+        deps.store.save_usage_counter(advanced, was=counter)
+    return quotas, dict(advanced.hours)
+
+
+def _announce_quota_moves(
+    deps: Dependencies,
+    snapshot: Snapshot,
+    actions: Iterable[Action],
+    queued: Mapping[str, Job],
+    live: Mapping[str, Job],
+) -> None:
+    """Events for starts on borrowed capacity and for reclaims, and a gauge per team and pool."""
+    if not snapshot.team_quotas:
+        return
+    ledger = TeamLedger(snapshot.team_quotas, snapshot.capacity, snapshot.running)
+    for action in actions:
+        if isinstance(action, Start) and action.job_name in queued:
+            job = queued[action.job_name]
+            ledger.take(job.team, job.demand)
+            for pool in job.demand:
+                if ledger.governs(pool) and ledger.share(job.team or NO_TEAM, pool).borrowed > 0:
+                    announce(
+                        deps.publisher,
+                        EventType.QUOTA_BORROWED,
+                        {
+                            "name": job.name,
+                            "team": job.team,
+                            "pool": pool,
+                            "borrowed": ledger.share(job.team or NO_TEAM, pool).borrowed,
+                        },
+                    )
+        elif isinstance(action, Preempt):
+            victim = live.get(action.job_name)
+            for_job = queued.get(action.for_job)
+            if victim is not None and for_job is not None and victim.team != for_job.team:
+                announce(
+                    deps.publisher,
+                    EventType.QUOTA_RECLAIMED,
+                    {
+                        "name": victim.name,
+                        "team": victim.team,
+                        "for_job": for_job.name,
+                        "for_team": for_job.team,
+                        "pool": victim.pool,
+                    },
+                )
+    for share in ledger.shares():
+        team_gauge(TEAM_USED, share.team or "none", share.pool, share.used)
+        team_gauge(TEAM_BORROWED, share.team or "none", share.pool, share.borrowed)
+
+
 # --- one pass ------------------------------------------------------------------------------------------------------
 
 
@@ -722,6 +795,7 @@ def run_pass(deps: Dependencies) -> PassReport:
             warm_pools.append(warm)
         else:
             deps.store.forget_warm_pool(warm.training_job_name)
+    team_quotas, team_usage = _team_usage(deps, live.values(), now)
     snapshot = build_snapshot(
         now=now,
         capacity=capacity,
@@ -730,8 +804,11 @@ def run_pass(deps: Dependencies) -> PassReport:
         live=live.values(),
         external=externals,
         warm_pools=warm_pools,
+        team_quotas=team_quotas,
+        team_usage=team_usage,
     )
     decided = plan(snapshot, policy_settings(settings))
+    _announce_quota_moves(deps, snapshot, decided.actions, queued, live)
     report.waiting.update(decided.waiting)
     statuses = {status.pool.instance_type: status for status in pool_statuses}
     held: Counter[str] = Counter()
