@@ -24,11 +24,18 @@ from sagequeue.sim.sagemaker import Attempt, ModelledSageMaker, Outcome, Resourc
 from sagequeue.sim.trace import Trace, TraceJob
 from sagequeue_core.domain import Job, JobState, ResourceKey, StopReason, attempt_name
 from sagequeue_core.policy import Preempt, ReleaseWarmPool, Start
+from sagequeue_core.quotas import TeamQuota
 
 #: Settings in seconds that no policy compares the clock with: backoff is already a time on the job
 #: (`not_before`), keep-alive a time on the warm pool, the timer the simulation's own.
 _NOT_THRESHOLDS = frozenset(
-    {"retry_backoff_seconds", "max_backoff_seconds", "default_keep_alive_seconds", "timer_seconds"}
+    {
+        "retry_backoff_seconds",
+        "max_backoff_seconds",
+        "default_keep_alive_seconds",
+        "timer_seconds",
+        "fair_share_half_life_seconds",
+    }
 )
 #: The account every simulated role lives in.
 _ACCOUNT = "123456789012"
@@ -54,6 +61,10 @@ class SimSettings:
     quota: Mapping[str, int] | None = None
     #: the scheduler's timer period
     timer_seconds: float = 60.0
+    #: team quotas per pool (sagequeue_core.quotas); none: pools are not divided among teams
+    team_quotas: tuple[TeamQuota, ...] = ()
+    #: half-life of the decaying instance-hours counter behind fair share
+    fair_share_half_life_seconds: int = 86_400
 
     @property
     def limits(self) -> dict[str, int]:
@@ -209,6 +220,7 @@ class Simulation:
             priority=spec.priority,
             owner="sim",
             submitted_at=self.now_dt,
+            team=spec.team,
         )
         self.changes += 1
         run = JobRun(spec, job)

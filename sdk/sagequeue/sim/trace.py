@@ -64,6 +64,7 @@ class TraceJob:
     keep_alive_seconds: int = 0
     family: str | None = None
     checkpoint_minutes: float | None = None
+    team: str | None = None  # whose quota the job draws on (SimSettings.team_quotas)
 
     @property
     def gang(self) -> bool:
