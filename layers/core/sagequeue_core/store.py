@@ -15,6 +15,7 @@ Items (pk / sk):
 
 Indexes (all sparse, attributes present only on the items they serve):
     queued            queued_pool, queue_order      queued jobs of a pool: priority desc, then submission
+    queued_team       queued_team_pool, queue_order the same, of one team in a pool (fair share's windows)
     live              live_kind, live_name          LIVE attempts (ours and external), WARM pools
     by_owner          owner, submitted_order
     by_state          state, submitted_order
@@ -212,6 +213,7 @@ def _model_classes(table_name: str, host: str | None, region: str | None) -> Any
         queued_pool = UnicodeAttribute(null=True)
         queue_order = UnicodeAttribute(null=True)
         queued_instances = NumberAttribute(null=True)  # instances the queued job needs in queued_pool
+        queued_team_pool = UnicodeAttribute(null=True)  # <team>#<pool> of a queued job that has a team
         live_kind = UnicodeAttribute(null=True)
         live_name = UnicodeAttribute(null=True)
         submitted_order = UnicodeAttribute(null=True)
@@ -233,6 +235,7 @@ def _model_classes(table_name: str, host: str | None, region: str | None) -> Any
         expires_at = NumberAttribute(null=True)  # epoch seconds, the table's TTL attribute
 
         queued_index = index("queued", "queued_pool", "queue_order")
+        queued_team_index = index("queued_team", "queued_team_pool", "queue_order")
         live_index = index("live", "live_kind", "live_name")
         owner_index = index("by_owner", "owner", "submitted_order")
         state_index = index("by_state", "state", "submitted_order")
@@ -398,18 +401,28 @@ class Repository:
                 return self._to_job(item)
         return None
 
-    def queued_jobs(self, pool: str, limit: int, *, fitting: int | None = None) -> list[Job]:
+    def queued_jobs(
+        self, pool: str, limit: int, *, fitting: int | None = None, team: str | None = None
+    ) -> list[Job]:
         """The first `limit` queued jobs of `pool` in queue order: one Query, whatever the queue's length.
 
         With `fitting`, jobs that need more than that many instances of the pool are passed over (they can
-        never start while the capacity stays below it), so they cannot fill the window.
+        never start while the capacity stays below it), so they cannot fill the window. With `team`, only
+        that team's jobs (its own window, for fair share across teams).
         """
         condition = None
         if fitting is not None:
             condition = self._item.queued_instances.does_not_exist() | (
                 self._item.queued_instances <= fitting
             )
-        items = self._item.queued_index.query(pool, filter_condition=condition, limit=limit, page_size=limit)
+        if team is not None:
+            items = self._item.queued_team_index.query(
+                f"{team}{_TEAM_SEP}{pool}", filter_condition=condition, limit=limit, page_size=limit
+            )
+        else:
+            items = self._item.queued_index.query(
+                pool, filter_condition=condition, limit=limit, page_size=limit
+            )
         return _readable(items, self._to_job)
 
     def queue_position(self, job: Job) -> int | None:
@@ -760,6 +773,7 @@ class Repository:
             queued_pool=job.pool if queued else None,
             queue_order=queue_order(job.priority, job.submitted_at, job.name) if queued else None,
             queued_instances=job.demand[job.pool] if queued else None,
+            queued_team_pool=f"{job.team}{_TEAM_SEP}{job.pool}" if queued and job.team else None,
             live_kind=_LIVE if live else None,
             live_name=_job_pk(job.name) if live else None,
             submitted_order=f"{_stamp(job.submitted_at)}#{job.name}",

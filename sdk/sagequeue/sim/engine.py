@@ -13,6 +13,7 @@ import functools
 import heapq
 import itertools
 import math
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
@@ -300,12 +301,24 @@ class Simulation:
 
     def window(self, pool: str) -> list[SimJob]:
         """The first `queue_lookahead` queued jobs of `pool`, in queue order, passing over jobs wider than
-        the pool: what `Store.queued_jobs` reads."""
+        the pool: what `Store.queued_jobs` reads. With team quotas in the pool, each such team's first
+        `queue_lookahead` jobs too, as the service reads each team's window."""
         capacity = self.settings.capacity.get(pool, 0)
         jobs = sorted(self.queued[pool].values(), key=lambda j: (-j.priority, j.submitted_at, j.name))
         if capacity:
             jobs = [job for job in jobs if job.demand.get(pool, 0) <= capacity]
-        return jobs[: self.settings.queue_lookahead]
+        lookahead = self.settings.queue_lookahead
+        window = jobs[:lookahead]
+        teams = {q.team for q in self.settings.team_quotas if q.pool == pool}
+        if teams:
+            seen = {job.name for job in window}
+            taken: Counter[str] = Counter()
+            for job in jobs:
+                if job.team in teams and taken[job.team] < lookahead:
+                    taken[job.team] += 1
+                    if job.name not in seen:
+                        window.append(job)
+        return window
 
     def carry_out(self, actions: list[Start | Preempt | ReleaseWarmPool]) -> None:
         """The plan's actions, in order, as `run_pass` carries them out."""

@@ -29,11 +29,13 @@ def flood(team: str, start: float, jobs: int) -> list[TraceJob]:
     ]
 
 
-def run(quotas: tuple[TeamQuota, ...], jobs: list[TraceJob], until: float) -> list[Counter[str]]:
+def run(
+    quotas: tuple[TeamQuota, ...], jobs: list[TraceJob], until: float, policy: SagequeuePolicy | None = None
+) -> list[Counter[str]]:
     """Instance-seconds each team held, per hour of the simulation."""
     sim = Simulation(
         Trace(tuple(jobs)),
-        SagequeuePolicy(),
+        policy or SagequeuePolicy(),
         SimSettings(capacity={POOL: 4}, team_quotas=quotas, min_runtime_before_preemption_seconds=600),
         horizon_seconds=until,
     )
@@ -66,3 +68,21 @@ def test_a_flood_that_borrowed_everything_gives_back_half_when_the_other_team_fl
     # WHEN b floods at equal priority, THEN from the next hour on the pool is shared 50/50
     for hour in hours[4:12]:
         assert hour["a"] == hour["b"] == 2 * HOUR, hour
+
+
+def test_without_nominal_quotas_fair_share_alone_converges_to_half_each() -> None:
+    # GIVEN both teams with a nominal quota of 0 (nothing guaranteed, everything borrowed): only fair share
+    # orders them, and team a floods two hours before team b
+    quotas = (TeamQuota("a", POOL, 0), TeamQuota("b", POOL, 0))
+    policy = SagequeuePolicy()
+    hours = run(quotas, flood("a", 0, 80) + flood("b", 2 * HOUR, 80), until=16 * HOUR, policy=policy)
+    # THEN b, which used nothing, goes first when it arrives, even though a's flood fills the pool's window
+    assert hours[2]["b"] > hours[2]["a"]
+    # AND once b has caught up with a's head start, the pool is shared 50/50 over the following hours
+    # (hour by hour it swings: all jobs last an hour, and the team behind takes each round), and the
+    # decayed usage counters come within a tenth of each other
+    later = sum(hours[4:16], Counter[str]())
+    assert abs(later["a"] - later["b"]) <= 0.1 * (later["a"] + later["b"]), later
+    assert policy.usage is not None
+    counters = policy.usage.hours
+    assert abs(counters["a"] - counters["b"]) <= 0.1 * max(counters.values()), counters

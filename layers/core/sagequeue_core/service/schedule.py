@@ -697,13 +697,16 @@ def _vanished(deps: Dependencies, job: Job, training_job_name: str) -> str:
 
 
 def _team_usage(
-    deps: Dependencies, live: Iterable[Job], now: datetime
-) -> tuple[list[TeamQuota], dict[str, float]]:
-    """The team quotas and the fair-share counter, advanced to `now` by what each team holds and stored
-    (conditionally: of two racing passes, one advances it). Nothing to read or write without quotas."""
-    quotas, counter = deps.store.teams()
+    deps: Dependencies,
+    quotas: list[TeamQuota],
+    counter: UsageCounter | None,
+    live: Iterable[Job],
+    now: datetime,
+) -> dict[str, float]:
+    """The fair-share counter, advanced to `now` by what each team holds and stored (conditionally: of two
+    racing passes, one advances it). Nothing to write without quotas."""
     if not quotas:
-        return [], {}
+        return {}
     holding: Counter[str] = Counter()
     for job in live:
         holding[job.team or NO_TEAM] += sum(job.demand.values())
@@ -712,7 +715,7 @@ def _team_usage(
     )
     if counter is None or advanced.as_of != counter.as_of:
         deps.store.save_usage_counter(advanced, was=counter)
-    return quotas, dict(advanced.hours)
+    return dict(advanced.hours)
 
 
 def _announce_quota_moves(
@@ -778,12 +781,17 @@ def run_pass(deps: Dependencies) -> PassReport:
         if (limit := status.quota_at(now)) is not None and limit < status.pool.capacity
     }
     queued: dict[str, Job] = {}
+    team_quotas, counter = deps.store.teams()
     for instance_type in capacity:
         # jobs wider than the pool cannot start: they must not fill the window (GET /jobs says why they wait)
         fitting = capacity[instance_type] or None
         window = deps.store.queued_jobs(instance_type, settings.queue_lookahead, fitting=fitting)
         queued.update((job.name, job) for job in window)
         _queue_metrics(instance_type, window, now)
+        for team in sorted({q.team for q in team_quotas if q.pool == instance_type}):
+            # each team with a quota here has a window of its own: one team's flood cannot hide another's
+            own = deps.store.queued_jobs(instance_type, settings.queue_lookahead, fitting=fitting, team=team)
+            queued.update((job.name, job) for job in own)
     for status in pool_statuses:
         pool_gauge(QUEUE_DEPTH, status.pool.instance_type, status.queued)
     live = {job.name: job for job in deps.store.live_jobs()}
@@ -795,7 +803,7 @@ def run_pass(deps: Dependencies) -> PassReport:
             warm_pools.append(warm)
         else:
             deps.store.forget_warm_pool(warm.training_job_name)
-    team_quotas, team_usage = _team_usage(deps, live.values(), now)
+    team_usage = _team_usage(deps, team_quotas, counter, live.values(), now)
     snapshot = build_snapshot(
         now=now,
         capacity=capacity,

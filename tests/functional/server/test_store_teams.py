@@ -1,0 +1,85 @@
+"""Team quotas, the fair-share counter and each team's queue window in the table (moto over HTTP, the
+table template.yaml declares)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from dataclasses import replace
+from datetime import timedelta
+
+import boto3
+import pytest
+from conftest import START, SUBMITTER, TRN1, TRN2, training_request
+from support.cfn_template import create_table
+
+from sagequeue_core.domain import Job, JobState
+from sagequeue_core.quotas import TeamQuota, UsageCounter
+from sagequeue_core.store import Repository
+
+
+@pytest.fixture
+def store(moto_endpoint: str) -> Iterator[Repository]:
+    client = boto3.client("dynamodb", endpoint_url=moto_endpoint, region_name="us-east-1")
+    table = create_table(client, f"teams-{uuid.uuid4().hex[:8]}")
+    repository = Repository(table, host=moto_endpoint, region="us-east-1")
+    repository.seed_pools({TRN1: 4, TRN2: 1})
+    yield repository
+    client.delete_table(TableName=table)
+
+
+def job(name: str, team: str | None, minutes: int, priority: int = 5) -> Job:
+    return Job(
+        name=name,
+        request=training_request(name, instance_type=TRN1),
+        priority=priority,
+        owner=SUBMITTER,
+        submitted_at=START + timedelta(minutes=minutes),
+        team=team,
+    )
+
+
+def test_quotas_are_stored_replaced_and_removed(store: Repository) -> None:
+    store.set_team_quota(TeamQuota("vision", TRN1, 2, borrowing_limit=1))
+    store.set_team_quota(TeamQuota("speech", TRN1, 2, lending_limit=0))
+    store.set_team_quota(TeamQuota("vision", "plan:my-plan", 3))
+    store.set_team_quota(TeamQuota("vision", TRN1, 3))  # replaces, limits back to unlimited
+    assert sorted(store.team_quotas(), key=lambda q: (q.team, q.pool)) == [
+        TeamQuota("speech", TRN1, 2, lending_limit=0),
+        TeamQuota("vision", TRN1, 3),
+        TeamQuota("vision", "plan:my-plan", 3),
+    ]
+    assert store.remove_team_quota("vision", "plan:my-plan") is True
+    assert store.remove_team_quota("vision", "plan:my-plan") is False
+    assert len(store.team_quotas()) == 2
+    # the pools are untouched by quota items in the same table
+    assert {s.pool.instance_type: s.pool.capacity for s in store.pools()} == {TRN1: 4, TRN2: 1}
+
+
+def test_the_usage_counter_is_advanced_by_one_pass_of_two_racing(store: Repository) -> None:
+    first = UsageCounter(as_of=START, hours={"vision": 2.0})
+    assert store.save_usage_counter(first, was=None) is True
+    assert store.save_usage_counter(first, was=None) is False  # a second creator loses
+    _, read = store.teams()
+    assert read == first
+    one = first.advance(START + timedelta(minutes=1), {"vision": 4}, 3600)
+    other = first.advance(START + timedelta(minutes=1, seconds=5), {"vision": 4}, 3600)
+    assert store.save_usage_counter(one, was=read) is True
+    assert store.save_usage_counter(other, was=read) is False  # read before the first wrote
+    assert store.teams()[1] == one
+
+
+def test_each_team_has_a_queue_window_of_its_own(store: Repository) -> None:
+    for i in range(5):
+        store.create_job(job(f"a-{i}", "a", i))
+    store.create_job(job("b-0", "b", 10))
+    store.create_job(job("none-0", None, 11))
+    assert [j.name for j in store.queued_jobs(TRN1, 3)] == ["a-0", "a-1", "a-2"]
+    assert [j.name for j in store.queued_jobs(TRN1, 3, team="b")] == ["b-0"]
+    assert [j.name for j in store.queued_jobs(TRN1, 2, team="a")] == ["a-0", "a-1"]
+    assert store.get_job("b-0").team == "b"
+    # a job that leaves the queue leaves its team's window
+    started = store.get_job("b-0")
+    started.transition(JobState.STARTING, START + timedelta(minutes=20))
+    store.save_job(replace(started), was=JobState.QUEUED)
+    assert store.queued_jobs(TRN1, 3, team="b") == []
