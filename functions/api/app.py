@@ -150,6 +150,15 @@ def set_pool(instanceType: InstanceType, request: CapacityRequest) -> PoolOut:
 
 
 @app.get(
+    "/teams",
+    responses=answers(200, "every team's quota and usage per pool", QuotaList),
+    summary="Teams: nominal, used, borrowed, lent and waiting per pool",
+)
+def list_teams() -> QuotaList:
+    return QuotaList(quotas=[QuotaOut(**share) for share in teams.all_teams(dependencies())])
+
+
+@app.get(
     "/teams/<team>/quotas",
     responses=answers(200, "the team's quota and usage per pool", QuotaList),
     summary="A team's quotas: nominal, used, borrowed, lent per pool",

@@ -752,6 +752,13 @@ class QueueClient:
         path = "/pools/" + quote(instance_type, safe="")
         return Pool.from_api(self.request("PUT", path, body={"capacity": instances}))
 
+    def teams(self) -> list[dict[str, Any]]:
+        """Every team's quota and usage per pool: nominal, used, borrowed, lent, borrowable, waiting."""
+        answer = self.request("GET", "/teams")
+        if not isinstance(answer, Mapping):
+            raise ServerError(f"GET /teams answered {answer!r}", status=200)
+        return [dict(q) for q in answer.get("quotas") or ()]
+
     def team_quotas(self, team: str) -> list[dict[str, Any]]:
         """A team's quota and usage per pool: nominal, used, borrowed, lent, borrowable."""
         answer = self.request("GET", "/teams/" + quote(team, safe="") + "/quotas")

@@ -425,6 +425,10 @@ class Repository:
             )
         return _readable(items, self._to_job)
 
+    def queued_count(self, pool: str, team: str) -> int:
+        """How many of `team`'s jobs wait in `pool` (a Count on the team's window index)."""
+        return int(self._item.queued_team_index.count(f"{team}{_TEAM_SEP}{pool}"))
+
     def queue_position(self, job: Job) -> int | None:
         """1-based place of a queued job among its pool's queued jobs."""
         if job.state is not JobState.QUEUED:

@@ -92,6 +92,7 @@ class QuotaOut(BaseModel):
     borrowed: int = Field(default=0, description="instances held above the nominal quota")
     lent: int = Field(default=0, description="of the nominal quota, instances other teams hold now")
     borrowable: int = Field(default=0, description="what the team could borrow now")
+    waiting: int = Field(default=0, description="the team's jobs queued in the pool")
     removed: bool = False
 
 

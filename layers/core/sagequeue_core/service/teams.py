@@ -44,10 +44,22 @@ class _Held:
     preemptible: bool
 
 
+def all_teams(deps: Dependencies) -> list[dict[str, Any]]:
+    """Every team's position in every pool with quotas, with how many of its jobs wait there."""
+    return [
+        {**_share_api(share), "waiting": deps.store.queued_count(share.pool, share.team) if share.team else 0}
+        for share in shares(deps)
+    ]
+
+
 def team_quotas(deps: Dependencies, team: str) -> list[dict[str, Any]]:
     """A team's quota and usage in every pool where it has a quota or holds instances of a governed pool."""
     _team(team)
-    return [_share_api(share) for share in shares(deps) if share.team == team]
+    return [
+        {**_share_api(share), "waiting": deps.store.queued_count(share.pool, team)}
+        for share in shares(deps)
+        if share.team == team
+    ]
 
 
 def set_quota(deps: Dependencies, team: str, body: Any, caller: str | None) -> dict[str, Any]:
