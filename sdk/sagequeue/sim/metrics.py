@@ -45,6 +45,7 @@ class JobRecord:
     warm_starts: int = 0
     preemptions: int = 0
     work_lost: float = 0.0  # training seconds lost (per instance)
+    team: str | None = None
 
 
 @dataclass
@@ -73,6 +74,13 @@ class Recorder:
         self.end = 0.0
         self.passes = 0
         self.refused_creates = 0
+        #: instances each team's attempts hold on SageMaker now, instance-seconds held so far, and the
+        #: changes over time (at, {team: instances}) when jobs have teams
+        self.team_state: dict[str, int] = {}
+        self.team_totals: dict[str, float] = {}
+        self.team_since = 0.0
+        self.team_timeline: list[tuple[float, dict[str, int]]] = []
+        self.has_teams = False
 
     # --- what happened ---------------------------------------------------------------------------------------
 
@@ -86,7 +94,9 @@ class Recorder:
             spec.gang,
             at,
             spec.duration_seconds,
+            team=spec.team,
         )
+        self.has_teams = self.has_teams or spec.team is not None
         if self.first_submit is None:
             self.first_submit = at
 
@@ -120,6 +130,7 @@ class Recorder:
             if warm.pool == pool:
                 state["warm"] += warm.instances
         state["free"] = max(record.capacity - sum(state.values()), 0)
+        self._teams(sim, at)
         record.state = state
         record.backlog = bool(sim.queued[pool])
         if self.keep_timeline:
@@ -128,6 +139,23 @@ class Recorder:
                 record.timeline[-1] = row
             elif not record.timeline or record.timeline[-1][1:] != row[1:]:
                 record.timeline.append(row)
+
+    def _teams(self, sim: Simulation, at: float) -> None:
+        if not self.has_teams:
+            return
+        dt = at - self.team_since
+        if dt > 0:
+            for team, held in self.team_state.items():
+                self.team_totals[team] = self.team_totals.get(team, 0.0) + held * dt
+        self.team_since = at
+        state: dict[str, int] = {}
+        for attempt in sim.sagemaker.live.values():
+            team = sim.runs[attempt.job_name].spec.team or "none"
+            state[team] = state.get(team, 0) + attempt.instances
+        if state != self.team_state:
+            self.team_state = state
+            if self.keep_timeline:
+                self.team_timeline.append((at, dict(state)))
 
     def _accumulate(self, record: PoolRecord, at: float) -> None:
         dt = at - record.since
@@ -149,6 +177,25 @@ class Recorder:
 
 
 # --- the summary ---------------------------------------------------------------------------------------------
+
+
+def team_usage_by_interval(recorder: Recorder, seconds: float = 3600.0) -> list[dict[str, float]]:
+    """Instance-seconds each team held on SageMaker in each interval of `seconds` from the start, from the
+    recorded timeline (empty without teams, or with the timeline off)."""
+    out: list[dict[str, float]] = []
+    changes = recorder.team_timeline
+    for (at, state), following in zip(changes, [*changes[1:], (recorder.end, {})], strict=True):
+        end = following[0]
+        t = at
+        while t < end:
+            index = int(t // seconds)
+            step = min(end, (index + 1) * seconds) - t
+            while len(out) <= index:
+                out.append({})
+            for team, held in state.items():
+                out[index][team] = out[index].get(team, 0.0) + held * step
+            t += step
+    return out
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -207,7 +254,20 @@ def summarize(
     makespan = (end if unfinished or last_end is None else last_end) - start
     bound = lower_bound(recorder, provisioning_seconds)
     preemptions = [j.preemptions for j in jobs]
-    return {
+    teams = sorted({j.team for j in jobs if j.team})
+    by_team: dict[str, Any] = {}
+    held_total = sum(recorder.team_totals.values())
+    for team in teams:
+        mine = [j for j in jobs if j.team == team]
+        held = recorder.team_totals.get(team, 0.0)
+        by_team[team] = {
+            "jobs": len(mine),
+            "wait": _wait_stats([waits[j.name] for j in mine]),
+            "instance_hours": held / 3600,
+            "usage_share": held / held_total if held_total else None,
+            "preemptions": sum(j.preemptions for j in mine),
+        }
+    report: dict[str, Any] = {
         "jobs": len(jobs),
         "completed": len(completed),
         "unfinished": len(unfinished),
@@ -236,6 +296,9 @@ def summarize(
         "refused_creates": recorder.refused_creates,
         "simulated_seconds": span,
     }
+    if by_team:
+        report["by_team"] = by_team  # only when jobs have teams: reports without teams are unchanged
+    return report
 
 
 def _wait_stats(values: Sequence[float]) -> dict[str, float | int | None]:

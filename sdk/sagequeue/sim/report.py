@@ -76,6 +76,12 @@ def table(results: Sequence[Result], *, markdown: bool = False) -> str:
         rows.append(
             [f"wait priority {p} mean / p95", *(_wait(r.summary["wait_by_priority"].get(p)) for r in results)]
         )
+    teams = sorted({t for r in results for t in r.summary.get("by_team", {})})
+    for team in teams:
+        rows.append([f"team {team} wait mean / p95", *(_wait(_team(r, team).get("wait")) for r in results)])
+        rows.append(
+            [f"team {team} usage share", *(_ratio(_team(r, team).get("usage_share")) for r in results)]
+        )
     if markdown:
         lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
         lines += ["| " + " | ".join(row) + " |" for row in rows]
@@ -94,6 +100,10 @@ def table(results: Sequence[Result], *, markdown: bool = False) -> str:
             )
         )
     return "\n".join(out)
+
+
+def _team(result: Result, team: str) -> dict[str, Any]:
+    return dict(result.summary.get("by_team", {}).get(team) or {})
 
 
 def document(results: Sequence[Result], *, trace: str, notes: Sequence[str] = ()) -> dict[str, Any]:
@@ -117,7 +127,12 @@ def document(results: Sequence[Result], *, trace: str, notes: Sequence[str] = ()
 def _settings(result: Result) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, value in vars(result.variant.settings).items():
-        out[name] = dict(value) if hasattr(value, "items") else value
+        if hasattr(value, "items"):
+            out[name] = dict(value)
+        elif isinstance(value, tuple) and value and hasattr(value[0], "to_dict"):
+            out[name] = [item.to_dict() for item in value]  # team quotas
+        else:
+            out[name] = value
     return out
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 from sagequeue.sim.engine import SimSettings, Simulation
+from sagequeue.sim.metrics import summarize, team_usage_by_interval
 from sagequeue.sim.schedulers import SagequeuePolicy
 from sagequeue.sim.trace import Trace, TraceJob
 from sagequeue_core.quotas import TeamQuota
@@ -31,43 +32,34 @@ def flood(team: str, start: float, jobs: int) -> list[TraceJob]:
 
 def run(
     quotas: tuple[TeamQuota, ...], jobs: list[TraceJob], until: float, policy: SagequeuePolicy | None = None
-) -> list[Counter[str]]:
-    """Instance-seconds each team held, per hour of the simulation."""
+) -> tuple[list[Counter[str]], dict[str, object]]:
+    """Instance-seconds each team held, per hour of the simulation, and the run's summary."""
     sim = Simulation(
         Trace(tuple(jobs)),
         policy or SagequeuePolicy(),
         SimSettings(capacity={POOL: 4}, team_quotas=quotas, min_runtime_before_preemption_seconds=600),
         horizon_seconds=until,
     )
-    hours: list[Counter[str]] = [Counter() for _ in range(int(until // HOUR) + 1)]
-    last = [0.0]
-
-    def sample(now: float) -> None:
-        # what was held since the last event, by team (the live set changes only at events)
-        held: Counter[str] = Counter()
-        for job in sim.live.values():
-            held[job.team or "none"] += sum(job.demand.values())
-        t = last[0]
-        while t < now:
-            step = min(now, (int(t // HOUR) + 1) * HOUR) - t
-            for team, n in held.items():
-                hours[int(t // HOUR)][team] += n * step
-            t += step
-        last[0] = now
-
-    sim._progress = sample
-    sim.run()
-    return hours
+    recorder = sim.run()
+    hours = [Counter(h) for h in team_usage_by_interval(recorder, HOUR)]
+    return hours, summarize(recorder, stop_grace_seconds=120, provisioning_seconds=480)
 
 
 def test_a_flood_that_borrowed_everything_gives_back_half_when_the_other_team_floods() -> None:
     # GIVEN quotas of 2 + 2 on a pool of 4, team a floods first and borrows the whole pool
     quotas = (TeamQuota("a", POOL, 2), TeamQuota("b", POOL, 2))
-    hours = run(quotas, flood("a", 0, 60) + flood("b", 2 * HOUR, 60), until=14 * HOUR)
+    hours, summary = run(quotas, flood("a", 0, 60) + flood("b", 2 * HOUR, 60), until=14 * HOUR)
     assert hours[1]["a"] == 4 * HOUR  # alone, a holds all four
     # WHEN b floods at equal priority, THEN from the next hour on the pool is shared 50/50
     for hour in hours[4:12]:
         assert hour["a"] == hour["b"] == 2 * HOUR, hour
+    # AND the report has per-team waits and usage
+    by_team = summary["by_team"]
+    assert isinstance(by_team, dict)
+    assert set(by_team) == {"a", "b"}
+    assert by_team["a"]["jobs"] == by_team["b"]["jobs"] == 60
+    assert by_team["a"]["usage_share"] > by_team["b"]["usage_share"]  # a's two hours alone
+    assert by_team["b"]["wait"]["n"] == 60
 
 
 def test_without_nominal_quotas_fair_share_alone_converges_to_half_each() -> None:
@@ -75,7 +67,7 @@ def test_without_nominal_quotas_fair_share_alone_converges_to_half_each() -> Non
     # orders them, and team a floods two hours before team b
     quotas = (TeamQuota("a", POOL, 0), TeamQuota("b", POOL, 0))
     policy = SagequeuePolicy()
-    hours = run(quotas, flood("a", 0, 80) + flood("b", 2 * HOUR, 80), until=16 * HOUR, policy=policy)
+    hours, _ = run(quotas, flood("a", 0, 80) + flood("b", 2 * HOUR, 80), until=16 * HOUR, policy=policy)
     # THEN b, which used nothing, goes first when it arrives, even though a's flood fills the pool's window
     assert hours[2]["b"] > hours[2]["a"]
     # AND once b has caught up with a's head start, the pool is shared 50/50 over the following hours
@@ -86,3 +78,11 @@ def test_without_nominal_quotas_fair_share_alone_converges_to_half_each() -> Non
     assert policy.usage is not None
     counters = policy.usage.hours
     assert abs(counters["a"] - counters["b"]) <= 0.1 * max(counters.values()), counters
+
+
+def test_without_teams_the_report_is_unchanged() -> None:
+    jobs = [TraceJob(f"j{i}", float(i), 5, POOL, 1, HOUR) for i in range(6)]
+    sim = Simulation(Trace(tuple(jobs)), SagequeuePolicy(), SimSettings(capacity={POOL: 4}))
+    recorder = sim.run()
+    assert "by_team" not in summarize(recorder, stop_grace_seconds=120, provisioning_seconds=480)
+    assert recorder.team_timeline == []
