@@ -7,8 +7,8 @@ on a sparse index; every state change is a conditional write on the item's versi
 Items (pk / sk):
     JOB#<name> / JOB                  a queue entry and its current attempt
     POOLS / <instance type>           a pool: capacity, a counter of queued jobs, its recent starts
-    TEAMS / <team>#<pool>             a team's quota in a pool: nominal, borrowing and lending limits
-    TEAMS / ~usage                    decayed instance-hours per team (fair share), as of a time
+    POOLS / TEAM#<team>#<pool>        a team's quota in a pool: nominal, borrowing and lending limits
+    POOLS / TEAM~usage                decayed instance-hours per team (fair share), as of a time
     EXTERNAL#<training job> / LIVE    a live training job started outside the queue on a managed pool
     WARM#<training job> / WARM        an Available warm pool sagequeue tracks
     CLAIM#<kind>#<subject> / CLAIM    idempotency ledger: the first claim wins
@@ -67,9 +67,12 @@ T = TypeVar("T")
 
 _JOB_SK = "JOB"
 _POOLS_PK = "POOLS"
-_TEAMS_PK = "TEAMS"  # sort key <team>#<pool>: a quota; _USAGE_SK: the decaying usage counter
+#: Team quotas and the usage counter live in the pools' partition, so one Query reads pools and teams (a
+#: pass reads no more than it did without teams). No pool name (ml.* or plan:*) starts with the prefix.
+_TEAMS_PK = _POOLS_PK
+_TEAM_PREFIX = "TEAM#"  # sort key TEAM#<team>#<pool>: a quota
 _TEAM_SEP = "#"
-_USAGE_SK = "~usage"
+_USAGE_SK = "TEAM~usage"  # the decaying usage counter
 _LIVE = "LIVE"
 _WARM = "WARM"
 _CLAIM_SK = "CLAIM"
@@ -512,7 +515,33 @@ class Repository:
 
     def pools(self) -> list[PoolStatus]:
         """Every pool (a consistent Query on the table, not an index)."""
-        return [self._to_pool(item) for item in self._item.query(_POOLS_PK, consistent_read=True)]
+        return self.pools_and_teams()[0]
+
+    def pools_and_teams(self) -> tuple[list[PoolStatus], list[TeamQuota], UsageCounter | None]:
+        """Every pool, every team quota and the fair-share counter, in one consistent Query."""
+        pools: list[PoolStatus] = []
+        quotas: list[TeamQuota] = []
+        counter: UsageCounter | None = None
+        for item in self._item.query(_POOLS_PK, consistent_read=True):
+            if item.sk == _USAGE_SK:
+                detail = json.loads(item.detail or "{}")
+                counter = UsageCounter(
+                    as_of=item.claimed_at, hours={str(k): float(v) for k, v in detail.items()}
+                )
+            elif item.sk.startswith(_TEAM_PREFIX):
+                team, _, pool = item.sk[len(_TEAM_PREFIX) :].partition(_TEAM_SEP)
+                quotas.append(
+                    TeamQuota(
+                        team=team,
+                        pool=pool,
+                        nominal=int(item.nominal or 0),
+                        borrowing_limit=None if item.borrowing_limit is None else int(item.borrowing_limit),
+                        lending_limit=None if item.lending_limit is None else int(item.lending_limit),
+                    )
+                )
+            else:
+                pools.append(self._to_pool(item))
+        return pools, quotas, counter
 
     def forget_recent_starts(self, instance_type: str, entries: Sequence[tuple[datetime, str]]) -> None:
         """Drop entries of `recent_starts` old enough for every index to show them."""
@@ -577,41 +606,19 @@ class Repository:
     # --- team quotas and the fair-share counter ---------------------------------------------------------
 
     def team_quotas(self) -> list[TeamQuota]:
-        """Every team's quota in every pool (a consistent Query on one partition)."""
-        quotas, _ = self._teams_partition()
-        return quotas
-
-    def _teams_partition(self) -> tuple[list[TeamQuota], UsageCounter | None]:
-        quotas: list[TeamQuota] = []
-        counter: UsageCounter | None = None
-        for item in self._item.query(_TEAMS_PK, consistent_read=True):
-            if item.sk == _USAGE_SK:
-                detail = json.loads(item.detail or "{}")
-                counter = UsageCounter(
-                    as_of=item.claimed_at, hours={str(k): float(v) for k, v in detail.items()}
-                )
-                continue
-            team, _, pool = item.sk.partition(_TEAM_SEP)
-            quotas.append(
-                TeamQuota(
-                    team=team,
-                    pool=pool,
-                    nominal=int(item.nominal or 0),
-                    borrowing_limit=None if item.borrowing_limit is None else int(item.borrowing_limit),
-                    lending_limit=None if item.lending_limit is None else int(item.lending_limit),
-                )
-            )
-        return quotas, counter
+        """Every team's quota in every pool."""
+        return self.pools_and_teams()[1]
 
     def teams(self) -> tuple[list[TeamQuota], UsageCounter | None]:
         """The quotas and the decaying usage counter, in one read."""
-        return self._teams_partition()
+        _, quotas, counter = self.pools_and_teams()
+        return quotas, counter
 
     def set_team_quota(self, quota: TeamQuota) -> TeamQuota:
         """Create or replace a team's quota in a pool."""
         self._item(
             _TEAMS_PK,
-            f"{quota.team}{_TEAM_SEP}{quota.pool}",
+            f"{_TEAM_PREFIX}{quota.team}{_TEAM_SEP}{quota.pool}",
             nominal=quota.nominal,
             borrowing_limit=quota.borrowing_limit,
             lending_limit=quota.lending_limit,
@@ -621,7 +628,7 @@ class Repository:
     def remove_team_quota(self, team: str, pool: str) -> bool:
         """Drop a team's quota in a pool; False if it had none."""
         try:
-            self._item(_TEAMS_PK, f"{team}{_TEAM_SEP}{pool}").delete(
+            self._item(_TEAMS_PK, f"{_TEAM_PREFIX}{team}{_TEAM_SEP}{pool}").delete(
                 condition=self._item.pk.exists(), add_version_condition=False
             )
         except DeleteError as exc:

@@ -83,3 +83,19 @@ def test_each_team_has_a_queue_window_of_its_own(store: Repository) -> None:
     started.transition(JobState.STARTING, START + timedelta(minutes=20))
     store.save_job(replace(started), was=JobState.QUEUED)
     assert store.queued_jobs(TRN1, 3, team="b") == []
+
+
+def test_a_pass_with_quotas_reads_one_more_window_per_team_and_nothing_else(moto_endpoint: str) -> None:
+    from conftest import make_world
+    from test_pass_cost import measure_pass
+
+    for world in make_world(moto_endpoint, capacity={TRN1: 2, TRN2: 1}, settings={"queue_lookahead": 20}):
+        # GIVEN two teams with quotas in one pool of two
+        world.deps.store.set_team_quota(TeamQuota("a", TRN1, 1))
+        world.deps.store.set_team_quota(TeamQuota("b", TRN1, 1))
+        meter = measure_pass(world)
+        # THEN the pools, quotas and counter come in the one Query on the pools' partition: the pass reads
+        # what it read without teams (6 Queries) plus each team's window in the pool (2)
+        assert meter.requests["Query"] == 6 + 2
+        assert meter.requests["Scan"] == 0
+        assert meter.requests["GetItem"] == 0

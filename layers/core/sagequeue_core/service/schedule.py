@@ -773,7 +773,7 @@ def run_pass(deps: Dependencies) -> PassReport:
     now = deps.now()
     settings = deps.settings
     report = PassReport()
-    pool_statuses = deps.store.pools()
+    pool_statuses, team_quotas, counter = deps.store.pools_and_teams()
     capacity = {status.pool.instance_type: status.pool.capacity for status in pool_statuses}
     quota = {
         status.pool.instance_type: limit
@@ -781,7 +781,6 @@ def run_pass(deps: Dependencies) -> PassReport:
         if (limit := status.quota_at(now)) is not None and limit < status.pool.capacity
     }
     queued: dict[str, Job] = {}
-    team_quotas, counter = deps.store.teams()
     for instance_type in capacity:
         # jobs wider than the pool cannot start: they must not fill the window (GET /jobs says why they wait)
         fitting = capacity[instance_type] or None

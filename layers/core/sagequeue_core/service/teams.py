@@ -23,8 +23,8 @@ from sagequeue_core.service.access import require_admin, require_caller
 def shares(deps: Dependencies) -> list[PoolShare]:
     """Every team's position in every pool with quotas: nominal, used, borrowed, lent."""
     deps.ensure_pools()
-    quotas = deps.store.team_quotas()
-    capacity = {status.pool.instance_type: status.pool.capacity for status in deps.store.pools()}
+    pools, quotas, _ = deps.store.pools_and_teams()
+    capacity = {status.pool.instance_type: status.pool.capacity for status in pools}
     held = [
         _Held(
             job.training_job_name or job.name, job.demand, job.team, job.started_at or deps.now(), False, True
