@@ -204,6 +204,28 @@ def test_a_lending_limit_of_zero_keeps_the_share_idle_for_its_team() -> None:
     assert result.held == {}  # the idle share is claimed by nobody
 
 
+def test_a_team_at_its_quota_preempts_its_own_work_rather_than_borrow_what_is_not_lent() -> None:
+    # GIVEN team a at its quota of 2 with low-priority work, team b lending nothing, 2 instances free
+    snap = Snapshot(
+        now=T0,
+        capacity={POOL: 4},
+        team_quotas=quotas(b_lend=0),
+        running=[running("a-low", "a", 2, priority=1)],
+        queued=[queued("a-hi", "a", priority=9), queued("b0", "b", priority=0, minute=1)],
+    )
+    result = plan(snap, SETTINGS)
+    # THEN b's job, within its quota, goes first and starts on b's idle share, whatever its priority; a's
+    # urgent job stops a's own job rather than take b's other idle instance
+    assert [s.job_name for s in result.starts] == ["b0"]
+    assert [(p.job_name, p.for_job) for p in result.preemptions] == [("a-low", "a-hi")]
+    assert result.waiting["a-hi"].startswith(f"team a at its quota of 2 {POOL}; 0 borrowable, 1 free")
+    # AND in the next pass, while a-low stops, nothing more is preempted for it
+    stopping = replace(snap.running[0], stopping=True)
+    again = plan(replace(snap, running=[stopping], queued=[snap.queued[0]]), SETTINGS)
+    assert again.preemptions == []
+    assert again.waiting["a-hi"].endswith("waiting for the team's stopping jobs")
+
+
 def test_equal_priority_teams_are_ordered_by_fair_share() -> None:
     jobs = [queued("a0", "a", minute=0), queued("b0", "b", minute=1)]
     snap = Snapshot(
