@@ -86,3 +86,29 @@ def test_without_teams_the_report_is_unchanged() -> None:
     recorder = sim.run()
     assert "by_team" not in summarize(recorder, stop_grace_seconds=120, provisioning_seconds=480)
     assert recorder.team_timeline == []
+
+
+def test_traces_carry_teams_and_the_cli_reads_team_quotas() -> None:
+    import pytest
+
+    from sagequeue.sim.cli import BadInput, parse_team_quota
+    from sagequeue.sim.trace import TraceError, parse_jsonl
+
+    trace = Trace((*flood("vision", 0, 2), TraceJob("anon", 5.0, 5, POOL, 1, HOUR)))
+    again = parse_jsonl(trace.to_jsonl())
+    assert [j.team for j in again.jobs] == ["vision", "vision", None]
+    with pytest.raises(TraceError, match="team name 'a b'"):
+        parse_jsonl(
+            '{"submit": 0, "priority": 1, "instance_type": "ml.trn1.32xlarge", '
+            '"instance_count": 1, "duration_seconds": 60, "team": "a b"}\n'
+        )
+    assert parse_team_quota("vision/ml.trn1.32xlarge=2,borrow=1,lend=0") == TeamQuota("vision", POOL, 2, 1, 0)
+    assert parse_team_quota("vision/plan:my-plan=3") == TeamQuota("vision", "plan:my-plan", 3)
+    for bad in (
+        "vision=2",
+        "vision/ml.trn1.32xlarge=two",
+        "vision/ml.trn1.32xlarge=2,steal=1",
+        "vision/ml.trn1.32xlarge=2,borrow=1,borrow=2",
+    ):
+        with pytest.raises(BadInput, match="--team-quota"):
+            parse_team_quota(bad)
