@@ -99,3 +99,47 @@ def test_a_pass_with_quotas_reads_one_more_window_per_team_and_nothing_else(moto
         assert meter.requests["Query"] == 6 + 2
         assert meter.requests["Scan"] == 0
         assert meter.requests["GetItem"] == 0
+
+
+def test_borrow_and_reclaim_are_announced_and_measured_per_team_and_pool(
+    moto_endpoint: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    from conftest import make_world
+
+    settings = {"min_runtime_before_preemption_seconds": 0, "default_keep_alive_seconds": 0}
+    for world in make_world(moto_endpoint, capacity={TRN1: 2}, settings=settings):
+        world.deps.store.set_team_quota(TeamQuota("a", TRN1, 1))
+        world.deps.store.set_team_quota(TeamQuota("b", TRN1, 1))
+        # GIVEN team a alone: its second job borrows b's instance
+        world.submit("a-1", tags={"team": "a"}, duration=7200)
+        world.clock.advance(60)
+        world.submit("a-2", tags={"team": "a"}, duration=7200)
+        assert world.state("a-2") == "starting"
+        # WHEN b's job arrives
+        capsys.readouterr()
+        world.submit("b-1", tags={"team": "b"}, duration=600, priority=0)
+        # THEN a's newest job is reclaimed for it, and both moves are events
+        assert world.state("a-2") == "preempting"
+        assert world.state("a-1") == "starting"
+        published = world.audit()
+        assert ("QuotaBorrowed", {"name": "a-2", "team": "a", "pool": TRN1, "borrowed": 1}) in published
+        assert (
+            "QuotaReclaimed",
+            {"name": "a-2", "team": "a", "for_job": "b-1", "for_team": "b", "pool": TRN1},
+        ) in published
+        # AND each pass measures what every team holds and borrows in the pool
+        documents = [
+            json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith('{"_aws"')
+        ]
+        gauges = {
+            (d["_aws"]["CloudWatchMetrics"][0]["Metrics"][0]["Name"], d["Team"], d["Pool"]): d
+            for d in documents
+            if d.get("Team")
+        }
+        assert gauges[("TeamInstancesUsed", "a", TRN1)]["TeamInstancesUsed"] == [2.0]
+        assert gauges[("TeamInstancesBorrowed", "a", TRN1)]["TeamInstancesBorrowed"] == [1.0]
+        assert gauges[("TeamInstancesUsed", "a", TRN1)]["_aws"]["CloudWatchMetrics"][0]["Dimensions"] == [
+            ["Team", "Pool"]
+        ]
