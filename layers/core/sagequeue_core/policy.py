@@ -415,6 +415,8 @@ class _Pass:
                     continue  # team quotas hook: other teams' work is reclaimed, not preempted by priority
                 candidates[attempt.training_job_name] = attempt
         # team quotas hook: borrowing work of other teams, whatever its priority, for a team under its quota
+        if not self.teams.governed:
+            return list(candidates.values())
         for attempt in self.teams.reclaim_candidates(
             job.team,
             job.demand,

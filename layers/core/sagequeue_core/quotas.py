@@ -234,6 +234,8 @@ class TeamLedger:
         headroom plus what it may borrow. Empty when the job fits. `returning`: count the team's own
         attempts being stopped as already gone (they are on their way out)."""
         out: dict[str, int] = {}
+        if not self.quotas:
+            return out
         for pool, need in demand.items():
             if pool not in self.quotas:
                 continue
@@ -284,6 +286,8 @@ class TeamLedger:
 
     def take(self, team: str | None, demand: Mapping[str, int]) -> None:
         """A job of `team` starts on `demand`."""
+        if not self.quotas:
+            return
         for pool, need in demand.items():
             if pool in self.quotas:
                 self.used[pool][team or NO_TEAM] += need
@@ -291,6 +295,8 @@ class TeamLedger:
     def same_team_only(self, team: str | None, attempt: Holding) -> bool:
         """Whether preemption by priority of `attempt` for a job of `team` is barred by quotas: in a governed
         pool a higher priority preempts only its own team's work; other teams' is reclaimed, not preempted."""
+        if not self.quotas:
+            return False  # the common case, on the pass's hot path: no quotas at all
         governed = any(pool in self.quotas for pool in attempt.demand)
         return governed and (attempt.team or NO_TEAM) != (team or NO_TEAM)
 
