@@ -962,6 +962,7 @@ def _intent(deps: Dependencies, job: Job, *, name: str, action: Start) -> str:
         deps.now(),
         warm_pool=action.warm_pool,
         keep_alive_seconds=action.keep_alive_seconds or 0,
+        on_loan_for=action.on_loan_for,
         created=False,
     )
 
@@ -975,6 +976,7 @@ def _record_start(
     reason: str | None = None,
     warm_pool: str | None = None,
     keep_alive_seconds: int = 0,
+    on_loan_for: str | None = None,
     created: bool = True,
 ) -> str:
     """Record `training_job_name` as the job's current attempt. `created` is False for the intent written
@@ -991,10 +993,13 @@ def _record_start(
     job.not_before = None
     job.reused_warm_pool_of = warm_pool
     job.keep_alive_seconds = keep_alive_seconds
+    job.on_loan_for = on_loan_for
     job.reason = None  # why it waited no longer applies
-    job.transition(
-        JobState.STARTING, now, reason=reason or (f"on warm pool of {warm_pool}" if warm_pool else None)
-    )
+    if reason is None and warm_pool:
+        reason = f"on warm pool of {warm_pool}"
+    elif reason is None and on_loan_for:
+        reason = f"on loan: capacity reserved for {on_loan_for}, which preempts this attempt as soon as it can start"
+    job.transition(JobState.STARTING, now, reason=reason)
     deps.store.save_job(job, was=was)
     logger.append_keys(job=job.name, attempt=job.attempt)
     logger.info("attempt started", extra={"training_job_name": training_job_name, "warm_pool": warm_pool})
@@ -1005,7 +1010,13 @@ def _record_start(
 
 
 def _announce_start(deps: Dependencies, job: Job) -> None:
-    detail = {"name": job.name, "attempt": job.attempt, "training_job_name": job.training_job_name}
+    detail: dict[str, Any] = {
+        "name": job.name,
+        "attempt": job.attempt,
+        "training_job_name": job.training_job_name,
+    }
+    if job.on_loan_for:
+        detail["on_loan_for"] = job.on_loan_for
     if job.attempt == 1:
         count(STARTS)
         announce(deps.publisher, EventType.JOB_STARTED, detail)
