@@ -288,7 +288,7 @@ def restore(
     try:
         modules = None
         if model:
-            records = remote.records(model) + remote.optimum_records(model)
+            records = remote.records(model) + remote.optimum_records(model, resolved)
             modules = {m for r in records if r.compiler_version == resolved for m in r.entries}
         report = sync.restore(remote, root, resolved, modules, workers=workers, progress=progress)
     except RemoteCacheError as exc:

@@ -296,7 +296,7 @@ class HubCache:
             found = dict(zip(paths, pool.map(read, paths), strict=True))
         return {p: r for p, r in found.items() if r is not None and (models is None or r.model in models)}
 
-    def optimum_records(self, model: str | None = None) -> list[RegistryRecord]:
+    def optimum_records(self, model: str | None = None, version: str | None = None) -> list[RegistryRecord]:
         """Configurations optimum-neuron recorded in this repository, each with the entries of the commit
         that added it.
 
@@ -306,8 +306,8 @@ class HubCache:
         that added it, and the entries of a record are the folders whose last commit is the record's."""
         self.head()
         records: dict[str, RegistryRecord] = {}
-        for version in self.versions():
-            registry = f"{neuron.version_dir(version)}/{OPTIMUM_REGISTRY_DIR}"
+        for one in [version] if version else self.versions():
+            registry = f"{neuron.version_dir(one)}/{OPTIMUM_REGISTRY_DIR}"
             parsed = [
                 where
                 for item in self._tree(registry, recursive=True)
@@ -329,7 +329,7 @@ class HubCache:
                 if model is None or record.model == model
             }
             if found:
-                self._link_optimum_entries(version, found)
+                self._link_optimum_entries(one, found)
             records.update(found)
         return list(records.values())
 

@@ -352,8 +352,9 @@ class RemoteCache(Protocol):
 
     def records(self, model: str | None = None) -> list[RegistryRecord]: ...
 
-    def optimum_records(self, model: str | None = None) -> list[RegistryRecord]:
-        """The configurations optimum-neuron recorded (`neuronxcc-<version>/0_REGISTRY/...`), one per
+    def optimum_records(self, model: str | None = None, version: str | None = None) -> list[RegistryRecord]:
+        """The configurations optimum-neuron recorded (`neuronxcc-<version>/0_REGISTRY/...`, of one compiler
+        version or all), one per
         record, with the entries that came with each where the backend can tell (the Hub: the entry folders
         of the commit that added the record)."""
         ...

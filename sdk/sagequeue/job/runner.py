@@ -346,9 +346,7 @@ class JobRunner:
                 if not known:
                     # a cache optimum-neuron wrote (the public precompiled one, for instance): its records
                     # of this model, those that agree with the job's settings first
-                    optimum = [
-                        r for r in remote.optimum_records(record.model) if r.compiler_version == version
-                    ]
+                    optimum = remote.optimum_records(record.model, version)
                     control.touch()
                     matching = [r for r in optimum if matches_job(r, record.config)]
                     known = {e for r in matching for e in r.entries}

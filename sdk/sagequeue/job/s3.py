@@ -436,15 +436,15 @@ class S3Cache:
             found = [r for r in pool.map(read, keys) if r is not None]
         return combine_records([r for r in found if model is None or r.model == model])
 
-    def optimum_records(self, model: str | None = None) -> list[RegistryRecord]:
+    def optimum_records(self, model: str | None = None, version: str | None = None) -> list[RegistryRecord]:
         """optimum-neuron's records under `neuronxcc-<version>/0_REGISTRY/` (optimum-neuron writes none to
         S3 itself; they come from a local cache the wrapper published, or one copied here). S3 keeps no
         commits, so a record's entries are not known: they come back empty."""
         wanted = []
-        for version in self.versions():
+        for one in [version] if version else self.versions():
             parsed = [
                 where
-                for item in self._list(f"{neuron.version_dir(version)}/{OPTIMUM_REGISTRY_DIR}/")
+                for item in self._list(f"{neuron.version_dir(one)}/{OPTIMUM_REGISTRY_DIR}/")
                 if (where := optimum_record_path(self._relative(item.get("Key", "")))) is not None
             ]
             named = {w.hash for w in parsed if w.model is not None}
