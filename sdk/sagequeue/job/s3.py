@@ -8,6 +8,10 @@ writer's bytes, and an uploader that dies half-way leaves objects no manifest na
 before writer prefixes existed (no `prefix`) name files at `neuronxcc-<version>/MODULE_<...>/<name>`;
 `sagequeue cache verify --repair` finds and removes such entries if a race broke them.
 
+Once its manifest is in, the winner copies the entry's files (server-side) to
+`neuronxcc-<version>/MODULE_<...>/<name>`, the keys the Neuron compiler's own S3 cache reads, the done marker
+last; sagequeue's readers never use those keys (they follow the manifest and its checksums).
+
 boto3 reads `AWS_ENDPOINT_URL` (and `AWS_ENDPOINT_URL_S3`) itself, so the same code talks to S3 or to a
 compatible server. Every request has a connect and a read timeout and is tried at most twice, so a
 blackholed endpoint fails a call within about 2 x (connect + read) instead of boto3's 60 s x 3 attempts.
@@ -332,12 +336,16 @@ class S3Cache:
             source = {"Bucket": self.bucket, "Key": self._key(f"{prefix}/{name}")}
             try:
                 if int(sizes[name]["size"]) < _COPY_LIMIT:
+                    # a file another writer (or the compiler itself) put there first stays
                     self._client.copy_object(
-                        Bucket=self.bucket, Key=self._key(f"{key}/{name}"), CopySource=source
+                        Bucket=self.bucket, Key=self._key(f"{key}/{name}"), CopySource=source, IfNoneMatch="*"
                     )
                 else:
+                    # a multipart copy takes no condition on its target: a whole object replaces a whole one
                     self._client.copy(source, self.bucket, self._key(f"{key}/{name}"), Config=self._transfer)
             except ClientError as exc:
+                if exc.response.get("Error", {}).get("Code", "") in _TAKEN_CODES:
+                    continue
                 raise self._error(f"copy {key}/{name} for the Neuron compiler", exc) from exc
             copied.append(name)
         return copied
