@@ -185,7 +185,7 @@ def list_entries(cache_url: str | None, versions: tuple[str, ...], model: str | 
     remote = _remote(cache_url)
     try:
         owners: dict[str, set[str]] = {}
-        for record in remote.records(model):
+        for record in remote.records(model) + (remote.optimum_records(model) if model else []):
             for module in record.entries:
                 owners.setdefault(neuron.entry_key(record.compiler_version, module), set()).add(record.model)
         for version in _versions(remote, versions):

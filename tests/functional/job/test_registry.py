@@ -226,6 +226,12 @@ def test_lookup_and_restore_read_a_cache_optimum_neuron_wrote(
     assert "source: optimum-neuron" in found.stdout
     assert "tp_degree: 8" in found.stdout
     assert "tp_degree: 2" in found.stdout
+    # AND ls attributes the model's entries to it, and only those
+    listed = run_cli(["cache", "ls", "--model", LLAMA], env)
+    assert listed.returncode == 0, listed.stderr
+    assert "3 entries" in listed.stdout
+    assert all(m in listed.stdout for m in exports["llama-b4"] + exports["llama-b1-2024"])
+    assert exports["qwen"][0] not in listed.stdout
     by_model = {r.model: r for r in remote.optimum_records("Qwen/Qwen3-8B")}
     assert by_model["Qwen/Qwen3-8B"].entries == exports["qwen"]
 
