@@ -883,6 +883,12 @@ def _start(
     (a reserved form no submission can take), never fails it. `held` counts the instances SageMaker holds
     per pool (live attempts and warm pools, updated here); `quotas` the pools, with the account quota each
     last met."""
+    if action.warm_pool is not None and not _warm_pool_still_available(deps, action.warm_pool):
+        # The plan counted the pool's instances as the job's: started cold, it would take instances the
+        # ledger does not have. The job keeps its place; the next pass plans with what is really there.
+        report.waiting[job.name] = f"waiting: warm pool {action.warm_pool} is no longer available"
+        logger.info("warm start deferred", extra={"job": job.name, "warm_pool": action.warm_pool})
+        return
     current: Job | None = job
     for choice in range(ATTEMPT_NAME_CHOICES):
         fresh_job = current or deps.store.get_job(job.name)
@@ -951,6 +957,26 @@ def _start(
         count(WARM_POOL_REUSES)
         detail = {"name": job.name, "attempt": fresh.attempt, "training_job_name": name}
         announce(deps.publisher, EventType.WARM_POOL_REUSED, {**detail, "warm_pool_of": donor})
+
+
+def _warm_pool_still_available(deps: Dependencies, training_job_name: str) -> bool:
+    """Whether the pool a start is planned on is Available on SageMaker now. A tracked pool can be a
+    phantom: a late event re-tracks a pool another start already took, while DescribeTrainingJob still
+    leaves WarmPoolStatus out (right after a job ends); two passes would then plan cold starts as warm ones
+    and run the pool over its capacity. Unknown (status left out, or SageMaker not answering) counts as no."""
+    try:
+        status = (deps.sagemaker.describe(training_job_name).get("WarmPoolStatus") or {}).get("Status")
+    except TrainingJobNotFound:
+        deps.store.forget_warm_pool(training_job_name)
+        return False
+    except SageMakerError as exc:
+        logger.warning("warm pool not checked", extra={"warm_pool": training_job_name, "error": str(exc)})
+        return False
+    if status == "Available":
+        return True
+    if status is not None:
+        deps.store.forget_warm_pool(training_job_name)  # Reused, InUse or Terminated: gone for good
+    return False
 
 
 def _intent(deps: Dependencies, job: Job, *, name: str, action: Start) -> str:
