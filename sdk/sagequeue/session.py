@@ -308,7 +308,11 @@ if SDK_MAJOR == 2:
                     if failure is not None:
                         raise failure
                     if job.state in ("cancelled", "idle_stopped"):
-                        _print(f"sagequeue: {job.name}: {_describe_wait(job)}")
+                        # the SDK saw "Stopped"; the queue knows who stopped it and why
+                        stopped = "cancelled" if job.state == "cancelled" else "stopped as idle"
+                        _print(
+                            f"sagequeue: {job.name}: {stopped}" + (f": {job.reason}" if job.reason else "")
+                        )
                     return self._describe_attempt(job, attempt)
                 # the attempt ended, the job did not: preempted, or requeued after a retryable failure
                 why = "was preempted" if job.preemptions > ran.preemptions else "ended"

@@ -483,3 +483,32 @@ print(estimator.latest_training_job.describe()["SecondaryStatus"])
     job = queue.job(name)
     assert (job.priority, job.pool) == (321, POOL)
     assert job.state in ("queued", "starting", "running")
+
+
+def test_a_job_cancelled_while_it_runs_ends_fit_with_the_queues_word_on_it(
+    stack: Any, queue: QueueClient, session: QueueSession, capsys: pytest.CaptureFixture[str]
+) -> None:
+    est = estimator(stack, session, seconds=3600)
+    thread = threading.Thread(target=est.fit, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 90
+    while est.latest_training_job is None:
+        assert time.monotonic() < deadline, "fit() never submitted"
+        time.sleep(0.02)
+    name = est.latest_training_job.name
+    advance_until(stack, lambda: queue.job(name).state == "running")
+
+    queue.cancel(name)
+    while thread.is_alive():
+        assert time.monotonic() < deadline, "fit() did not return"
+        stack.advance(60)
+        time.sleep(0.05)
+
+    job = queue.job(name)
+    assert job.state == "cancelled"
+    printed = said(capsys.readouterr().out)
+    # the SDK's loop saw the attempt stop and summed it up; the queue said why, once, after it
+    assert printed.count("Billable seconds:") == 1
+    assert printed.count(f"sagequeue: {name}: cancelled") == 1
+    assert printed.index("Billable seconds:") < printed.index(f"sagequeue: {name}: cancelled")
+    assert "runs the job again" not in printed
