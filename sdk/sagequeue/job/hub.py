@@ -16,7 +16,6 @@ stalling the job.
 
 from __future__ import annotations
 
-import random
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -49,6 +48,7 @@ from sagequeue.job.remote import (
     optimum_records_from,
     registry_path_parts,
 )
+from sagequeue_core.retry import backoff_seconds
 
 #: Per-request bounds on Hub calls (seconds): connecting, waiting for bytes of an answer, sending a body.
 CONNECT_TIMEOUT = 5.0
@@ -520,8 +520,7 @@ class HubCache:
                 if _status(exc) not in CONFLICT_STATUSES:
                     raise self._error("commit", exc) from exc
                 result.conflicts_retried += 1
-                pause = min(self.backoff_max, self.backoff_base * 2 ** (attempt - 1))
-                pause *= 0.5 + random.random()
+                pause = backoff_seconds(attempt, base=self.backoff_base, cap=self.backoff_max)
                 if attempt == self.max_attempts or deadline.remaining() < pause + reserve:
                     raise ConflictError(
                         f"{self.url}: the repository kept moving; gave up after {attempt} commit attempts"
@@ -564,4 +563,4 @@ class HubCache:
             except HfHubHTTPError as exc:
                 if _status(exc) not in CONFLICT_STATUSES or attempt == self.max_attempts:
                     raise self._error("prune commit", exc) from exc
-                time.sleep(min(self.backoff_max, self.backoff_base * 2 ** (attempt - 1)))
+                time.sleep(backoff_seconds(attempt, base=self.backoff_base, cap=self.backoff_max))

@@ -30,7 +30,6 @@ from typing import Any
 
 import boto3
 from boto3.s3.transfer import TransferConfig
-from botocore.config import Config
 from botocore.exceptions import ClientError
 
 from sagequeue.job import neuron
@@ -49,6 +48,7 @@ from sagequeue.job.remote import (
     optimum_records_from,
     registry_path_parts,
 )
+from sagequeue_core.retry import botocore_config
 
 MANIFEST_DIR = "manifests"
 #: Writer-unique object prefix inside an entry's folder.
@@ -98,9 +98,9 @@ class S3Cache:
         self._client = client or boto3.client(
             "s3",
             region_name=region,
-            config=Config(
+            config=botocore_config(
+                attempts=ATTEMPTS,
                 max_pool_connections=max(10, max_workers * 2),
-                retries={"mode": "standard", "total_max_attempts": ATTEMPTS},
                 connect_timeout=connect_timeout,
                 read_timeout=read_timeout,
             ),
