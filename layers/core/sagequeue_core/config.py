@@ -101,6 +101,19 @@ def _integer(*, ge: int | None = None, le: int | None = None) -> Parser:
     return parse
 
 
+_TRUE = frozenset({"true", "1", "yes", "on"})
+_FALSE = frozenset({"false", "0", "no", "off"})
+
+
+def _boolean(value: Any) -> bool:
+    """true/false as a stack parameter or an environment variable gives it (also 1/0, yes/no, on/off)."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
+        return value.strip().lower() in _TRUE
+    raise ValueError(f"must be true or false, got {value!r}")
+
+
 def _optional_integer(*, ge: int | None = None) -> Parser:
     """None, an empty string or 0 (how a stack parameter says "no limit") mean None."""
 
@@ -237,6 +250,9 @@ class Settings:
     #: A job waiting at the head of its pool this long reserves the instances it needs, so smaller jobs
     #: behind it stop overtaking it (drain; 0 never reserves).
     reserve_after_seconds: int = setting(1800, _integer(ge=0))
+    #: A reservation still waiting for running work to end lends its idle instances to smaller jobs that
+    #: resume from checkpoints; it preempts them (whatever their runtime) the moment it can start.
+    lend_reserved_capacity: bool = setting(True, _boolean)
     #: Keep-alive set on a start when a queued job would reuse its instances next (0 disables it).
     default_keep_alive_seconds: int = setting(600, _integer(ge=0, le=21_600))
     #: Attempts per job before capacity or internal failures fail it for good.

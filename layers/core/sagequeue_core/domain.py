@@ -478,6 +478,9 @@ class Job:
     not_before: datetime | None = None  # backoff: not started again before this time
     reused_warm_pool_of: str | None = None  # training job whose warm pool the current attempt reuses
     keep_alive_seconds: int = 0  # keep-alive the scheduler set on the current attempt
+    #: the waiting job whose reserved capacity the current attempt borrows: that job preempts it as soon as
+    #: it can start, whatever the minimum runtime
+    on_loan_for: str | None = None
     #: when the current attempt first reached SageMaker's Training phase; the minimum runtime before
     #: preemption counts from here, so a slow provisioning cannot make a victim of a job that never trained
     training_started_at: datetime | None = None
@@ -562,6 +565,7 @@ class Job:
             "training_started_at": _iso(self.training_started_at),
             "instances": sum(self.demand.values()),
             "team": self.team,
+            "on_loan_for": self.on_loan_for if self.state.is_live else None,
         }
 
 

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -58,6 +58,8 @@ class QueuedJob:
     not_before: datetime | None = None  # backoff after a transient failure
     reservation: Reservation | None = None  # what an earlier pass promised it
     queued_since: datetime | None = None  # when it last entered the queue; None: submitted_at
+    preemptions: int = 0  # times it was preempted already
+    checkpointed: bool = True  # it resumes from checkpoints (CheckpointConfig); else it restarts from zero
     team: str | None = None  # whose quota it draws on (quotas.py); None: no team
 
     @property
@@ -80,6 +82,8 @@ class RunningAttempt:
     training_started_at: datetime | None = None
     preemptions: int = 0  # times its queue entry was preempted already
     checkpointed: bool = True  # it resumes from checkpoints (CheckpointConfig); else it restarts from zero
+    #: the waiting job whose reserved capacity it runs on, as a loan that job takes back when it can start
+    on_loan_for: str | None = None
     team: str | None = None  # whose quota it draws on (quotas.py); None: no team
 
     @property
@@ -93,6 +97,8 @@ class WarmPool:
 
     training_job_name: str
     resource_key: ResourceKey
+    #: left by an attempt that ran on loan from this waiting job: the pool is that job's capacity
+    lent_by: str | None = None
 
     @property
     def pool(self) -> str:
@@ -126,6 +132,9 @@ class PolicySettings:
     max_preemptions_per_job: int = 3
     #: a job waiting at the head of its pool this long reserves what it needs (drain); 0: never
     reserve_after_seconds: int = 1800
+    #: lend the idle part of a reservation that still waits for running work to end to smaller jobs that
+    #: resume from checkpoints; the reservation takes it back (preempts them) when it can start
+    lend_reserved_capacity: bool = True
 
 
 # --- Actions -------------------------------------------------------------------------------------------------
@@ -136,6 +145,7 @@ class Start:
     job_name: str
     warm_pool: str | None = None  # training job whose Available warm pool this start reuses
     keep_alive_seconds: int | None = None  # set when a queued job would match next; None: as requested
+    on_loan_for: str | None = None  # the reservation holder whose idle capacity it borrows
 
 
 @dataclass(frozen=True)
@@ -271,6 +281,13 @@ class _Pass:
             if j.resource_key:
                 self.unadmitted_by_priority.setdefault(j.priority, Counter())[j.resource_key] += 1
         self.waiting_keys: Counter[ResourceKey] = Counter()
+        # attempts running on a waiting job's reserved capacity, by the job they borrow from
+        self.loans: dict[str, list[RunningAttempt]] = {}
+        for attempt in snapshot.running:
+            if attempt.on_loan_for is not None and attempt.preemptible:
+                self.loans.setdefault(attempt.on_loan_for, []).append(attempt)
+        # free instances held in this pass for reservations that still wait for running work: lendable
+        self.lendable: dict[str, Counter[str]] = {}
 
     def run(self) -> Plan:
         eligible = {j.name for j in self.eligible}
@@ -286,6 +303,8 @@ class _Pass:
                 self.blocked_pools.update(job.demand)
                 if job.resource_key:
                     self.waiting_keys[job.resource_key] += 1
+        if self.settings.lend_reserved_capacity and self.lendable:
+            self._lend()
         return self.result
 
     # 3. admit
@@ -328,6 +347,11 @@ class _Pass:
             # capacity coming back accumulates for it instead of going to smaller, later work.
             partial = _Cover(returning=cover.returning, releases=cover.releases)
             holds = self._commit(job, partial)
+            self.lendable[job.name] = Counter(self.result.held.get(job.name, {}))
+            for loan in self._loans_for(job):
+                for pool, instances in loan.demand.items():
+                    if pool in holds:
+                        holds[pool] = min(holds[pool] + instances, job.demand[pool])
             kind = job.reservation.kind if job.reservation is not None else ReservationKind.DRAIN
             self._reserve(job, kind, holds)
             self.result.waiting[job.name] = (
@@ -392,8 +416,15 @@ class _Pass:
                 remaining[warm.pool] = remaining.get(warm.pool, 0) - warm.instances
             remaining = {pool: need for pool, need in remaining.items() if need > 0}
         if remaining:
-            ready = [a for a in self._candidates(job, remaining) if self._ran_long_enough(a)]
-            victims = minimal_cover(ready, remaining, key=self._reclaim_first(job))
+            # its own capacity lent out comes back first, whatever the borrowers' priority or runtime
+            loans = self._loans_for(job)
+            lent = {a.training_job_name for a in loans}
+            ready = loans + [
+                a
+                for a in self._candidates(job, remaining)
+                if self._ran_long_enough(a) and a.training_job_name not in lent
+            ]
+            victims = minimal_cover(ready, remaining, first=lent, key=self._reclaim_first(job))
             if victims is None:
                 cover.short = remaining
             else:
@@ -470,6 +501,57 @@ class _Pass:
             return (1, *victim_order(attempt))
 
         return key
+
+    def _loans_for(self, job: QueuedJob) -> list[RunningAttempt]:
+        """Attempts started on capacity this job holds since its reservation began: it takes them back
+        (preempts them) as soon as that completes its cover."""
+        if job.reservation is None:
+            return []
+        budget = self.settings.max_preemptions_per_job
+        return [
+            a
+            for a in self.loans.get(job.name, ())
+            if a.started_at >= job.reservation.since
+            and a.training_job_name not in self.victims
+            and (budget <= 0 or a.preemptions < budget)
+        ]
+
+    def _lend(self) -> None:
+        """Backfill on loan: a reservation still waiting for running work to end holds free instances that
+        would otherwise stay idle until then. Jobs that waited in this pass for want of capacity, resume from
+        checkpoints and have a preemption left in their budget may run on them, lent by a reservation of at
+        least their priority; the lender preempts them the moment it can start (they lose at most the work
+        since their last checkpoint), so the reservation is never delayed by more than a stop."""
+        budget = self.settings.max_preemptions_per_job
+        holders = [j for j in self.eligible if j.name in self.lendable]
+        for job in self.eligible:
+            if (
+                job.name in self.started
+                or job.name in self.result.reservations
+                or job.name in self.result.held
+            ):
+                continue
+            if not job.checkpointed or (budget > 0 and job.preemptions >= budget):
+                continue
+            if self._never_fits(job) is not None:
+                continue
+            if self.teams.short(job.team, job.demand):
+                continue  # team quotas hook: a loan is no way around the team's quota
+            for holder in holders:
+                if holder.priority < job.priority:
+                    continue
+                spare = self.lendable[holder.name]
+                if all(spare[pool] >= need for pool, need in job.demand.items()):
+                    spare.subtract(job.demand)
+                    self.started.add(job.name)
+                    self.teams.take(job.team, job.demand)  # team quotas hook
+                    self.result.waiting.pop(job.name, None)
+                    if job.resource_key:
+                        self.open_keys[job.resource_key] -= 1
+                    # no keep-alive of the scheduler's: a loan usually ends by being taken back, and a pool
+                    # it left would only stand in its lender's way
+                    self.result.actions.append(Start(job.name, on_loan_for=holder.name))
+                    break
 
     def _coverable_later(self, job: QueuedJob, cover: _Cover) -> bool:
         if not cover.short:
@@ -574,13 +656,16 @@ class _Pass:
         releasable: list[WarmPool] = []
         for warm in self.warm:
             key = warm.resource_key
-            if taken[key] < self.waiting_keys[key] + same[key]:
+            if warm.lent_by == job.name and warm.pool in job.demand:
+                releasable.append(warm)  # left by its own borrower: its capacity, whoever else wants it
+            elif taken[key] < self.waiting_keys[key] + same[key]:
                 taken[key] += 1
             elif warm.pool in job.demand:
                 releasable.append(warm)
         return sorted(
             releasable,
             key=lambda w: (
+                w.lent_by != job.name,
                 self.waiting_keys[w.resource_key] > 0 or self.unadmitted_keys[w.resource_key] > 0,
                 -w.instances,
                 w.training_job_name,
@@ -631,16 +716,17 @@ def covers(attempts: Iterable[RunningAttempt], deficit: Mapping[str, int]) -> bo
 def minimal_cover(
     candidates: Sequence[RunningAttempt],
     deficit: Mapping[str, int],
+    first: Collection[str] = (),
     key: Callable[[RunningAttempt], tuple[Any, ...]] | None = None,
 ) -> list[RunningAttempt] | None:
-    """The fewest candidates that together free `deficit`, preferring the cheapest to stop (victim_order);
-    None if none do.
+    """The fewest candidates that together free `deficit`, preferring the cheapest to stop (`first`, the
+    names of attempts running on loan from the waiting job, then victim_order); None if none do.
 
     The result is always minimal: dropping any victim leaves the deficit uncovered, so no job is stopped
     that the waiting job does not need.
     """
     order = key or victim_order
-    ordered = sorted(candidates, key=order)
+    ordered = sorted(candidates, key=lambda a: (a.training_job_name not in first, order(a)))
     if not covers(ordered, deficit):
         return None
     if len(ordered) <= EXACT_VICTIM_SEARCH_LIMIT:
@@ -656,7 +742,7 @@ def minimal_cover(
         if covers(chosen, deficit):
             break
     # prune: drop the most expensive victims the cover does not need
-    for attempt in sorted(chosen, key=order, reverse=True):
+    for attempt in sorted(chosen, key=lambda a: (a.training_job_name not in first, order(a)), reverse=True):
         rest = [a for a in chosen if a is not attempt]
         if covers(rest, deficit):
             chosen = rest

@@ -16,11 +16,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 import boto3
-from botocore.config import Config
 
 from sagequeue_core.config import Settings
 from sagequeue_core.events import EventBridgePublisher, Publisher
 from sagequeue_core.observability import metrics as default_metrics
+from sagequeue_core.retry import botocore_config
 from sagequeue_core.sagemaker import SageMakerAdapter
 from sagequeue_core.store import Repository
 
@@ -29,7 +29,8 @@ SERVICES = ("dynamodb", "events", "sagemaker", "cloudwatch", "sns", "sqs", "s3")
 
 Clock = Callable[[], datetime]
 
-_CLIENT_CONFIG = Config(retries={"mode": "standard", "max_attempts": 4}, connect_timeout=5, read_timeout=30)
+#: Every AWS client of the functions: the one retry policy (sagequeue_core.retry).
+CLIENT_CONFIG = botocore_config()
 
 
 def _utc_now() -> datetime:
@@ -77,7 +78,7 @@ class Dependencies:
             if existing is None:
                 session = self._session or boto3.session.Session(region_name=self.region)
                 existing = session.client(
-                    service, endpoint_url=self.endpoints.get(service), config=_CLIENT_CONFIG
+                    service, endpoint_url=self.endpoints.get(service), config=CLIENT_CONFIG
                 )
                 self.clients[service] = existing
             return existing
@@ -111,9 +112,7 @@ def build(
     made: dict[str, Any] = dict(clients or {})
     for service in ("sagemaker", "events"):
         if service not in made:
-            made[service] = session.client(
-                service, endpoint_url=endpoints.get(service), config=_CLIENT_CONFIG
-            )
+            made[service] = session.client(service, endpoint_url=endpoints.get(service), config=CLIENT_CONFIG)
     store = Repository(settings.table_name, host=endpoints.get("dynamodb"), region=region)
     return Dependencies(
         settings=settings,

@@ -207,6 +207,7 @@ def _model_classes(table_name: str, host: str | None, region: str | None) -> Any
         not_before = UTCDateTimeAttribute(null=True)
         reused_warm_pool_of = UnicodeAttribute(null=True)
         keep_alive_seconds = NumberAttribute(null=True)
+        on_loan_for = UnicodeAttribute(null=True)
         training_started_at = UTCDateTimeAttribute(null=True)
         queued_since = UTCDateTimeAttribute(null=True)
         reservation = UnicodeAttribute(null=True)  # JSON {instances, since, kind}
@@ -776,6 +777,7 @@ class Repository:
             not_before=job.not_before,
             reused_warm_pool_of=job.reused_warm_pool_of,
             keep_alive_seconds=job.keep_alive_seconds,
+            on_loan_for=job.on_loan_for,
             training_started_at=job.training_started_at,
             queued_since=job.queued_since,
             reservation=json.dumps(job.reservation.to_dict()) if job.reservation else None,
@@ -813,6 +815,7 @@ class Repository:
             not_before=item.not_before,
             reused_warm_pool_of=item.reused_warm_pool_of,
             keep_alive_seconds=int(item.keep_alive_seconds or 0),
+            on_loan_for=item.on_loan_for,
             training_started_at=item.training_started_at,
             queued_since=item.queued_since,
             reservation=Reservation.from_dict(json.loads(item.reservation)) if item.reservation else None,

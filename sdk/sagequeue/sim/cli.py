@@ -30,7 +30,9 @@ SETTING_FLAGS = {
     "reservation-delay": "reserve_after_seconds",
     "preemption-budget": "max_preemptions_per_job",
     "lookahead": "queue_lookahead",
+    "lend": "lend_reserved_capacity",  # 1 or 0
 }
+_BOOLEAN_SETTINGS = frozenset({"lend_reserved_capacity"})
 _POOL_FLAGS = {"capacity": "capacity", "quota": "quota"}
 
 
@@ -88,7 +90,13 @@ def parse_compare(spec: str, base: SimSettings) -> Variant:
         elif name in SETTING_FLAGS:
             if not re.fullmatch(r"\d+", value.strip()):
                 raise BadInput(f"--compare {spec!r}: {name} must be a non-negative integer, got {value!r}")
-            changes[SETTING_FLAGS[name]] = int(value)
+            field_name = SETTING_FLAGS[name]
+            if field_name in _BOOLEAN_SETTINGS:
+                if value.strip() not in ("0", "1"):
+                    raise BadInput(f"--compare {spec!r}: {name} must be 1 (on) or 0 (off), got {value!r}")
+                changes[field_name] = value.strip() == "1"
+            else:
+                changes[field_name] = int(value)
         else:
             known = ", ".join([*SETTING_FLAGS, *_POOL_FLAGS])
             raise BadInput(f"--compare {spec!r}: unknown setting {name!r} (known: {known})")
@@ -174,6 +182,11 @@ def ignored_settings(settings: SimSettings) -> list[str]:
 )
 @click.option("--preemption-budget", type=int, help="Preemptions of one job before it is spared (3).")
 @click.option("--lookahead", type=int, help="Queued jobs read per pool per pass (50).")
+@click.option(
+    "--lend/--no-lend",
+    default=None,
+    help="Lend a waiting reservation's idle instances to checkpointing jobs (on).",
+)
 @click.option("--cold-start", type=float, help="Seconds a cold start spends in Starting (300).")
 @click.option("--warm-start", type=float, help="Seconds a warm start spends in Starting (20).")
 @click.option("--stop-grace", type=float, help="Seconds from StopTrainingJob to Stopped (120).")
@@ -244,6 +257,8 @@ def _run(options: dict[str, Any]) -> None:
         for flag in ("min_runtime", "keep_alive", "reservation_delay", "preemption_budget", "lookahead")
         if options[flag] is not None
     }
+    if options["lend"] is not None:
+        changes["lend_reserved_capacity"] = options["lend"]
     team_quotas = tuple(parse_team_quota(spec) for spec in options["team_quota_flags"])
     for team_quota in team_quotas:
         if team_quota.pool not in capacity:

@@ -58,6 +58,8 @@ class SimSettings:
     reserve_after_seconds: int = 1800
     #: preemptions of one job before it is not preempted again until it ends
     max_preemptions_per_job: int = 3
+    #: lend the idle part of a waiting reservation to checkpointing jobs, taken back when it can start
+    lend_reserved_capacity: bool = True
     #: SageMaker's account limit per instance type (creates beyond it fail); None: the pool's capacity
     quota: Mapping[str, int] | None = None
     #: the scheduler's timer period
@@ -91,6 +93,10 @@ class SimJob(Job):
     @cached_property
     def pool(self) -> str:
         return next(iter(self.demand))
+
+    @cached_property
+    def checkpointed(self) -> bool:
+        return super().checkpointed
 
 
 @dataclass(eq=False)
@@ -374,6 +380,7 @@ class Simulation:
         job.not_before = None
         job.reused_warm_pool_of = attempt.reused
         job.keep_alive_seconds = action.keep_alive_seconds or 0
+        job.on_loan_for = action.on_loan_for
         job.reason = None
         job.transition(JobState.STARTING, self.now_dt)
         run.attempt = attempt
@@ -444,12 +451,16 @@ def _request(spec: TraceJob) -> dict[str, Any]:
     }
     if spec.keep_alive_seconds:
         resources["KeepAlivePeriodInSeconds"] = spec.keep_alive_seconds
-    return {
+    request: dict[str, Any] = {
         "TrainingJobName": spec.name,
         # one role per sweep family: jobs of a family share a resource key, other jobs have their own
         "RoleArn": f"arn:aws:iam::{_ACCOUNT}:role/sim-{spec.family or spec.name}",
         "ResourceConfig": resources,
     }
+    if spec.checkpoint_minutes:
+        # what tells the policy the job resumes from checkpoints (victim order, loans)
+        request["CheckpointConfig"] = {"S3Uri": f"s3://sim-checkpoints/{spec.name}/"}
+    return request
 
 
 __all__ = ["JobRun", "Scheduler", "SimJob", "SimSettings", "Simulation"]

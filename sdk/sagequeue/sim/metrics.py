@@ -6,6 +6,9 @@ Definitions (docs/simulator.md repeats them):
 - wait: submission to the first attempt's creation; a job that never started waits until the end.
 - held in use while backlog: while a pool has a queued job, the share of its capacity not left free
   (training, starting, stopping or kept warm); training while backlog: the share training.
+- idle while a waiting job fits: of the same capacity-time, the share left free while a queued job (not
+  backing off) would have fitted in the free instances. The rest of the free share is idle that no start
+  could fill: only jobs wider than what is free wait (a drain, or a gang behind more important work).
 - training share, warm idle share: of the pool's capacity over the whole run (first submission to the end).
 - warm reuse: attempts created on a warm pool, of all attempts.
 - work lost: training time discarded by preemptions (since the last checkpoint), in instance-hours.
@@ -55,8 +58,10 @@ class PoolRecord:
     backlog_seconds: float = 0.0
     backlog_free: float = 0.0
     backlog_training: float = 0.0
+    backlog_fitting_free: float = 0.0
     state: dict[str, int] = field(default_factory=dict)
     backlog: bool = False
+    fitting: bool = False  # a queued job not backing off fits in the free instances
     since: float = 0.0
     timeline: list[tuple[float, int, int, int, int, int]] = field(default_factory=list)
 
@@ -133,6 +138,11 @@ class Recorder:
         self._teams(sim, at)
         record.state = state
         record.backlog = bool(sim.queued[pool])
+        now = sim.now_dt
+        record.fitting = state["free"] > 0 and any(
+            job.demand.get(pool, 0) <= state["free"] and (job.not_before is None or job.not_before <= now)
+            for job in sim.queued[pool].values()
+        )
         if self.keep_timeline:
             row = (at, state["training"], state["starting"], state["stopping"], state["warm"], state["free"])
             if record.timeline and record.timeline[-1][0] == at:
@@ -166,6 +176,8 @@ class Recorder:
                 record.backlog_seconds += dt
                 record.backlog_free += record.state["free"] * dt
                 record.backlog_training += record.state["training"] * dt
+                if record.fitting:
+                    record.backlog_fitting_free += record.state["free"] * dt
         record.since = at
 
     def close(self, at: float, sim: Simulation) -> None:
@@ -249,6 +261,7 @@ def summarize(
     backlog_capacity = sum(r.capacity * r.backlog_seconds for r in recorder.pools.values())
     backlog_free = sum(r.backlog_free for r in recorder.pools.values())
     backlog_training = sum(r.backlog_training for r in recorder.pools.values())
+    backlog_fitting_free = sum(r.backlog_fitting_free for r in recorder.pools.values())
     attempts = sum(j.attempts for j in jobs)
     last_end = max((j.ended for j in jobs if j.ended is not None), default=None)
     makespan = (end if unfinished or last_end is None else last_end) - start
@@ -274,6 +287,9 @@ def summarize(
         "failed": sum(1 for j in jobs if j.outcome == "failed"),
         "held_in_use_while_backlog": 1 - backlog_free / backlog_capacity if backlog_capacity else None,
         "training_while_backlog": backlog_training / backlog_capacity if backlog_capacity else None,
+        "idle_while_a_waiting_job_fits": backlog_fitting_free / backlog_capacity
+        if backlog_capacity
+        else None,
         "training_share": totals["training"] / capacity_seconds if capacity_seconds else None,
         "warm_idle_share": totals["warm"] / capacity_seconds if capacity_seconds else None,
         "warm_reuse": sum(j.warm_starts for j in jobs) / attempts if attempts else None,

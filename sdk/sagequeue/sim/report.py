@@ -41,6 +41,7 @@ ROWS: list[Row] = [
     ("jobs unfinished", lambda s: _count(s["unfinished"])),
     ("jobs completed", lambda s: _count(s["completed"])),
     ("held in use while backlog", lambda s: _share(s["held_in_use_while_backlog"])),
+    ("idle while a waiting job fits", lambda s: _share(s["idle_while_a_waiting_job_fits"])),
     ("training while backlog", lambda s: _share(s["training_while_backlog"])),
     ("training share", lambda s: _share(s["training_share"])),
     ("warm idle share", lambda s: _share(s["warm_idle_share"])),

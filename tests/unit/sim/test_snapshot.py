@@ -41,6 +41,7 @@ class Warm:
     training_job_name: str
     resource_key: ResourceKey
     expires_at: datetime
+    job_name: str | None = None
 
 
 def test_queued_jobs_carry_demand_key_and_backoff() -> None:
@@ -104,10 +105,12 @@ def test_policy_settings_from_the_scheduler_settings() -> None:
         default_keep_alive_seconds: int = 45
         max_preemptions_per_job: int = 2
         reserve_after_seconds: int = 900
+        lend_reserved_capacity: bool = False
 
     assert policy_settings(Settings()) == PolicySettings(
         min_runtime_before_preemption_seconds=123,
         default_keep_alive_seconds=45,
         max_preemptions_per_job=2,
         reserve_after_seconds=900,
+        lend_reserved_capacity=False,
     )

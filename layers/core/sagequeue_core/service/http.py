@@ -129,6 +129,11 @@ class JobOut(BaseModel):
     training_started_at: str | None = Field(
         default=None, description="when the current attempt began to train (minimum runtime counts from here)"
     )
+    on_loan_for: str | None = Field(
+        default=None,
+        description="the waiting job whose reserved capacity the current attempt borrows; that job preempts "
+        "it as soon as it can start",
+    )
     warnings: list[str] = Field(default_factory=list, description="how the queue will treat the job")
     team: str | None = Field(default=None, description="whose quota the job draws on")
 

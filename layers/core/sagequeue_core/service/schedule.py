@@ -967,6 +967,12 @@ def _start(
     (a reserved form no submission can take), never fails it. `held` counts the instances SageMaker holds
     per pool (live attempts and warm pools, updated here); `quotas` the pools, with the account quota each
     last met."""
+    if action.warm_pool is not None and not _warm_pool_still_available(deps, action.warm_pool):
+        # The plan counted the pool's instances as the job's: started cold, it would take instances the
+        # ledger does not have. The job keeps its place; the next pass plans with what is really there.
+        report.waiting[job.name] = f"waiting: warm pool {action.warm_pool} is no longer available"
+        logger.info("warm start deferred", extra={"job": job.name, "warm_pool": action.warm_pool})
+        return
     current: Job | None = job
     for choice in range(ATTEMPT_NAME_CHOICES):
         fresh_job = current or deps.store.get_job(job.name)
@@ -1037,6 +1043,26 @@ def _start(
         announce(deps.publisher, EventType.WARM_POOL_REUSED, {**detail, "warm_pool_of": donor})
 
 
+def _warm_pool_still_available(deps: Dependencies, training_job_name: str) -> bool:
+    """Whether the pool a start is planned on is Available on SageMaker now. A tracked pool can be a
+    phantom: a late event re-tracks a pool another start already took, while DescribeTrainingJob still
+    leaves WarmPoolStatus out (right after a job ends); two passes would then plan cold starts as warm ones
+    and run the pool over its capacity. Unknown (status left out, or SageMaker not answering) counts as no."""
+    try:
+        status = (deps.sagemaker.describe(training_job_name).get("WarmPoolStatus") or {}).get("Status")
+    except TrainingJobNotFound:
+        deps.store.forget_warm_pool(training_job_name)
+        return False
+    except SageMakerError as exc:
+        logger.warning("warm pool not checked", extra={"warm_pool": training_job_name, "error": str(exc)})
+        return False
+    if status == "Available":
+        return True
+    if status is not None:
+        deps.store.forget_warm_pool(training_job_name)  # Reused, InUse or Terminated: gone for good
+    return False
+
+
 def _intent(deps: Dependencies, job: Job, *, name: str, action: Start) -> str:
     """The start recorded before CreateTrainingJob (announced once SageMaker has it)."""
     return _record_start(
@@ -1046,6 +1072,7 @@ def _intent(deps: Dependencies, job: Job, *, name: str, action: Start) -> str:
         deps.now(),
         warm_pool=action.warm_pool,
         keep_alive_seconds=action.keep_alive_seconds or 0,
+        on_loan_for=action.on_loan_for,
         created=False,
     )
 
@@ -1059,6 +1086,7 @@ def _record_start(
     reason: str | None = None,
     warm_pool: str | None = None,
     keep_alive_seconds: int = 0,
+    on_loan_for: str | None = None,
     created: bool = True,
 ) -> str:
     """Record `training_job_name` as the job's current attempt. `created` is False for the intent written
@@ -1075,10 +1103,13 @@ def _record_start(
     job.not_before = None
     job.reused_warm_pool_of = warm_pool
     job.keep_alive_seconds = keep_alive_seconds
+    job.on_loan_for = on_loan_for
     job.reason = None  # why it waited no longer applies
-    job.transition(
-        JobState.STARTING, now, reason=reason or (f"on warm pool of {warm_pool}" if warm_pool else None)
-    )
+    if reason is None and warm_pool:
+        reason = f"on warm pool of {warm_pool}"
+    elif reason is None and on_loan_for:
+        reason = f"on loan: capacity reserved for {on_loan_for}, which preempts this attempt as soon as it can start"
+    job.transition(JobState.STARTING, now, reason=reason)
     deps.store.save_job(job, was=was)
     logger.append_keys(job=job.name, attempt=job.attempt)
     logger.info("attempt started", extra={"training_job_name": training_job_name, "warm_pool": warm_pool})
@@ -1089,7 +1120,13 @@ def _record_start(
 
 
 def _announce_start(deps: Dependencies, job: Job) -> None:
-    detail = {"name": job.name, "attempt": job.attempt, "training_job_name": job.training_job_name}
+    detail: dict[str, Any] = {
+        "name": job.name,
+        "attempt": job.attempt,
+        "training_job_name": job.training_job_name,
+    }
+    if job.on_loan_for:
+        detail["on_loan_for"] = job.on_loan_for
     if job.attempt == 1:
         count(STARTS)
         announce(deps.publisher, EventType.JOB_STARTED, detail)
