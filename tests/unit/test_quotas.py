@@ -473,3 +473,37 @@ def test_without_quotas_teams_change_nothing(
     )
     # THEN the plans are the same
     assert plan(with_teams, SETTINGS) == plan(without, SETTINGS)
+
+
+def test_a_loan_of_reserved_capacity_is_no_way_around_a_teams_quota() -> None:
+    from sagequeue_core.policy import Reservation, ReservationKind
+
+    # GIVEN team b's wide job holding a reservation in its own share, blocked by two young jobs of team ops
+    # (borrowing, not yet trained the minimum), and two small jobs that could run on loan meanwhile: one
+    # of team a, which may not borrow at all, one of team c, which may
+    blockers = [running(f"ops-{i}", "ops", minutes=2, priority=9) for i in range(2)]
+    holder = replace(
+        queued("holder", "b", 4, priority=5),
+        submitted_at=T0 - timedelta(hours=2),
+        reservation=Reservation(
+            instances={POOL: 2}, since=T0 - timedelta(minutes=30), kind=ReservationKind.DRAIN
+        ),
+    )
+    snap = Snapshot(
+        now=T0,
+        capacity={POOL: 4},
+        team_quotas=[TeamQuota("b", POOL, 4), TeamQuota("a", POOL, 0, borrowing_limit=0)],
+        running=blockers,
+        queued=[
+            holder,
+            queued("small-a", "a", priority=1, minute=1),
+            queued("small-c", "c", priority=1, minute=2),
+        ],
+    )
+    result = plan(snap, SETTINGS)
+    # THEN only c's job runs on the loan, and a's waits saying its team may hold none of the pool
+    assert [(s.job_name, s.on_loan_for) for s in result.starts] == [("small-c", "holder")]
+    assert result.waiting["small-a"] == (
+        f"can never fit: needs 1 {POOL}; team a may hold at most 0 (quota 0 and what others may lend it)"
+    )
+    assert "holder" in result.reservations
