@@ -239,3 +239,25 @@ def test_a_loan_from_before_the_reservation_is_ordinary_running_work() -> None:
     )
     result = plan(_snapshot(*running), PolicySettings(min_runtime_before_preemption_seconds=600))
     assert result.preemptions == []
+
+
+def test_a_job_more_important_than_the_lender_preempts_a_borrower_before_its_minimum_runtime() -> None:
+    # the instance a priority-5 holder lent would have been free for a priority-9 job: it does not wait
+    # for the borrower's minimum runtime (a lower-priority job that trained long enough is left alone)
+    running = (
+        _attempt("blocker-a", 9),
+        _attempt("blocker-b", 9),
+        _attempt("loan", 3, started_at=SINCE + timedelta(minutes=20), on_loan_for="holder"),
+        _attempt("other", 1, started_at=SINCE, training_started_at=NOW - timedelta(minutes=5)),
+    )
+    urgent = QueuedJob(name="urgent", priority=9, submitted_at=NOW, demand={POOL: 1})
+    result = plan(
+        _snapshot(*running, waiting=(urgent,)), PolicySettings(min_runtime_before_preemption_seconds=600)
+    )
+    assert [(p.training_job_name, p.for_job) for p in result.preemptions] == [("loan", "urgent")]
+    # one no more important than the lender waits for the minimum runtime as for any other victim
+    peer = QueuedJob(name="peer", priority=5, submitted_at=NOW, demand={POOL: 1})
+    result = plan(
+        _snapshot(*running, waiting=(peer,)), PolicySettings(min_runtime_before_preemption_seconds=600)
+    )
+    assert result.preemptions == []

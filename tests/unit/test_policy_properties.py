@@ -201,6 +201,14 @@ def test_preemption_only_for_strictly_higher_priority_and_only_ripe_victims(
         if _is_reclaim(snapshot, victim, preempt.for_job):
             continue  # a loan is taken back whatever its priority and runtime
         assert victim.priority < jobs[preempt.for_job].priority
+        lender = jobs.get(victim.on_loan_for or "")
+        lent_by_less_important = (
+            lender is not None
+            and lender.reservation is not None
+            and lender.priority < jobs[preempt.for_job].priority
+        )
+        if lent_by_less_important:
+            continue  # it borrowed an instance a job this important could have taken from its lender
         # the minimum runtime counts from the first Training status, not from CreateTrainingJob
         if victim.training_started_at is None:
             assert policy_settings.min_runtime_before_preemption_seconds == 0

@@ -288,6 +288,7 @@ class _Pass:
                 self.loans.setdefault(attempt.on_loan_for, []).append(attempt)
         # free instances held in this pass for reservations that still wait for running work: lendable
         self.lendable: dict[str, Counter[str]] = {}
+        self.queued_priority = {j.name: j.priority for j in snapshot.queued if j.reservation is not None}
 
     def run(self) -> Plan:
         eligible = {j.name for j in self.eligible}
@@ -422,7 +423,8 @@ class _Pass:
             ready = loans + [
                 a
                 for a in self._candidates(job, remaining)
-                if self._ran_long_enough(a) and a.training_job_name not in lent
+                if (self._ran_long_enough(a) or self._lent_by_less_important(a, job))
+                and a.training_job_name not in lent
             ]
             victims = minimal_cover(ready, remaining, first=lent, key=self._reclaim_first(job))
             if victims is None:
@@ -515,6 +517,12 @@ class _Pass:
             and a.training_job_name not in self.victims
             and (budget <= 0 or a.preemptions < budget)
         ]
+
+    def _lent_by_less_important(self, attempt: RunningAttempt, job: QueuedJob) -> bool:
+        """A loan runs on an instance its lender would have held idle, which a job more important than
+        the lender could have taken at once: for such a job the borrower has no minimum runtime."""
+        lender = self.queued_priority.get(attempt.on_loan_for or "")
+        return lender is not None and lender < job.priority
 
     def _lend(self) -> None:
         """Backfill on loan: a reservation still waiting for running work to end holds free instances that
