@@ -314,20 +314,40 @@ class _Pass:
         if never is not None:
             self.result.waiting[job.name] = never
             return
-        if not self._team_admits(job):  # team quotas hook
+        if not self.teams.governed:
+            self._place(job)
             return
+        # team quotas hook: the loans of the job's own reserved capacity are its to take back, not usage of
+        # the borrowers' teams that would keep it from its quota
+        loans = self._loans_for(job)
+        with self.teams.without(loans):
+            if not self._team_admits(job):
+                return
+        owed = self._loans_owed_to_quota(job, loans)
+        with self.teams.without(loans):
+            self._place(job, owed)
+
+    def _place(self, job: QueuedJob, owed: Sequence[RunningAttempt] = ()) -> None:
+        """Start the job, or cover what it lacks. `owed`: loans of its reserved capacity its team's quota
+        needs back before it may start (quotas.py), taken back even where the pool has room for it."""
         warm = self._matching_warm_pool(job)
+        deficit = self._deficit(job.demand)
+        if owed and (warm is not None or not deficit):
+            self._take_back(job, owed)
+            return
         if warm is not None:
             self.warm.remove(warm)  # its instances are counted as used already: they become the job's
             self._start(job, warm_pool=warm.training_job_name)
             return
-        deficit = self._deficit(job.demand)
         if not deficit:
             self._take(job.demand)
             self._start(job)
             return
         releasable = self._releasable_warm_pools(job)
         releases = _fewest(releasable, deficit)
+        if _covered_by(releases, deficit) and owed:
+            self._take_back(job, owed)
+            return
         if _covered_by(releases, deficit):
             # released warm pools make room now: start rather than wait for anything to come back
             self._release(job, releases)
@@ -336,6 +356,7 @@ class _Pass:
             return
         cover = self._cover(job, deficit, releasable)
         if cover.complete:
+            cover.victims += [loan for loan in owed if loan not in cover.victims]
             holds = self._commit(job, cover)
             kind = ReservationKind.PREEMPTED if cover.victims else ReservationKind.RELEASED
             if job.reservation is not None and not cover.victims:
@@ -491,6 +512,46 @@ class _Pass:
             return False
         self.result.waiting[job.name] = reason
         return False
+
+    def _loans_owed_to_quota(self, job: QueuedJob, loans: Sequence[RunningAttempt]) -> list[RunningAttempt]:
+        """The fewest of the job's loans that must stop before its team's quota lets it start: none when it
+        fits with all of them running (a loan to its own team fills its quota; another team's loan may use
+        what it would borrow)."""
+
+        def fits_without(gone: Sequence[RunningAttempt]) -> bool:
+            with self.teams.without(gone):
+                return not self.teams.short(job.team, job.demand)
+
+        if not loans or fits_without(()):
+            return []
+        owed: list[RunningAttempt] = []
+        for loan in sorted(loans, key=victim_order):
+            owed.append(loan)
+            if fits_without(owed):
+                break
+        for loan in reversed(list(owed)):  # prune what the quota does not need
+            rest = [a for a in owed if a is not loan]
+            if fits_without(rest):
+                owed = rest
+        return owed
+
+    def _take_back(self, job: QueuedJob, owed: Sequence[RunningAttempt]) -> None:
+        """Preempt loans the job's team quota needs back, and hold what is free for the job meanwhile."""
+        for loan in owed:
+            self.victims.add(loan.training_job_name)
+            assert loan.job_name is not None  # loans are queue entries
+            self.result.actions.append(Preempt(loan.job_name, loan.training_job_name, for_job=job.name))
+        promised: Counter[str] = Counter(self._claim(job))
+        for loan in owed:
+            promised.update({pool: n for pool, n in loan.demand.items() if pool in job.demand})
+        self._reserve(
+            job,
+            ReservationKind.PREEMPTED,
+            {pool: min(promised[pool], need) for pool, need in job.demand.items()},
+        )
+        self.result.waiting[job.name] = "taking back its loans for its team's quota: " + ", ".join(
+            loan.training_job_name for loan in owed
+        )
 
     def _reclaim_first(self, job: QueuedJob) -> Callable[[RunningAttempt], tuple[Any, ...]] | None:
         """Victim order when other teams' borrowing work is among the candidates: that first, newest first."""

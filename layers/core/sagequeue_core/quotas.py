@@ -29,7 +29,8 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol, TypeVar
@@ -283,6 +284,26 @@ class TeamLedger:
                 f"{self.borrowable(team, pool)} borrowable, {max(free.get(pool, 0), 0)} free"
             )
         return "; ".join(parts)
+
+    @contextmanager
+    def without(self, attempts: Iterable[Holding]) -> Iterator[None]:
+        """Count `attempts` as gone for a while: the loans of a waiting job's reserved capacity, which it
+        takes back the moment it can start, while that job is admitted. They are its own capacity, so they
+        neither fill its team's quota (a loan to its own team) nor use up what it may borrow."""
+        gone: list[tuple[str, str, int]] = [
+            (pool, attempt.team or NO_TEAM, n)
+            for attempt in attempts
+            if not attempt.stopping
+            for pool, n in attempt.demand.items()
+            if pool in self.quotas
+        ]
+        for pool, team, n in gone:
+            self.used[pool][team] -= n
+        try:
+            yield
+        finally:
+            for pool, team, n in gone:
+                self.used[pool][team] += n
 
     def take(self, team: str | None, demand: Mapping[str, int]) -> None:
         """A job of `team` starts on `demand`."""
