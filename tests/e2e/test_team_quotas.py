@@ -144,4 +144,11 @@ def test_quota_input_errors_are_clear_and_only_admins_set_quotas(teams: Callable
         admin.set_team_quota("a", "ml.p5.48xlarge", 1)
     with pytest.raises(SageQueueError, match="nominal"):
         admin.set_team_quota("a", POOL, -1)
+    # limits are instances as the nominal quota is: a number no pool could hold (and no table could store
+    # beyond 38 digits) is refused, not stored
+    for limit in ("borrowing_limit", "lending_limit"):
+        with pytest.raises(SageQueueError, match=f"{limit}: Input should be less than or equal to 100000"):
+            admin.set_team_quota("a", POOL, 2, **{limit: 10**40 + 1})
     assert s.queue.team_quotas("a")[0]["nominal"] == 2  # unchanged
+    assert s.queue.team_quotas("a")[0]["borrowing_limit"] is None
+    assert s.queue.team_quotas("a")[0]["lending_limit"] is None

@@ -75,8 +75,12 @@ class QuotaRequest(BaseModel):
 
     pool: str = Field(description="instance type or plan:<name>")
     nominal: int | None = Field(ge=0, le=MAX_POOL_CAPACITY, description="instances guaranteed; null removes")
-    borrowing_limit: int | None = Field(default=None, ge=0, description="above nominal; null: unlimited")
-    lending_limit: int | None = Field(default=None, ge=0, description="of unused nominal; null: all of it")
+    borrowing_limit: int | None = Field(
+        default=None, ge=0, le=MAX_POOL_CAPACITY, description="above nominal; null: unlimited"
+    )
+    lending_limit: int | None = Field(
+        default=None, ge=0, le=MAX_POOL_CAPACITY, description="of unused nominal; null: all of it"
+    )
 
 
 # --- answers ---------------------------------------------------------------------------------------------------
