@@ -14,6 +14,8 @@ from typing import Any
 import pytest
 from test_scheduling_scenarios import POOL, Scenario
 
+from sagequeue_core.domain import parse_time
+
 MIN_RUNTIME = 600
 STOP_GRACE = 120  # the emulator's, as SageMaker documents it
 PROVISIONING = 480
@@ -100,6 +102,10 @@ def test_reclaim_waits_for_the_minimum_runtime_of_the_borrowers(teams: Callable[
     for i in range(4):
         s.submit_for("a", f"a-{i}", 6 * 3600, priority=9)
     s.advance_until(lambda: s.states()["a-3"] == "running", limit=1200)
+    # the first of a's jobs to reach Training is the first that reclaim may preempt
+    first_trained = min(
+        t for j in s.queue.jobs() if (t := parse_time(j.raw.get("training_started_at"))) is not None
+    )
     # WHEN b's job arrives while a's jobs are still young
     s.submit_for("b", "b-0", 3600, priority=0)
     arrived = s.stack.now()
@@ -110,6 +116,8 @@ def test_reclaim_waits_for_the_minimum_runtime_of_the_borrowers(teams: Callable[
     )
     waited = (s.stack.now() - arrived).total_seconds()
     assert waited <= MIN_RUNTIME + STOP_GRACE + 120
+    # (and not before: no borrower was preempted before it trained the minimum)
+    assert (s.stack.now() - first_trained).total_seconds() >= MIN_RUNTIME + STOP_GRACE
     assert sum(j.preemptions for j in s.queue.jobs()) == 1
 
 
