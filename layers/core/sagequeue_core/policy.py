@@ -493,6 +493,10 @@ class _Pass:
         reason = self.teams.reason(job.team, job.demand, self.free)
         if not self.teams.short(job.team, job.demand, returning=True):
             self.result.waiting[job.name] = reason + "; waiting for the team's stopping jobs"
+            if job.reservation is not None:
+                # it fits once they are gone (its own loans or victims, being stopped): it keeps its
+                # reservation and claims what is free, rather than drop it while they stop
+                self._reserve(job, job.reservation.kind, self._claim(job))
             return False
         ready = [a for a in self._candidates(job, short) if self._ran_long_enough(a)]
         victims = minimal_cover(ready, short)

@@ -279,8 +279,14 @@ class TeamLedger:
                     f"{self.most(team, pool)} (quota {quota.nominal} and what others may lend it)"
                 )
                 continue
+            left = self.headroom(team, pool)
+            where = (
+                f"at its quota of {quota.nominal} {pool}"
+                if left == 0
+                else f"has {left} of its quota of {quota.nominal} {pool} left, needs {demand[pool]}"
+            )
             parts.append(
-                f"team {team or 'none'} at its quota of {quota.nominal} {pool}; "
+                f"team {team or 'none'} {where}; "
                 f"{self.borrowable(team, pool)} borrowable, {max(free.get(pool, 0), 0)} free"
             )
         return "; ".join(parts)
