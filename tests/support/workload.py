@@ -82,10 +82,12 @@ def run_workload(
     role: str,
     account: str,
     settle_seconds: float = 4 * 3600,
+    delivery: AdversarialDelivery | None = None,
 ) -> WorkloadResult:
-    """Drive `world` (a server-test QueueWorld built with CAPACITY) through a random workload."""
+    """Drive `world` (a server-test QueueWorld built with CAPACITY) through a random workload; SageMaker's
+    events go through `delivery` (by default adversarial, drawn from `seed`)."""
     rng = random.Random(seed)
-    delivery = AdversarialDelivery(seed)
+    delivery = delivery if delivery is not None else AdversarialDelivery(seed)
     world.mangle = delivery
     monitor = InvariantMonitor(world.emulator, world.deps.store).attach(world.deps.sagemaker.client)
     result = WorkloadResult(seed)
