@@ -255,6 +255,7 @@ def _apply_to_job(deps: Dependencies, job: Job, change: TrainingJobChange, *, co
             job.retries += 1
             job.not_before = now + timedelta(seconds=_backoff(deps, job.retries))
         job.stop_reason = None
+    job.count_ended_attempt(change.seconds_trained)
     job.transition(target, now, reason=reason)
     # The pool is counted before the attempt stops counting: a crash in between over-counts for a
     # moment (the reconcile drops what is not Available), never lets a pass overbook.
@@ -513,10 +514,12 @@ def _reconcile_live(
         if _stop_quietly(deps, name, job.name):
             report.applied.append(f"{name}: stop repeated")
         return
-    if summary is not None and not (
-        job.state is JobState.STARTING and change.secondary_status not in _NOT_YET_RUNNING
+    if (
+        summary is not None
+        and not (job.state is JobState.STARTING and change.secondary_status not in _NOT_YET_RUNNING)
+        and not (job.training_started_at is None and change.secondary_status in _TRAINING_OR_LATER)
     ):
-        return  # InProgress and recorded as such: nothing to do
+        return  # InProgress and recorded as such (its training too, once it trains): nothing to do
     report.applied.append(f"{name}: {_apply_described(deps, job.name, change)}")
 
 
@@ -824,7 +827,14 @@ def _note_waiting(
     if not changed:
         return
     before = {job.name: job.reservation for job, _, _ in changed}
-    written = set(deps.store.note_waiting(changed))
+    written: set[str] = set()
+    try:
+        written.update(deps.store.note_waiting(changed))
+    except Exception:  # noqa: BLE001 - one job's refused write cancels the whole request, not the pass
+        logger.warning("waiting notes refused as a batch; writing them one by one", exc_info=True)
+        skipped = PassReport()
+        for note in changed:
+            _guarded(skipped, note[0].name, lambda one: written.update(deps.store.note_waiting([one])), note)
     for job, _, reservation in changed:
         if job.name in written and before[job.name] != reservation:
             _announce_reservation(deps, job, before[job.name], reservation)
@@ -991,6 +1001,7 @@ def _record_start(
     job.not_before = None
     job.reused_warm_pool_of = warm_pool
     job.keep_alive_seconds = keep_alive_seconds
+    job.training_started_at = None  # the minimum runtime counts from this attempt's own training
     job.reason = None  # why it waited no longer applies
     job.transition(
         JobState.STARTING, now, reason=reason or (f"on warm pool of {warm_pool}" if warm_pool else None)
