@@ -25,6 +25,7 @@ import logging
 import os
 import sys
 import time
+import warnings
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,7 @@ def _start_worker(transport: str) -> None:
     """Once per worker process: one moto for all its seeds; the handlers' EMF lines go nowhere."""
     global _ENDPOINT
     logging.disable(logging.CRITICAL)
+    warnings.simplefilter("ignore")  # Powertools warns of invocations that emit no metric
     sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - for the life of the worker process
     if transport == "http":
         from moto.server import ThreadedMotoServer
