@@ -355,6 +355,37 @@ def test_a_job_preempted_5000_times_keeps_a_small_item_and_exact_counters(
     assert monitor.violations == []
 
 
+@pytest.fixture
+def one_trn1_min_runtime(moto_endpoint: str) -> Iterator[tuple[QueueWorld, InvariantMonitor]]:
+    settings = {"min_runtime_before_preemption_seconds": 600, "max_preemptions_per_job": 0}
+    yield from monitored(make_world(moto_endpoint, capacity={TRN1: 1}, settings=settings))
+
+
+def test_a_resumed_attempt_is_protected_by_the_minimum_runtime_of_its_own_training(
+    one_trn1_min_runtime: tuple[QueueWorld, InvariantMonitor],
+) -> None:
+    world, monitor = one_trn1_min_runtime
+    # GIVEN a job that trained past the minimum runtime, was preempted, and resumed
+    world.submit("long", duration=7200, priority=1)
+    advance(world, monitor, until=lambda: world.deps.store.get_job("long").training_started_at is not None)
+    advance(world, monitor, 600)
+    world.submit("first-urgent", duration=60, priority=9)
+    advance(world, monitor, until=lambda: world.state("first-urgent") == "completed")
+    advance(world, monitor, until=lambda: world.deps.store.get_job("long").training_started_at is not None)
+    resumed = attempt_name("long", 2)
+    assert world.job("long")["training_job_name"] == resumed
+
+    # WHEN another urgent job arrives while the resumed attempt has trained for less than the minimum
+    world.submit("second-urgent", duration=60, priority=9)
+    advance(world, monitor, 300)
+
+    # THEN the resumed attempt keeps running until it has trained the minimum runtime itself
+    assert (world.state("long"), world.state("second-urgent")) == ("running", "queued")
+    advance(world, monitor, until=lambda: world.state("second-urgent") != "queued")
+    assert _seconds_in_training(world, resumed) >= 600
+    assert monitor.violations == []
+
+
 class RefusedWrites:
     """DynamoDB refusing every write of one job's existing item, as it refuses an item grown past 400 KB:
     PutItem and UpdateItem answer ValidationException; a transaction that changes the item is cancelled with
