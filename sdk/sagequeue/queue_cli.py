@@ -703,6 +703,10 @@ def ls(
         return
 
 
+#: Attempts `show` lists by name: the latest ones (a job preempted thousands of times has thousands).
+SHOWN_ATTEMPTS = 20
+
+
 @_queue_command("show")
 @click.argument("name")
 def show(target: Target, as_json: bool, name: str) -> None:
@@ -729,6 +733,8 @@ def show(target: Target, as_json: bool, name: str) -> None:
         ("ran", _duration(ran(job, now))),
         ("preemptions", job.preemptions),
         ("retries", job.retries),
+        ("attempts ended", job.attempts_ended),
+        ("trained", f"{_duration(job.seconds_trained)} ({job.seconds_trained} s, ended attempts)"),
         ("reason", job.reason),
     ]
     width = max(len(k) for k, _ in fields)
@@ -736,7 +742,11 @@ def show(target: Target, as_json: bool, name: str) -> None:
         click.echo(f"{key.ljust(width)}  {'-' if value is None or value == '' else value}")
     if job.attempts:
         click.echo("\nattempts")
-        for number, attempt in enumerate(job.attempts, start=1):
+        shown = list(enumerate(job.attempts, start=1))
+        if len(shown) > SHOWN_ATTEMPTS:
+            click.echo(f"  ... {len(shown) - SHOWN_ATTEMPTS} earlier")
+            shown = shown[-SHOWN_ATTEMPTS:]
+        for number, attempt in shown:
             click.echo(f"  {number}  {attempt}")
     if job.history:
         click.echo("\nhistory")

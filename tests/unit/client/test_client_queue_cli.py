@@ -85,3 +85,40 @@ def test_pools_table_shows_free_instances() -> None:
 def test_every_queue_command_takes_the_endpoint_options(name: str) -> None:
     options = {opt for param in COMMANDS[name].params for opt in getattr(param, "opts", [])}
     assert {"--endpoint", "--stack-name", "--region", "--profile", "--api-id", "--json"} <= options
+
+
+def test_show_prints_the_counters_and_only_the_latest_attempts(monkeypatch: pytest.MonkeyPatch) -> None:
+    from click.testing import CliRunner
+
+    from sagequeue import queue_cli
+
+    # GIVEN a job preempted 5,000 times, as the API answers GET /jobs/{name}
+    veteran = job("veteran", "running", 1, submitted_at=NOW - timedelta(days=9), started_at=NOW)
+    raw = {
+        **veteran.raw,
+        "attempt": 5001,
+        "preemptions": 5000,
+        "attempts_ended": 5000,
+        "seconds_trained": 300_125,
+        "attempts": ["veteran", *(f"veteran--{n}" for n in range(2, 5002))],
+    }
+
+    class Client:
+        endpoint = "https://queue.example"
+        server_time = NOW
+
+        def job(self, name: str) -> Job:
+            assert name == "veteran"
+            return Job.from_api(raw)
+
+    monkeypatch.setattr(queue_cli.Target, "client", lambda self: Client())
+    result = CliRunner().invoke(COMMANDS["show"], ["veteran", "--endpoint", "https://queue.example"])
+
+    # THEN the totals are shown, and the attempts list is bounded
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert "attempts ended  5000" in lines
+    assert "trained         3d11h (300125 s, ended attempts)" in lines
+    attempts = lines[lines.index("attempts") + 1 : lines.index("attempts") + 1 + queue_cli.SHOWN_ATTEMPTS + 1]
+    assert attempts[0] == f"  ... {5001 - queue_cli.SHOWN_ATTEMPTS} earlier"
+    assert attempts[-1] == "  5001  veteran--5001"

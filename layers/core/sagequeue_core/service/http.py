@@ -122,6 +122,12 @@ class JobOut(BaseModel):
     reason: str | None
     preemptions: int
     retries: int
+    attempts_ended: int = Field(
+        default=0, description="attempts that ran on SageMaker and ended (each counted once)"
+    )
+    seconds_trained: int = Field(
+        default=0, description="seconds the ended attempts spent in SageMaker's Training phase, in total"
+    )
     instances: int
     reservation: ReservationOut | None = Field(
         default=None, description="capacity promised to the job while it waits (kept between passes)"
@@ -148,7 +154,9 @@ class HistoryEntry(BaseModel):
 class JobDetailOut(JobOut):
     position: int | None = Field(description="1-based place among the pool's queued jobs, when queued")
     attempts: list[str] = Field(description="training job names of every attempt so far")
-    history: list[HistoryEntry]
+    history: list[HistoryEntry] = Field(
+        description="the submission and the latest changes (at most 40 entries; the counters keep totals)"
+    )
 
 
 class JobList(BaseModel):
