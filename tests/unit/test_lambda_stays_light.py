@@ -27,17 +27,15 @@ NEVER = (
     "asyncio",
 )
 #: Third-party packages a handler may load: what the layer carries (layers/core/requirements.txt and what
-#: it brings) and the runtime's own boto3. Anything else is a new dependency of a cold start.
+#: it brings). Anything else is a new dependency of a cold start.
 LAYER = frozenset(
     {
         "aws_lambda_powertools",
-        "boto3",
         "botocore",
         "certifi",
         "dateutil",
         "jmespath",
         "pynamodb",
-        "s3transfer",
         "six",
         "typing_extensions",
         "urllib3",
