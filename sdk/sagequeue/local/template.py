@@ -180,7 +180,8 @@ class StackContext:
 
 #: Translations made or read in this process, by key.
 _TRANSLATED: dict[str, dict[str, Any]] = {}
-#: Where translations are kept between processes; SAGEQUEUE_CACHE_DIR overrides, an empty value disables.
+#: Where translations are kept between processes (the user's cache folder by default); an empty value
+#: turns keeping them off.
 CACHE_DIR_ENV = "SAGEQUEUE_CACHE_DIR"
 
 
@@ -199,8 +200,9 @@ def _cache_dir() -> Path | None:
     configured = os.environ.get(CACHE_DIR_ENV)
     if configured is not None:
         return Path(configured) if configured else None
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "sagequeue" / "sam-translations"
+    from platformdirs import user_cache_dir
+
+    return Path(user_cache_dir("sagequeue")) / "sam-translations"
 
 
 def _read_cached(key: str) -> dict[str, Any] | None:
