@@ -425,7 +425,7 @@ def reconcile(deps: Dependencies) -> PassReport:
     InProgress, a pool or job it has not seen before. One job that cannot be handled is logged, counted
     and skipped; it never stops the others."""
     report = PassReport()
-    _ensure_configured_pools(deps)
+    managed = _ensure_configured_pools(deps)
     in_progress = _listed(deps, StatusEquals="InProgress")
     live_names: set[str] = set()
     for job in deps.store.live_jobs():
@@ -445,11 +445,10 @@ def reconcile(deps: Dependencies) -> PassReport:
         )
     known = live_names | {external.training_job_name for external in externals}
     if in_progress is not None:
-        managed = {status.pool.instance_type for status in deps.store.pools()}
         for name, summary in in_progress.items():
             if name not in known:
                 _guarded(report, name, _sweep, deps, summary, managed, report)
-    _reconcile_warm_pools(deps, report)
+    _reconcile_warm_pools(deps, managed, report)
     return report
 
 
@@ -463,11 +462,13 @@ def _guarded(report: PassReport, subject: str, step: Callable[..., Any], *args: 
         report.applied.append(f"{subject}: skipped ({type(exc).__name__})")
 
 
-def _ensure_configured_pools(deps: Dependencies) -> None:
-    """A table restored or recreated has lost its pools: enter the deploy-time capacity again."""
+def _ensure_configured_pools(deps: Dependencies) -> set[str]:
+    """A table restored or recreated has lost its pools: enter the deploy-time capacity again. Returns the
+    managed pools (read once: the timer pass needs them twice more, and no step of it adds or drops one)."""
     present = {status.pool.instance_type for status in deps.store.pools()}
     if set(deps.settings.capacity) - present:
         deps.store.seed_pools(deps.settings.capacity)
+    return present | set(deps.settings.capacity)
 
 
 def _listed(deps: Dependencies, **filters: Any) -> dict[str, dict[str, Any]] | None:
@@ -626,7 +627,7 @@ def _rebuild(deps: Dependencies, training_job_name: str, tags: Mapping[str, str]
     return f"entered again as {job.state.value}"
 
 
-def _reconcile_warm_pools(deps: Dependencies, report: PassReport) -> None:
+def _reconcile_warm_pools(deps: Dependencies, managed: set[str], report: PassReport) -> None:
     """Tracked pools that are no longer Available are dropped; Available pools of managed instance types
     that nobody tracks (a crash between steps, a lost event, a lost table) are adopted."""
     now = deps.now()
@@ -643,7 +644,6 @@ def _reconcile_warm_pools(deps: Dependencies, report: PassReport) -> None:
             _guarded(report, warm.training_job_name, _confirm_warm_pool, deps, warm.training_job_name)
     if available is None:
         return
-    managed = {status.pool.instance_type for status in deps.store.pools()}
     for name in available:
         if name not in tracked:
             _guarded(report, name, _adopt_warm_pool, deps, name, managed, report)
