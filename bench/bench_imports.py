@@ -161,9 +161,6 @@ def main() -> None:
     )
     load = os.getloadavg()[0]
     print(
-        f"sagequeue_core {'from source, no bytecode' if args.source else 'with bytecode (layers/core/Makefile)'}"
-    )
-    print(
         f"median of {args.repeat} interleaved rounds; interpreter start-up {start_wall * 1000:.0f} ms wall, "
         f"{start_cpu * 1000:.0f} ms CPU (subtracted below); load average {load:.1f} on {os.cpu_count()} CPUs"
     )
