@@ -1,6 +1,6 @@
 """Start-up time of the embedded stack, and what one scheduling round trip costs on it.
 
-    python bench/bench_local_stack.py [--repeat N] [--pass-cost] [--queued 10,1000,10000]
+    python bench/bench_local_stack.py [--repeat N] [--cold-only] [--demo] [--pass-cost] [--queued 10,1000,10000]
 
 - cold start: a fresh interpreter imports sagequeue.local and starts a LocalStack (moto's server, the
   resources of template.yaml, the SageMaker emulator, the handlers, the API), measured from before the
@@ -12,6 +12,7 @@
 - submit to running: a job submitted over the signed API until the scheduler has it running on the
   emulator, on the virtual clock (API, EventBridge, SQS, scheduler, SageMaker events, all over HTTP).
 
+- the demo (`--demo`): `sagequeue demo` in a fresh process, its wall and CPU time (goal: under 10 s wall).
 - pass cost (`--pass-cost`): DynamoDB read and write requests and SageMaker calls of one scheduler pass
   with 8 pools of 2 instances, all running, and 10 / 1,000 / 10,000 queued jobs behind them: the first pass
   after the burst (it writes why each job in the pools' windows waits), the next one (nothing changed),
@@ -27,6 +28,7 @@ import contextlib
 import io
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -267,6 +269,26 @@ def print_pass_cost(sizes: list[int]) -> None:
     print(f"  by operation at {large:,} queued: {json.dumps(detail)}")
 
 
+def print_demo(repeat: int) -> None:
+    """Wall and CPU time of `sagequeue demo` in a fresh process (the demo checks every step itself)."""
+    command = [str(Path(sys.executable).with_name("sagequeue")), "demo"]
+    runs: list[tuple[float, float]] = []
+    for _ in range(repeat):
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        began = time.perf_counter()
+        subprocess.run(command, check=True, capture_output=True, cwd=ROOT)
+        wall = time.perf_counter() - began
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        runs.append((wall, after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime))
+    load = os.getloadavg()[0]
+    print(f"sagequeue demo, {repeat} runs (load average {load:.1f} on {os.cpu_count()} CPUs)")
+    for wall, cpu in runs:
+        print(f"  wall {wall:6.1f} s   CPU {cpu:6.1f} s")
+    print(
+        f"  median wall {statistics.median(w for w, _ in runs):.1f} s, CPU {statistics.median(c for _, c in runs):.1f} s"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -275,9 +297,13 @@ def main() -> None:
     parser.add_argument("--pass-cost", action="store_true", help="only the scheduler's per-pass cost")
     parser.add_argument("--queued", default="10,1000,10000", help="queue sizes for --pass-cost")
     parser.add_argument("--cold-only", action="store_true", help="only the fresh-process start")
+    parser.add_argument("--demo", action="store_true", help="only `sagequeue demo`, run --repeat times")
     args = parser.parse_args()
     if args.pass_cost:
         print_pass_cost([int(size) for size in args.queued.split(",")])
+        return
+    if args.demo:
+        print_demo(args.repeat)
         return
     colds = [cold_start() for _ in range(args.repeat)]
     starts, round_trips = ([], []) if args.cold_only else warm_figures(args.repeat)
