@@ -1,6 +1,6 @@
 """The HTTP API's requests, routing and answers, without a validation framework: a handler's cold start pays
 for every module it imports, and pydantic with Powertools' OpenAPI layer cost the API more than boto3 itself
-(docs/adr/0004-cold-start-budget.md).
+(docs/adr/0011-api-without-a-framework-and-a-compiled-layer.md).
 
 Request checks are declared once here (`Body`, `PathParameter`, `IntQuery`) and refuse what the documented
 schemas in docs/openapi.json refuse, naming each member at fault in one sentence; the tests hold the two to
@@ -30,7 +30,6 @@ from sagequeue_core.errors import (
 
 #: Path parameters as whole-string patterns (`$` is the very end: a trailing newline does not pass).
 NAME_PATTERN = r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$"
-INSTANCE_TYPE_PATTERN = r"^ml\.[a-z0-9]+\.[a-z0-9]+$"
 #: A pool: an instance type, or a training plan's `plan:<name>`.
 POOL_PATTERN = r"^(ml\.[a-z0-9]+\.[a-z0-9]+|plan:[A-Za-z0-9-]{1,64})$"
 #: Longest pool name: `plan:` and a training plan's name of at most 64 characters.
