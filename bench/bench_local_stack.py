@@ -5,7 +5,7 @@
 - cold start: a fresh interpreter imports sagequeue.local and starts a LocalStack (moto's server, the
   resources of template.yaml, the SageMaker emulator, the handlers, the API), measured from before the
   import to `start()` returning; interpreter start-up itself is not counted. The SAM translation of
-  template.yaml is kept between processes (docs/adr/0011), so this is every start but the first after the
+  template.yaml is kept between processes (docs/adr/0012), so this is every start but the first after the
   template or the translator changes; `SAGEQUEUE_CACHE_DIR=` (empty) measures a start that translates.
 - warm start: another LocalStack in the same process (imports and service models already loaded), which is
   what each test after the first pays.

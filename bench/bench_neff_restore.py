@@ -238,6 +238,9 @@ def run_benchmark(args: argparse.Namespace, work: Path, env: dict[str, str]) -> 
             "sync",
             f"s3://{BUCKET}/{PREFIX}/neuronxcc-{VERSION}",
             str(dest / f"neuronxcc-{VERSION}"),
+            # the tree the Neuron compiler reads; each entry's writer-prefixed copy is sagequeue's
+            "--exclude",
+            "*/.w-*",
             "--only-show-errors",
         ],
         ("sagequeue cache restore", "hub"): lambda dest: [

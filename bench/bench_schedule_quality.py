@@ -1,5 +1,6 @@
-"""Schedule quality: sagequeue's policy beside FIFO, priority without preemption and the article's naive
-preemptive scheduler, on the documented 21-day trace and on an overload trace.
+"""Schedule quality: sagequeue's policy beside FIFO, priority without preemption, the article's naive
+preemptive scheduler and sagequeue's own policy without backfill on loan, on the documented 21-day trace
+and on an overload trace.
 
     python bench/bench_schedule_quality.py [--seeds 1,2,3] [--markdown]
 
@@ -22,6 +23,7 @@ import time
 
 from sagequeue.sim import SimSettings, WorkloadSpec, baselines, generate, simulate
 from sagequeue.sim.report import table
+from sagequeue.sim.run import Variant
 
 CAPACITY = {"ml.trn1.32xlarge": 4, "ml.trn2.48xlarge": 2}
 
@@ -37,7 +39,10 @@ def run(title: str, spec: WorkloadSpec, seed: int, markdown: bool, drain_days: f
     settings = SimSettings(capacity=CAPACITY)
     began = time.perf_counter()
     horizon = trace.last_submit_seconds + drain_days * 86400
-    results = simulate(trace, baselines(settings), horizon_seconds=horizon, timeline=False)
+    variants = baselines(settings)
+    # the same policy without backfill on loan, to show what lending a waiting reservation's idle part adds
+    variants.insert(-1, Variant("no loans", "sagequeue", settings.with_changes(lend_reserved_capacity=False)))
+    results = simulate(trace, variants, horizon_seconds=horizon, timeline=False)
     print(
         f"\n### {title}, seed {seed}: {len(trace.jobs)} jobs, offered load {offered_load(trace, CAPACITY):.2f}"
     )

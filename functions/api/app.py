@@ -10,20 +10,23 @@ from typing import Any
 
 from sagequeue_core.observability import logger, metrics
 from sagequeue_core.runtime import dependencies
-from sagequeue_core.service import jobs, submit
+from sagequeue_core.service import jobs, submit, teams
 from sagequeue_core.service.access import is_admin, require_caller
 from sagequeue_core.service.http import (
     CAPACITY,
     CHANGE,
     JOB_NAME,
     POOL,
+    QUOTA,
     SUBMIT,
+    TEAM,
     IntQuery,
     Request,
     Router,
     error_answer,
     precheck,
     proxy_answer,
+    quota_answer,
 )
 
 app = Router()
@@ -97,6 +100,30 @@ def list_pools(request: Request) -> dict[str, Any]:
 def set_pool(request: Request) -> dict[str, Any]:
     capacity = request.body["capacity"]
     return jobs.set_pool(dependencies(), request.path["instanceType"], capacity, request.caller).to_api()
+
+
+@app.route("GET", "/teams", summary="Teams: nominal, used, borrowed, lent and waiting per pool")
+def list_teams(request: Request) -> dict[str, Any]:
+    return {"quotas": [quota_answer(share) for share in teams.all_teams(dependencies())]}
+
+
+@app.route(
+    "GET",
+    "/teams/<team>/quotas",
+    team=TEAM,
+    summary="A team's quotas: nominal, used, borrowed, lent per pool",
+)
+def get_team_quotas(request: Request) -> dict[str, Any]:
+    shares = teams.team_quotas(dependencies(), request.path["team"])
+    return {"quotas": [quota_answer(share) for share in shares]}
+
+
+@app.route(
+    "PUT", "/teams/<team>/quotas", body=QUOTA, team=TEAM, summary="Set a team's quota in a pool (admin)"
+)
+def set_team_quota(request: Request) -> dict[str, Any]:
+    share = teams.set_quota(dependencies(), request.path["team"], request.body, request.caller)
+    return quota_answer(share)
 
 
 @app.route(

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import re
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -46,6 +45,14 @@ from sagequeue.exceptions import (
     Throttled,
     ValidationError,
     api_error,
+)
+from sagequeue_core.retry import (
+    BACKOFF_BASE_SECONDS,
+    BACKOFF_MAX_SECONDS,
+    CONNECT_TIMEOUT_SECONDS,
+    MAX_ATTEMPTS,
+    READ_TIMEOUT_SECONDS,
+    http_retry,
 )
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -79,8 +86,6 @@ TERMINAL_STATES = frozenset({"completed", "failed", "cancelled", "idle_stopped"}
 
 _EXECUTE_API_HOST = re.compile(r"^[a-z0-9]+\.execute-api(?:-fips)?\.([a-z0-9-]+)\.amazonaws\.com", re.I)
 _VPCE_HOST = re.compile(r"\.execute-api\.([a-z0-9-]+)\.vpce\.amazonaws\.com$", re.I)
-_RETRYABLE_STATUS = frozenset({429, 502, 503, 504})
-_IDEMPOTENT_METHODS = frozenset({"GET", "PUT", "DELETE", "PATCH", "HEAD"})
 _USER_AGENT = "sagequeue-sdk/0.1"
 
 
@@ -324,36 +329,6 @@ def stack_endpoint(stack_name: str, session: boto3.Session, region: str | None =
 _CREDENTIAL_ENV = ("AWS_ACCESS_KEY_ID", "AWS_PROFILE")
 
 
-def _queue_retry_class() -> type:
-    import urllib3
-
-    class QueueRetry(urllib3.Retry):
-        """urllib3's Retry, but a 429 is retried whatever the method (it was refused before any work), and
-        the backoff is full jitter under `backoff_factor * 2**n`, capped at `backoff_max`."""
-
-        def is_retry(self, method: str, status_code: int, has_retry_after: bool = False) -> bool:
-            if status_code == 429:
-                return True
-            return bool(super().is_retry(method, status_code, has_retry_after))
-
-        def get_backoff_time(self) -> float:
-            tries = max(len(self.history), 1)
-            return random.uniform(0, min(self.backoff_max, self.backoff_factor * 2 ** (tries - 1)))
-
-    return QueueRetry
-
-
-def _queue_retry(**options: Any) -> Any:
-    """A QueueRetry; its class is made on first use, since urllib3 is imported lazily."""
-    global _QUEUE_RETRY
-    if _QUEUE_RETRY is None:
-        _QUEUE_RETRY = _queue_retry_class()
-    return _QUEUE_RETRY(**options)
-
-
-_QUEUE_RETRY: type | None = None
-
-
 def _retry_after(value: str | None, retry: Any) -> float | None:
     """Seconds a Retry-After asks for: a number (fractions too) or an HTTP date; None if absent or bad."""
     import urllib3
@@ -405,10 +380,10 @@ class QueueClient:
         boto_session: boto3.Session | None = None,
         credentials: Credentials | tuple[str, str] | tuple[str, str, str | None] | None = None,
         api_id: str | None = None,
-        timeout: float = 30.0,
-        max_attempts: int = 5,
-        backoff_base: float = 0.2,
-        backoff_cap: float = 5.0,
+        timeout: float = READ_TIMEOUT_SECONDS,
+        max_attempts: int = MAX_ATTEMPTS,
+        backoff_base: float = BACKOFF_BASE_SECONDS,
+        backoff_cap: float = BACKOFF_MAX_SECONDS,
         http: urllib3.PoolManager | None = None,
     ) -> None:
         if max_attempts < 1:
@@ -566,20 +541,10 @@ class QueueClient:
         return dict(request.headers.items())
 
     def retry_policy(self) -> urllib3.Retry:
-        """The one retry policy of every request: urllib3's Retry. `max_attempts` tries in all; refused
-        connections at most 3; throttling (429) for every method; gateway errors (502-504) and broken
-        answers only for methods that are harmless to repeat (not a submit, which may have gone through);
-        exponential backoff with full jitter, capped, honouring Retry-After."""
-        return _queue_retry(
-            total=self.max_attempts - 1,
-            connect=min(self.max_attempts, 3) - 1,
-            status_forcelist=_RETRYABLE_STATUS,
-            allowed_methods=_IDEMPOTENT_METHODS,
-            backoff_factor=self.backoff_base,
-            backoff_max=self.backoff_cap,
-            redirect=False,
-            raise_on_status=False,
-        )
+        """The retry policy of every request (`sagequeue_core.retry.http_retry`) with this client's tries
+        and backoff: throttling for every method, gateway errors and broken answers only for methods that
+        are harmless to repeat (not a submit, which may have gone through), full jitter, Retry-After."""
+        return http_retry(attempts=self.max_attempts, base=self.backoff_base, cap=self.backoff_cap)
 
     def request(
         self,
@@ -608,7 +573,9 @@ class QueueClient:
                     url,
                     body=payload,
                     headers=headers,
-                    timeout=urllib3.Timeout(connect=min(self.timeout, 10.0), read=self.timeout),
+                    timeout=urllib3.Timeout(
+                        connect=min(self.timeout, CONNECT_TIMEOUT_SECONDS), read=self.timeout
+                    ),
                     retries=False,
                     redirect=False,
                 )
@@ -751,6 +718,38 @@ class QueueClient:
             raise TypeError(f"instances must be an int, got {instances!r}")
         path = "/pools/" + quote(instance_type, safe="")
         return Pool.from_api(self.request("PUT", path, body={"capacity": instances}))
+
+    def teams(self) -> list[dict[str, Any]]:
+        """Every team's quota and usage per pool: nominal, used, borrowed, lent, borrowable, waiting."""
+        answer = self.request("GET", "/teams")
+        if not isinstance(answer, Mapping):
+            raise ServerError(f"GET /teams answered {answer!r}", status=200)
+        return [dict(q) for q in answer.get("quotas") or ()]
+
+    def team_quotas(self, team: str) -> list[dict[str, Any]]:
+        """A team's quota and usage per pool: nominal, used, borrowed, lent, borrowable."""
+        answer = self.request("GET", "/teams/" + quote(team, safe="") + "/quotas")
+        if not isinstance(answer, Mapping):
+            raise ServerError(f"GET /teams/{team}/quotas answered {answer!r}", status=200)
+        return [dict(q) for q in answer.get("quotas") or ()]
+
+    def set_team_quota(
+        self,
+        team: str,
+        pool: str,
+        nominal: int | None,
+        *,
+        borrowing_limit: int | None = None,
+        lending_limit: int | None = None,
+    ) -> dict[str, Any]:
+        """Set `team`'s quota in `pool` (admins only); limits None are unlimited, nominal None removes it."""
+        body = {
+            "pool": pool,
+            "nominal": nominal,
+            "borrowing_limit": borrowing_limit,
+            "lending_limit": lending_limit,
+        }
+        return dict(self.request("PUT", "/teams/" + quote(team, safe="") + "/quotas", body=body))
 
     def whoami(self) -> Identity:
         answer = self.request("GET", "/whoami")

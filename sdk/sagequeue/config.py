@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from sagequeue.exceptions import ConfigurationError
 
 if TYPE_CHECKING:  # pragma: no cover
+    from collections.abc import Mapping
     from pathlib import Path
 
 #: Names the API endpoint (e.g. https://abc123.execute-api.us-east-1.amazonaws.com/prod).
@@ -77,11 +78,13 @@ class LocalConnection:
         return {key: value for key, value in asdict(self).items() if value is not None}
 
 
-def sagequeue_home() -> Path:
+def sagequeue_home(env: Mapping[str, str] | None = None) -> Path:
+    """sagequeue's one configuration home, for the local stack's files and the NEFF cache's settings
+    alike: SAGEQUEUE_HOME, else platformdirs' user configuration directory (~/.config/sagequeue on Linux)."""
     # pathlib and tempfile are imported when a file is touched: importing the client stays cheap
     from pathlib import Path
 
-    value = os.environ.get(HOME_ENV)
+    value = (os.environ if env is None else env).get(HOME_ENV)
     if value:
         return Path(value).expanduser()
     import platformdirs

@@ -31,6 +31,7 @@ from sagequeue.exceptions import (
     Conflict,
     Forbidden,
     NotFound,
+    SageQueueError,
     ServerError,
     Throttled,
     ValidationError,
@@ -132,12 +133,14 @@ class QueueHook:
             self._requests.move_to_end(job.name)
             while len(self._requests) > _REMEMBERED_REQUESTS:
                 self._requests.popitem(last=False)
-        logger.info(
-            "Queued training job %s: priority %s in pool %s%s",
-            job.name,
-            job.priority,
-            job.pool,
-            f", position {job.position}" if job.position else "",
+        if job.position is None and job.waiting:
+            # the submit answer has no position; the job's detail does
+            with contextlib.suppress(SageQueueError):
+                job = self.client.job(job.name)
+        # said once, through the one channel the installer chose (printed by QueueSession, else logged)
+        self.report(
+            f"sagequeue: queued training job {job.name} for {job.pool} with priority {job.priority}"
+            + (f", position {job.position}" if job.position else "")
         )
         return job
 

@@ -17,7 +17,7 @@ import functools
 import json
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, NoReturn, TypeVar
 
@@ -269,6 +269,7 @@ COLUMNS: dict[str, tuple[str, Callable[[Job, datetime, dict[str, datetime | None
     "ran": ("RAN", lambda j, now, starts: _duration(ran(j, now))),
     "start": ("START", lambda j, now, starts: _start_cell(starts.get(j.name), j, now)),
     "owner": ("OWNER", lambda j, now, starts: j.owner),
+    "team": ("TEAM", lambda j, now, starts: j.raw.get("team")),
     "training_job": ("TRAINING_JOB", lambda j, now, starts: j.training_job_name),
     "submitted": ("SUBMITTED", lambda j, now, starts: _when(j.submitted_at)),
     "reason": ("REASON", lambda j, now, starts: j.reason),
@@ -669,6 +670,8 @@ def ls(
     try:
         while True:
             jobs = _with_positions(client, _list(client, wanted, pool, owner, limit))
+            if columns is None and "team" not in chosen and any(j.raw.get("team") for j in jobs):
+                chosen.insert(chosen.index("pool") + 1, "team")  # teams in use: show whose job it is
             now = client.server_time or datetime.now(UTC)
             starts = _estimate(client, jobs, now) if with_start else {}
             if as_json:
@@ -835,6 +838,70 @@ def capacity(target: Target, as_json: bool, instance_type: str, instances: int) 
         click.echo(f"{pool.instance_type}: capacity {pool.capacity}, used {pool.used}, queued {pool.queued}")
 
 
+def teams_table(shares: Sequence[Mapping[str, Any]]) -> str:
+    def limit(value: Any) -> Any:
+        return "-" if value is None else value
+
+    rows = [
+        (
+            s["team"],
+            s["pool"],
+            s["nominal"],
+            limit(s.get("borrowing_limit")),
+            limit(s.get("lending_limit")),
+            s["used"],
+            s["borrowed"],
+            s["lent"],
+            s.get("waiting", 0),
+        )
+        for s in shares
+    ]
+    return _table(
+        ("TEAM", "POOL", "NOMINAL", "BORROW_LIMIT", "LEND_LIMIT", "USED", "BORROWED", "LENT", "WAITING"), rows
+    )
+
+
+@_queue_command("teams")
+def teams(target: Target, as_json: bool) -> None:
+    """Teams per pool: nominal quota, limits (- is unlimited), used, borrowed, lent and waiting jobs."""
+    found = target.client().teams()
+    if as_json:
+        _print_json({"teams": found})
+    else:
+        click.echo(
+            teams_table(found) if found else "no team quotas: set one with `sagequeue quota TEAM POOL N`"
+        )
+
+
+@_queue_command("quota")
+@click.argument("team")
+@click.argument("pool", metavar="POOL")
+@click.argument("nominal", metavar="N", type=click.IntRange(min=0))
+@click.option(
+    "--borrow-limit", type=click.IntRange(min=0), help="Instances above N it may borrow (default: any)."
+)
+@click.option(
+    "--lend-limit", type=click.IntRange(min=0), help="Of its unused N, what others may borrow (default: all)."
+)
+def quota(
+    target: Target,
+    as_json: bool,
+    team: str,
+    pool: str,
+    nominal: int,
+    borrow_limit: int | None,
+    lend_limit: int | None,
+) -> None:
+    """Set TEAM's quota in POOL to N instances (admins only)."""
+    share = target.client().set_team_quota(
+        team, pool, nominal, borrowing_limit=borrow_limit, lending_limit=lend_limit
+    )
+    if as_json:
+        _print_json(share)
+    else:
+        click.echo(teams_table([share]))
+
+
 @_queue_command("whoami")
 def whoami(target: Target, as_json: bool) -> None:
     """Who the API sees you as, and where it is."""
@@ -860,6 +927,6 @@ def whoami(target: Target, as_json: bool) -> None:
 #: What `sagequeue` (sagequeue.cli) adds to its command group.
 COMMANDS: dict[str, click.Command] = {
     command.name: command
-    for command in (submit, ls, show, cancel, priority, hold, release, pools, capacity, whoami)
+    for command in (submit, ls, show, cancel, priority, hold, release, pools, capacity, teams, quota, whoami)
     if command.name
 }

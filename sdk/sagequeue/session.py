@@ -6,8 +6,10 @@
 
 With SDK v2, `Session.train()` hands its CreateTrainingJob request to `_intercept_create_request`, which
 this class overrides to submit "train" requests to the queue; every other request is left alone. Waiting
-(`fit(wait=True)`, `logs_for_job`, `wait_for_job`) reports the job's queue state and position while it
-waits, then follows the SageMaker attempt that runs it, again after a preemption, until the job ends.
+(`fit(wait=True)`, `logs_for_job`, `wait_for_job`) prints one line per change of the job's queue state and
+position while it waits; once an attempt runs on SageMaker it hands that attempt to the SDK's own loop (its
+status, logs and Training / Billable seconds), and after a preemption waits in the queue again, until the
+job ends.
 
 SDK v3 has no such path (`ModelTrainer.train()` calls sagemaker-core's `TrainingJob.create` on a boto3
 client of the session's boto3 Session), so the v3 `QueueSession` installs the botocore hook
@@ -18,15 +20,16 @@ This is the only sagequeue module that imports the SageMaker SDK (`pip install '
 
 from __future__ import annotations
 
-import contextlib
 import logging
+import threading
 import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from sagequeue.client import Job, QueueClient
-from sagequeue.exceptions import EndpointUnreachable, SageQueueError, ServerError, Throttled
+from sagequeue.exceptions import EndpointUnreachable, ServerError, Throttled
 from sagequeue.hook import QueueHook, install, passthrough, queue_message
+from sagequeue_core.retry import backoff_seconds, botocore_config
 
 if TYPE_CHECKING:
     # checked without the SDK installed, and the same with v2 or v3: the base is opaque to the checker
@@ -52,73 +55,77 @@ __all__ = ["SDK_MAJOR", "QueueSession"]
 
 logger = logging.getLogger("sagequeue")
 
-_ENDED = frozenset({"Completed", "Failed", "Stopped"})
 #: How long a wait rides out a queue it cannot reach before giving up, in seconds.
 _QUEUE_OUTAGE_SECONDS = 300.0
 #: How long after SageMaker reports an attempt ended a wait trusts SageMaker over a queue that has not
 #: caught up (its events are normally seconds behind), in seconds.
 _QUEUE_LAG_SECONDS = 600.0
-_LOG_GROUP = "/aws/sagemaker/TrainingJobs"
+#: The longest pause between two reads of a queue that does not answer, in seconds.
+_OUTAGE_PAUSE_SECONDS = 30.0
 
 
-class _AttemptLogs:
-    """Tails the CloudWatch log streams of one attempt, best effort: a stack without CloudWatch Logs (or
-    without the attempt's streams yet) just prints nothing, and a failing logs endpoint is reported once."""
+class _CourtesyLogs:
+    """The CloudWatch Logs client the SDK's log loop reads with, best effort: logs are a courtesy, the
+    status is the truth. A logs endpoint that fails (unreachable, refusing the keys) is reported once and
+    from then on reads as a job that has written no logs, so the SDK's loop goes on following the status
+    to its summary instead of ending the wait."""
 
-    def __init__(self, client_factory: Callable[[], Any], out: Callable[[str], None]) -> None:
-        self._factory = client_factory
+    def __init__(self, factory: Callable[[], Any], out: Callable[[str], None]) -> None:
+        self._factory = factory
         self._client: Any = None
         self._out = out
-        self._disabled = False
-        self._attempt: str | None = None
-        self._tokens: dict[str, str | None] = {}
+        self._failed = False
+        self._lock = threading.Lock()
 
-    def follow(self, attempt: str) -> None:
-        if attempt != self._attempt:
-            self._attempt = attempt
-            self._tokens = {}
+    def describe_log_streams(self, **kwargs: Any) -> Any:
+        return self._call("describe_log_streams", kwargs, {"logStreams": []})
 
-    def flush(self) -> None:
-        if self._disabled or self._attempt is None:
-            return
+    def get_log_events(self, **kwargs: Any) -> Any:
+        return self._call(
+            "get_log_events", kwargs, {"events": [], "nextForwardToken": kwargs.get("nextToken")}
+        )
+
+    def _call(self, operation: str, kwargs: dict[str, Any], empty: dict[str, Any]) -> Any:
         from botocore.exceptions import BotoCoreError, ClientError
 
+        if self._failed:
+            return empty
         try:
-            if self._client is None:
-                self._client = self._factory()
-            streams = self._client.describe_log_streams(
-                logGroupName=_LOG_GROUP, logStreamNamePrefix=self._attempt + "/", orderBy="LogStreamName"
-            ).get("logStreams", [])
-            for stream in streams:
-                self._print_stream(stream["logStreamName"])
+            with self._lock:
+                if self._client is None:
+                    self._client = self._factory()
+            return getattr(self._client, operation)(**kwargs)
         except ClientError as exc:
             if exc.response.get("Error", {}).get("Code") == "ResourceNotFoundException":
-                return  # no logs yet: the container has not written any
-            self._disable(exc)
+                raise  # no logs yet: the SDK waits for the container to write some
+            self._fail(exc)
         except BotoCoreError as exc:
-            self._disable(exc)
+            self._fail(exc)
+        return empty
 
-    def _print_stream(self, stream: str) -> None:
-        while True:
-            kwargs: dict[str, Any] = {
-                "logGroupName": _LOG_GROUP,
-                "logStreamName": stream,
-                "startFromHead": True,
-            }
-            token = self._tokens.get(stream)
-            if token:
-                kwargs["nextToken"] = token
-            answer = self._client.get_log_events(**kwargs)
-            self._tokens[stream] = answer.get("nextForwardToken")
-            events = answer.get("events") or []
-            for event in events:
-                self._out(f"[{stream.rsplit('/', 1)[-1]}] {event.get('message', '').rstrip()}")
-            if not events or answer.get("nextForwardToken") == token:
+    def _fail(self, exc: BaseException) -> None:
+        with self._lock:
+            if self._failed:
                 return
-
-    def _disable(self, exc: BaseException) -> None:
-        self._disabled = True
+            self._failed = True
         self._out(f"sagequeue: cannot read the training logs ({exc}); following the job's status only")
+
+
+class _LogsFrom:
+    """The session's boto3 Session, except that its CloudWatch Logs client is the one given: the SDK's
+    log loop asks `boto_session.client("logs")` for it. Everything else is the wrapped Session's."""
+
+    def __init__(self, session: Any, logs: Any) -> None:
+        self._session = session
+        self._logs = logs
+
+    def client(self, service_name: str, *args: Any, **kwargs: Any) -> Any:
+        if service_name == "logs":
+            return self._logs
+        return self._session.client(service_name, *args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._session, name)
 
 
 if SDK_MAJOR == 2:
@@ -129,8 +136,12 @@ if SDK_MAJOR == 2:
         `queue_client` (default: resolved from SAGEQUEUE_ENDPOINT, the saved local stack, ...) is where
         jobs go; `priority` applies to every job (default: the estimator's `priority` tag, else the
         queue's default). `poll_seconds` overrides how often waiting polls (default: the SDK's interval);
-        `logs_client` reads training logs (default: a CloudWatch Logs client of the boto3 session).
-        The other arguments are `sagemaker.session.Session`'s.
+        `logs_client` is the CloudWatch Logs client the SDK reads training logs with (default: one of the
+        boto3 session). The other arguments are `sagemaker.session.Session`'s.
+
+        While the job waits in the queue, waiting prints one line per change of its queue state or
+        position; once an attempt runs on SageMaker, the SDK's own loop follows it (status, logs, and the
+        Training and Billable seconds at the end); after a preemption the job waits again, and so on.
         """
 
         def __init__(
@@ -144,10 +155,18 @@ if SDK_MAJOR == 2:
             logs_client: Any = None,
             **kwargs: Any,
         ) -> None:
-            self._queue_hook = QueueHook(queue_client, priority=priority)
+            self._queue_hook = QueueHook(queue_client, priority=priority, report=_print)
             self._poll_seconds = poll_seconds
-            self._logs_client = logs_client
+            #: what was last printed about each job's place in the queue, so a wait does not repeat it
+            self._announced: dict[str, tuple[Any, ...]] = {}
             super().__init__(boto_session, sagemaker_client, *args, **kwargs)
+            boto = self.boto_session
+
+            def logs() -> Any:
+                # the retry policy's client, with few tries: a courtesy must not stall the wait
+                return logs_client or boto.client("logs", config=botocore_config(attempts=2, read_timeout=20))
+
+            self.boto_session: Any = _LogsFrom(boto, _CourtesyLogs(logs, _print))
             # DescribeTrainingJob and StopTrainingJob by the queue's name keep working on this session's
             # client (estimator.latest_training_job.describe(), .stop(), model_data)
             self._queue_hook.register_on(self.sagemaker_client)
@@ -163,15 +182,8 @@ if SDK_MAJOR == 2:
         ) -> Any:
             if func_name != "train":
                 return super()._intercept_create_request(request, create, func_name)
-            job = self._queue_hook.submit(request)
-            if job.position is None and job.waiting:
-                # the submit answer has no position; the job's detail does
-                with contextlib.suppress(SageQueueError):
-                    job = self.queue.job(job.name)
-            _print(
-                f"sagequeue: queued training job {job.name} for {job.pool} with priority {job.priority}"
-                + (f", position {job.position}" if job.position else "")
-            )
+            job = self._queue_hook.submit(request)  # which prints where the job stands
+            self._announced[job.name] = _queue_key(job)
             return None
 
         # -- waiting ----------------------------------------------------------------------------------------
@@ -189,107 +201,135 @@ if SDK_MAJOR == 2:
                 return super().logs_for_job(
                     job_name, wait=wait, poll=poll, log_type=log_type, timeout=timeout
                 )
-            show_logs = log_type not in ("None", False, "Rules")
-            return self._follow(job, wait=wait, poll=poll, logs=show_logs, timeout=timeout)
+            interval = self._interval(poll)
+
+            def follow(attempt: str, remaining: float | None) -> Any:
+                return super(QueueSession, self).logs_for_job(
+                    attempt, wait=wait, poll=interval, log_type=log_type, timeout=remaining
+                )
+
+            return self._follow(job, follow, wait=wait, poll=interval, timeout=timeout)
 
         def wait_for_job(self, job: str, poll: float = 5) -> Any:
             queued = self._queue_hook.lookup(job)
             if queued is None:
                 return super().wait_for_job(job, poll=poll)
-            return self._follow(queued, wait=True, poll=poll, logs=False, timeout=None)
+            interval = self._interval(poll)
+
+            def follow(attempt: str, remaining: float | None) -> Any:
+                return super(QueueSession, self).wait_for_job(attempt, poll=interval)
+
+            return self._follow(queued, follow, wait=True, poll=interval, timeout=None)
+
+        def _interval(self, poll: float) -> float:
+            return self._poll_seconds if self._poll_seconds is not None else poll
 
         def _refresh(self, job: Job, interval: float) -> Job:
-            """The job's current state; a queue that is briefly unreachable or overloaded does not end a
-            wait that may last days: retried for a few minutes, then the error is raised."""
+            """The job's current state. A queue that is briefly unreachable or overloaded does not end a
+            wait that may last days: the read is tried again, with the retry policy's pauses (never shorter
+            than the poll interval), for a few minutes; then the error is raised."""
             failures = 0
+            began = time.monotonic()
             while True:
                 try:
                     return self.queue.job(job.name)
                 except (EndpointUnreachable, ServerError, Throttled) as exc:
                     failures += 1
-                    if failures * max(interval, 1.0) >= _QUEUE_OUTAGE_SECONDS:
+                    if time.monotonic() - began >= _QUEUE_OUTAGE_SECONDS:
                         raise
                     if failures == 1:
                         _print(f"sagequeue: cannot ask the queue about {job.name} ({exc}); trying again")
-                    time.sleep(max(interval, 1.0))
+                    time.sleep(
+                        max(interval, backoff_seconds(failures, base=interval, cap=_OUTAGE_PAUSE_SECONDS))
+                    )
 
-        def _logs(self) -> Any:
-            if self._logs_client is not None:
-                return self._logs_client
-            from botocore.config import Config
-
-            # fail fast where CloudWatch Logs is unreachable: logs are a courtesy, the status is the truth
-            config = Config(connect_timeout=5, read_timeout=20, retries={"max_attempts": 2})
-            return self.boto_session.client("logs", config=config)
+        def _describe_attempt(self, job: Job, attempt: str) -> dict[str, Any]:
+            with passthrough():
+                description = dict(self.sagemaker_client.describe_training_job(TrainingJobName=attempt))
+            description["TrainingJobName"] = job.name
+            return description
 
         def _follow(
-            self, job: Job, *, wait: bool, poll: float, logs: bool, timeout: float | None
+            self,
+            job: Job,
+            follow_attempt: Callable[[str, float | None], Any],
+            *,
+            wait: bool,
+            poll: float,
+            timeout: float | None,
         ) -> dict[str, Any]:
-            """Report the job while it waits, follow each attempt that runs it, and return the last
-            description (by the queue's name) once the job ends, or at once when not waiting."""
-            interval = self._poll_seconds if self._poll_seconds is not None else poll
+            """Report the job while it waits in the queue; hand each attempt that runs it to the SDK's own
+            loop (`follow_attempt`); return the last description (by the queue's name) once the job ends,
+            or at once when not waiting."""
             deadline = None if timeout is None else time.monotonic() + timeout
             region = self.boto_region_name
-            tail = _AttemptLogs(self._logs, _print) if logs else None
-            announced: tuple[Any, ...] | None = None
-            status_seen: tuple[Any, ...] | None = None
-            description: dict[str, Any]
-            ended_since: tuple[str, float] | None = None
             while True:
                 if job.training_job_name is None or job.waiting:
-                    description = self._queue_hook.describe_waiting(job, region)
-                    key = ("queue", job.state, job.position, job.attempt)
-                    if key != announced:
+                    key = _queue_key(job)
+                    if self._announced.get(job.name) != key:
                         _print(f"sagequeue: {job.name}: {_describe_wait(job)}")
-                        announced = key
+                        self._announced[job.name] = key
                     if job.terminal or not wait:
-                        break
-                else:
-                    attempt = job.training_job_name
-                    if ("attempt", attempt) != announced:
-                        _print(f"sagequeue: {job.name}: attempt {job.attempt} runs as training job {attempt}")
-                        announced = ("attempt", attempt)
-                        if tail is not None:
-                            tail.follow(attempt)
-                    with passthrough():
-                        description = dict(
-                            self.sagemaker_client.describe_training_job(TrainingJobName=attempt)
+                        description = self._queue_hook.describe_waiting(job, region)
+                        if wait:
+                            _check_outcome(job, description)
+                        return description
+                    if deadline is not None and time.monotonic() >= deadline:
+                        _print(
+                            f"sagequeue: stopped waiting for {job.name} after {timeout:g} s; it is {job.state}"
                         )
-                    status = (description.get("TrainingJobStatus"), description.get("SecondaryStatus"))
-                    if status != status_seen:
-                        _print(f"sagequeue: {attempt}: {status[0]} - {status[1]}")
-                        status_seen = status
-                    if tail is not None:
-                        tail.flush()
-                    if not wait:
-                        break
-                    if description.get("TrainingJobStatus") in _ENDED:
-                        # an ended attempt may not end the job (a preemption, a retried capacity or
-                        # internal failure): the queue decides, once it has seen the attempt end
-                        if job.terminal:
-                            break
-                        ended_since = ended_since or (attempt, time.monotonic())
-                        if (
-                            ended_since[0] == attempt
-                            and time.monotonic() - ended_since[1] > _QUEUE_LAG_SECONDS
-                        ):
-                            logger.warning(
-                                "the queue has not recorded the end of %s; going by SageMaker", attempt
-                            )
-                            break
-                    else:
-                        ended_since = None
-                if deadline is not None and time.monotonic() >= deadline:
-                    _print(
-                        f"sagequeue: stopped waiting for {job.name} after {timeout:g} s; it is {job.state}"
-                    )
-                    break
-                time.sleep(interval)
-                job = self._refresh(job, interval)
-            description["TrainingJobName"] = job.name
-            if wait and (deadline is None or time.monotonic() < deadline):
-                _check_outcome(job, description)
-            return description
+                        return self._queue_hook.describe_waiting(job, region)
+                    time.sleep(poll)
+                    job = self._refresh(job, poll)
+                    continue
+                attempt = job.training_job_name
+                if self._announced.get(job.name) != ("attempt", attempt):
+                    _print(f"sagequeue: {job.name}: attempt {job.attempt} runs as training job {attempt}")
+                    self._announced[job.name] = ("attempt", attempt)
+                remaining = None if deadline is None else max(deadline - time.monotonic(), 0.001)
+                failure: Exception | None = None
+                with passthrough():
+                    try:
+                        follow_attempt(attempt, remaining)
+                    except Exception as exc:
+                        from sagemaker.exceptions import UnexpectedStatusException
+
+                        if not isinstance(exc, UnexpectedStatusException):
+                            raise
+                        failure = exc  # the attempt failed; the queue may run the job again
+                timed_out = deadline is not None and time.monotonic() >= deadline
+                if not wait or timed_out:
+                    if failure is not None:
+                        raise failure
+                    return self._describe_attempt(job, attempt)
+                ran = job
+                job = self._after(job, attempt, poll)
+                if job.terminal or (job.training_job_name == attempt and not job.waiting):
+                    if failure is not None:
+                        raise failure
+                    if job.state in ("cancelled", "idle_stopped"):
+                        # the SDK saw "Stopped"; the queue knows who stopped it and why
+                        stopped = "cancelled" if job.state == "cancelled" else "stopped as idle"
+                        _print(
+                            f"sagequeue: {job.name}: {stopped}" + (f": {job.reason}" if job.reason else "")
+                        )
+                    return self._describe_attempt(job, attempt)
+                # the attempt ended, the job did not: preempted, or requeued after a retryable failure
+                why = "was preempted" if job.preemptions > ran.preemptions else "ended"
+                _print(f"sagequeue: {job.name}: attempt {ran.attempt} {why}; the queue runs the job again")
+
+        def _after(self, job: Job, attempt: str, poll: float) -> Job:
+            """The job once the queue has recorded the end of `attempt` (normally seconds after
+            SageMaker); after `_QUEUE_LAG_SECONDS` without it, the job as the queue last said."""
+            since = time.monotonic()
+            while True:
+                job = self._refresh(job, poll)
+                if job.terminal or job.waiting or job.training_job_name != attempt:
+                    return job
+                if time.monotonic() - since > _QUEUE_LAG_SECONDS:
+                    logger.warning("the queue has not recorded the end of %s; going by SageMaker", attempt)
+                    return job
+                time.sleep(poll)
 
 else:
 
@@ -320,9 +360,12 @@ else:
 
 
 def _print(line: str) -> None:
-    # the SDK reports training progress on stdout; queue progress belongs next to it
+    # the SDK reports training progress on stdout; queue progress belongs next to it, printed once
     print(line, flush=True)
-    logger.debug(line)
+
+
+def _queue_key(job: Job) -> tuple[Any, ...]:
+    return ("queue", job.state, job.position, job.attempt)
 
 
 def _describe_wait(job: Job) -> str:

@@ -420,6 +420,23 @@ def test_negative_priority_release_conflict_and_bad_endpoint(
     assert json.loads(missing.err)["error"]["code"]
 
 
+def test_cancel_json_is_the_cancelled_job_or_a_list_for_several(
+    stack: Any, queue: QueueClient, user_home: Path
+) -> None:
+    one, two, three = unique("one"), unique("two"), unique("three")
+    for name in (one, two, three):
+        queue.submit(request(stack, name), priority=1)
+
+    single = sagequeue("cancel", one, "--json", home=user_home)
+    several = sagequeue("cancel", two, three, "--json", home=user_home)
+
+    assert single.code == 0, single.err
+    assert single.json["name"] == one
+    assert single.json["state"] == queue.job(one).state == "cancelled"
+    assert several.code == 0, several.err
+    assert [(j["name"], j["state"]) for j in several.json] == [(two, "cancelled"), (three, "cancelled")]
+
+
 def test_an_unknown_instance_type_gets_no_pool(stack: Any, user_home: Path, tmp_path: Path) -> None:
     admin = stack.identity("admin")
     admin_env = {"AWS_ACCESS_KEY_ID": admin.access_key_id, "AWS_SECRET_ACCESS_KEY": admin.secret_access_key}

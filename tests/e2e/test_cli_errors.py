@@ -95,3 +95,36 @@ def test_help_and_version_exit_0(tmp_path: Path) -> None:
     assert helped.returncode == 0
     assert "--format" in helped.stdout
     assert "--start" in helped.stdout
+
+
+def test_one_home_holds_the_local_stack_and_the_neff_cache_settings(tmp_path: Path) -> None:
+    # GIVEN a default cache saved in SAGEQUEUE_HOME (where local.json lives), and no SAGEQUEUE_CONFIG_DIR
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "neff-cache-url").write_text("hf://org/cache-from-the-home\n")
+
+    # WHEN the cache and the local stack's files are asked for
+    listed = run(tmp_path, "cache", "ls", HF_HUB_OFFLINE="1")
+    env = run(tmp_path, "local", "env")
+
+    # THEN both were looked for in that one home
+    assert "org/cache-from-the-home" in one_line(listed)
+    assert f"{home / 'local.json'} does not exist" in one_line(env)
+
+
+def test_without_sagequeue_home_both_live_in_the_user_config_directory(tmp_path: Path) -> None:
+    xdg = tmp_path / "xdg"
+    (xdg / "sagequeue").mkdir(parents=True)
+    (xdg / "sagequeue" / "neff-cache-url").write_text("hf://org/cache-from-xdg\n")
+    environment = {k: v for k, v in os.environ.items() if not k.startswith(("SAGEQUEUE_", "HF_"))}
+    environment.update(XDG_CONFIG_HOME=str(xdg), HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf"))
+
+    listed = subprocess.run(
+        [COMMAND, "cache", "ls"], capture_output=True, text=True, env=environment, timeout=60, check=False
+    )
+    env = subprocess.run(
+        [COMMAND, "local", "env"], capture_output=True, text=True, env=environment, timeout=60, check=False
+    )
+
+    assert "org/cache-from-xdg" in one_line(listed)
+    assert f"{xdg / 'sagequeue' / 'local.json'} does not exist" in one_line(env)

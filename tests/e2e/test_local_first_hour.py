@@ -170,16 +170,18 @@ def test_the_printed_boto3_snippet_runs_as_printed_in_a_clean_environment(
     assert json.loads(shown.stdout)["state"] in ("queued", "starting", "running", "completed")
 
 
-def test_the_printed_sdk_v2_snippet_is_the_boto3_client_the_boto3_snippet_runs(served: Served) -> None:
-    """The SDK v2 snippet needs the SageMaker SDK (tests/e2e/test_sdk_v2.py runs it); its client is the
-    very call the boto3 snippet makes, so both run on a machine without AWS configuration."""
+def test_the_printed_sdk_v2_snippet_names_everything_a_bare_machine_lacks(served: Served) -> None:
+    """The SDK v2 snippet needs the SageMaker SDK; tests/e2e/test_sdk_v2.py runs it verbatim in a clean
+    environment. Here: it passes the region, the user's keys and the emulator's and logs' endpoints, the
+    same the boto3 snippet passes."""
     v2 = snippet(served.lines, "SDK v2 session")
     v3 = snippet(served.lines, "Plain boto3 (SDK v3 too)")
-    client_call = v3[v3.index("boto3.client(") : v3.index("\n)\n") + 1]
-    assert client_call in v2
-    assert 'region_name="us-east-1"' in client_call
-    assert "aws_access_key_id=" in client_call
-    assert "aws_secret_access_key=" in client_call
+    for line in v3.splitlines():
+        if line.strip().startswith(("region_name=", "aws_access_key_id=", "aws_secret_access_key=")):
+            assert line in v2
+    sagemaker = next(line for line in v3.splitlines() if "endpoint_url=" in line).split("=", 1)[1]
+    assert f'aws.client("sagemaker", endpoint_url={sagemaker.rstrip(",")})' in v2
+    assert 'logs_client=aws.client("logs", endpoint_url="http://127.0.0.1:' in v2
 
 
 def test_admin_keys_from_local_env_win_over_local_json(served: Served) -> None:

@@ -193,9 +193,9 @@ def test_a_two_instance_job_preempts_exactly_two_victims_once(scenario: Callable
 def test_a_wide_job_is_not_starved_by_later_small_jobs_of_equal_priority(
     scenario: Callable[..., Scenario],
 ) -> None:
-    s = scenario(4, reserve_after_seconds=600)
+    s = scenario(4, reserve_after_seconds=600, lend_reserved_capacity=False)
     # GIVEN four small jobs running, a 4-instance job at the head, and small jobs of the same priority
-    # arriving behind it
+    # arriving behind it (lending off: the drain alone; test_a_drain_lends_... covers loans)
     for i in range(4):
         s.submit(f"small-{chr(97 + i)}", 1800 + i * 300, priority=5)
     s.advance_until(lambda: sum(st == "running" for st in s.states().values()) == 4, limit=1200)
@@ -209,6 +209,57 @@ def test_a_wide_job_is_not_starved_by_later_small_jobs_of_equal_priority(
     later = [s.job(f"small-{chr(97 + i)}") for i in range(4, 12)]
     assert all(job.started_at is None or job.started_at >= s.job("wide").started_at for job in later)
     assert not any(job.preemptions for job in s.queue.jobs())  # equal priority never preempts
+
+
+@pytest.mark.slow
+def test_a_drain_lends_its_idle_instances_and_takes_them_back_when_it_can_start(
+    scenario: Callable[..., Scenario],
+) -> None:
+    s = scenario(4, reserve_after_seconds=600)
+    # GIVEN a 4-instance priority-5 job waiting behind priority-7 work that ends at different times
+    for i, hours in enumerate((1, 2, 3, 4)):
+        s.submit(f"important-{i}", hours * 3600, priority=7)
+    s.advance_until(lambda: sum(st == "running" for st in s.states().values()) == 4, limit=1200)
+    s.submit("wide", 1800, priority=5, count=4)
+    # and, behind it, jobs of its own priority (which no preemption could ever touch)
+    for i in range(6):
+        s.submit(f"small-{i}", 4 * 3600, priority=5)
+    s.submit("fragile", 4 * 3600, priority=5, checkpoint=False)
+    # WHEN the first important job ends, the wide job (reserved after 600 s at the head) holds its instance
+    s.advance_until(lambda: s.states()["important-0"] == "completed", limit=2 * 3600)
+    # THEN instances it holds while the others run are lent to checkpointing jobs, never left idle
+    idle_while_lending: list[int] = []
+    lent: set[str] = set()
+
+    def watch() -> bool:
+        jobs = {job.name: job for job in s.queue.jobs()}
+        for job in jobs.values():
+            if job.raw.get("on_loan_for"):
+                assert job.raw["on_loan_for"] == "wide"
+                lent.add(job.name)
+        assert "fragile" not in lent, "a job without checkpoints borrowed"
+        held = s.stack.emulator.instances_in_use().get(POOL, 0)
+        if jobs["wide"].state == "queued" and jobs["important-3"].state == "running":
+            idle_while_lending.append(4 - held)
+        return jobs["wide"].state in ("starting", "running")
+
+    s.advance_until(watch, limit=5 * 3600)
+    assert len(lent) >= 3
+    # a borrower waits at most one pass for an instance the reservation holds: idle only between passes
+    assert sum(1 for idle in idle_while_lending if idle > 0) <= 3
+    # AND the wide job starts within stop grace + provisioning of the last important job's end: the loans
+    # were preempted at once, whatever their runtime
+    wide = s.job("wide")
+    last = s.job("important-3")
+    assert wide.started_at is not None
+    assert last.ended_at is not None
+    assert (wide.started_at - last.ended_at).total_seconds() <= 120 + 60 + 60
+    borrowers = [s.job(name) for name in lent]
+    assert all(job.preemptions == 1 for job in borrowers if job.state != "completed")
+    # AND the borrowers resume afterwards; nothing was preempted for them
+    s.advance_until(
+        lambda: all(s.states()[n] in ("starting", "running", "completed") for n in lent), limit=4 * 3600
+    )
 
 
 @pytest.mark.slow

@@ -14,6 +14,7 @@ the job completes (or raises the SDK's error when it fails).
 from __future__ import annotations
 
 import os
+import re
 import threading
 import time
 import uuid
@@ -55,6 +56,19 @@ def no_telemetry(monkeypatch: pytest.MonkeyPatch) -> None:
     from sagemaker.telemetry import telemetry_logging
 
     monkeypatch.setattr(telemetry_logging, "_requests_helper", lambda url, timeout: None)
+
+
+@pytest.fixture(autouse=True)
+def sdk_clock_sixty_times_faster(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The SDK's log loop describes the job every 30 s of wall time (hard-coded); the stack's clock is
+    virtual, so the SDK's wall clock runs 60 times faster here (its sleeps stay real)."""
+    import types
+
+    import sagemaker.session
+
+    began = time.time()
+    fast = types.SimpleNamespace(time=lambda: began + (time.time() - began) * 60, sleep=time.sleep)
+    monkeypatch.setattr(sagemaker.session, "time", fast)
 
 
 @pytest.fixture
@@ -101,6 +115,11 @@ def estimator(stack: Any, session: QueueSession, *, seconds: int = 300, **extra:
     }
     options.update(extra)
     return Estimator(**options)
+
+
+def said(stdout: str) -> str:
+    """What fit() printed: stdout without the metric documents the stack's functions print beside it."""
+    return re.sub(r'\{"_aws".*\n', "", stdout)  # the SDK's dots leave them mid-line
 
 
 def run_while_time_passes(
@@ -165,14 +184,22 @@ def test_fit_waits_in_the_queue_then_follows_the_attempt_until_it_completes(
     job = queue.job(name)
     assert job.state == "completed"
     assert job.priority == 100
-    printed = capsys.readouterr().out
-    assert f"queued training job {name} for {POOL} with priority 100, position 1" in printed
-    assert "Waiting in the sagequeue queue: position 1" in printed
-    assert f"attempt 1 runs as training job {name}" in printed
-    assert "Completed - Completed" in printed
-    # the attempt SageMaker ran carries the estimator's tags and keep-alive
+    printed = said(capsys.readouterr().out)
+    # the queue's lines, each once: queued (position 1, unchanged while it waits), then the attempt
+    assert printed.count(f"queued training job {name} for {POOL} with priority 100, position 1") == 1
+    assert printed.lower().count("queued") == 1
+    assert "Waiting in the sagequeue queue" not in printed  # the position never changed: nothing to say
+    assert printed.count(f"attempt 1 runs as training job {name}") == 1
+    # then the SDK's own loop: its status lines and, at the end, its summary, once
     real = stack.sagemaker.describe_training_job(TrainingJobName=name)
     assert real["TrainingJobStatus"] == "Completed"
+    assert "Completed - Training job completed" in printed
+    assert printed.count("Training seconds:") == 1
+    assert printed.count("Billable seconds:") == 1
+    assert f"Training seconds: {real['TrainingTimeInSeconds']}\n" in printed
+    assert f"Billable seconds: {real['BillableTimeInSeconds']}\n" in printed
+    assert printed.index("queued training job") < printed.index("attempt 1 runs") < printed.index("Billable")
+    # the attempt SageMaker ran carries the estimator's tags and keep-alive
     assert real["ResourceConfig"]["KeepAlivePeriodInSeconds"] == 900
     tags = {
         t["Key"]: t["Value"] for t in stack.sagemaker.list_tags(ResourceArn=real["TrainingJobArn"])["Tags"]
@@ -183,10 +210,15 @@ def test_fit_waits_in_the_queue_then_follows_the_attempt_until_it_completes(
     assert est.model_data == f"s3://sagequeue-e2e/output/{name}/output/model.tar.gz"
 
 
-def test_fit_with_logs_off_uses_wait_for_job(stack: Any, queue: QueueClient, session: QueueSession) -> None:
+def test_fit_with_logs_off_uses_wait_for_job(
+    stack: Any, queue: QueueClient, session: QueueSession, capsys: pytest.CaptureFixture[str]
+) -> None:
     est = estimator(stack, session, seconds=120)
     run_while_time_passes(stack, queue, lambda: est.fit(logs="None"))
     assert queue.job(est.latest_training_job.name).state == "completed"
+    printed = said(capsys.readouterr().out)
+    assert printed.lower().count("queued") == 1
+    assert "Completed - Training job completed" in printed  # the SDK's wait loop followed the attempt
 
 
 def test_session_priority_wins_over_the_tag(stack: Any, queue: QueueClient) -> None:
@@ -238,8 +270,20 @@ def test_a_preempted_fit_keeps_waiting_and_follows_the_next_attempt(
     assert "done" in outcome
     assert job.state == "completed"
     assert job.attempts == (name, f"{name}--2")
-    printed = capsys.readouterr().out
-    assert f"attempt 2 runs as training job {name}--2" in printed
+    printed = said(capsys.readouterr().out)
+    assert printed.count(f"attempt 1 runs as training job {name}\n") == 1
+    assert printed.count(f"attempt 2 runs as training job {name}--2") == 1
+    # between the attempts: why the SDK's loop saw attempt 1 stop, said once (and where the job waits,
+    # if it waited long enough to be seen waiting)
+    between = printed[printed.index("attempt 1 runs") : printed.index("attempt 2 runs")]
+    said_why = f"sagequeue: {name}: attempt 1 was preempted; the queue runs the job again\n"
+    assert between.count(said_why) == 1, between[-400:]
+    assert between.index("Billable seconds:") < between.index(said_why)
+    assert between.count("Waiting in the sagequeue queue") <= 1
+    # the SDK summed up each attempt it followed: the preempted one and the one that completed
+    assert printed.count("Billable seconds:") == 2
+    last = stack.sagemaker.describe_training_job(TrainingJobName=f"{name}--2")
+    assert printed.rstrip().endswith(f"Billable seconds: {last['BillableTimeInSeconds']}")
 
 
 def test_fit_prints_the_attempts_training_logs(
@@ -274,7 +318,7 @@ def test_fit_prints_the_attempts_training_logs(
         time.sleep(0.05)
 
     printed = capsys.readouterr().out
-    assert "[algo-1-1763780000] epoch 1 loss 2.31\n[algo-1-1763780000] epoch 2 loss 1.07" in printed
+    assert "epoch 1 loss 2.31\nepoch 2 loss 1.07\n" in printed  # the SDK's own log loop printed them
     assert printed.count("epoch 1 loss 2.31") == 1  # each line once, however often the logs are read
     assert queue.job(name).state == "completed"
 
@@ -304,7 +348,7 @@ def test_fit_without_reachable_logs_follows_the_status_only(
     printed = capsys.readouterr().out
     assert printed.count("cannot read the training logs") == 1
     assert "following the job's status only" in printed
-    assert "Completed - Completed" in printed
+    assert "Completed - Training job completed" in printed
     assert queue.job(est.latest_training_job.name).state == "completed"
 
 
@@ -384,3 +428,87 @@ def test_estimator_attach_reads_a_job_the_emulator_describes_as_sagemaker_does()
         assert estimator.enable_network_isolation() is False
         assert estimator.hyperparameters()["epochs"] == "3"
         assert estimator.model_data.endswith(f"/{name}/output/model.tar.gz")
+
+
+def test_the_snippet_sagequeue_local_prints_runs_verbatim_on_a_bare_machine(
+    stack: Any, queue: QueueClient, tmp_path: Any
+) -> None:
+    """What `sagequeue local` prints under "SDK v2 session", run as printed by a Python with no AWS
+    configuration at all (no AWS_* variable, no ~/.aws), then used as a data scientist would."""
+    import subprocess
+    import sys
+
+    from sagequeue.config import save_local_connection
+    from sagequeue.local.cli import _banner
+
+    # GIVEN the printout of a local stack, and its local.json in a home of its own
+    home = tmp_path / "home"
+    saved = save_local_connection(stack.connection(), home / "local.json")
+    lines = _banner(stack, saved, home / "local-identities.json").splitlines()
+    start = lines.index("SDK v2 session (estimator.fit() queues the job), Python:") + 2
+    code = "\n".join(lines[start : lines.index("", start)]) + "\n"
+    name = f"snippet-v2-{uuid.uuid4().hex[:6]}"
+    then = f"""
+from sagemaker.estimator import Estimator
+estimator = Estimator(image_uri={IMAGE!r}, role={stack.training_role_arn!r}, instance_count=1,
+    instance_type={POOL!r}, output_path="s3://sagequeue-e2e/output", sagemaker_session=session,
+    disable_profiler=True, tags=[{{"Key": "priority", "Value": "321"}}])
+estimator.fit(job_name={name!r}, wait=False)
+print(estimator.latest_training_job.describe()["SecondaryStatus"])
+"""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "SAGEQUEUE_"))}
+    env.update(
+        HOME=str(tmp_path / "user"),
+        SAGEQUEUE_HOME=str(home),
+        AWS_EC2_METADATA_DISABLED="true",
+        SAGEMAKER_SUPPRESS_V2_WARNING="1",
+    )
+
+    # WHEN it runs
+    ran = subprocess.run(
+        [sys.executable, "-c", code + then],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=120,
+        check=False,
+    )
+
+    # THEN the job is queued with the estimator's priority, said once, and describes as SageMaker would
+    assert ran.returncode == 0, ran.stderr[-2000:]
+    printed = re.sub(r'\{"_aws".*\n', "", ran.stdout)
+    assert printed.count(f"queued training job {name} for {POOL} with priority 321") == 1
+    assert printed.rstrip().splitlines()[-1] in ("Pending", "Starting")  # queued, or started since
+    job = queue.job(name)
+    assert (job.priority, job.pool) == (321, POOL)
+    assert job.state in ("queued", "starting", "running")
+
+
+def test_a_job_cancelled_while_it_runs_ends_fit_with_the_queues_word_on_it(
+    stack: Any, queue: QueueClient, session: QueueSession, capsys: pytest.CaptureFixture[str]
+) -> None:
+    est = estimator(stack, session, seconds=3600)
+    thread = threading.Thread(target=est.fit, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 90
+    while est.latest_training_job is None:
+        assert time.monotonic() < deadline, "fit() never submitted"
+        time.sleep(0.02)
+    name = est.latest_training_job.name
+    advance_until(stack, lambda: queue.job(name).state == "running")
+
+    queue.cancel(name)
+    while thread.is_alive():
+        assert time.monotonic() < deadline, "fit() did not return"
+        stack.advance(60)
+        time.sleep(0.05)
+
+    job = queue.job(name)
+    assert job.state == "cancelled"
+    printed = said(capsys.readouterr().out)
+    # the SDK's loop saw the attempt stop and summed it up; the queue said why, once, after it
+    assert printed.count("Billable seconds:") == 1
+    assert printed.count(f"sagequeue: {name}: cancelled") == 1
+    assert printed.index("Billable seconds:") < printed.index(f"sagequeue: {name}: cancelled")
+    assert "runs the job again" not in printed

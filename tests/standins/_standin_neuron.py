@@ -24,15 +24,19 @@ def compiler_version() -> str:
     return os.environ.get("STANDIN_NEURONXCC_VERSION", DEFAULT_VERSION)
 
 
-def cache_root() -> Path:
+def cache_url() -> str:
     """The compiler's precedence: --cache_dir in NEURON_CC_FLAGS, then NEURON_COMPILE_CACHE_URL."""
     args = shlex.split(os.environ.get("NEURON_CC_FLAGS", ""))
     for i, arg in enumerate(args):
         if arg.startswith("--cache_dir="):
-            return Path(arg.split("=", 1)[1])
+            return arg.split("=", 1)[1]
         if arg == "--cache_dir" and i + 1 < len(args):
-            return Path(args[i + 1])
-    return Path(os.environ.get("NEURON_COMPILE_CACHE_URL") or DEFAULT_ROOT)
+            return args[i + 1]
+    return os.environ.get("NEURON_COMPILE_CACHE_URL") or DEFAULT_ROOT
+
+
+def cache_root() -> Path:
+    return Path(cache_url())
 
 
 def compile_flags() -> list[str]:
@@ -56,9 +60,29 @@ class CachedFailure(RuntimeError):
     pass
 
 
+def _s3_lookup(url: str, module: str) -> tuple[object, str, str, bool]:
+    """(client, bucket, entry prefix, whether the entry is there) in an s3:// compile cache, read the way the
+    Neuron compiler's S3 cache reads it: the files of `neuronxcc-<version>/<module>/` under the URL."""
+    import boto3
+
+    bucket, _, prefix = url[len("s3://") :].partition("/")
+    entry = "/".join(p for p in (prefix.strip("/"), f"neuronxcc-{compiler_version()}", module) if p)
+    client = boto3.client("s3")
+    listed = client.list_objects_v2(Bucket=bucket, Prefix=entry + "/", Delimiter="/")
+    names = {item["Key"].rsplit("/", 1)[-1] for item in listed.get("Contents", [])}
+    found = "model.done" in names and "model.neff" in names
+    if found:
+        # the NEFF is what the runtime loads: it must be readable, whole
+        client.get_object(Bucket=bucket, Key=f"{entry}/model.neff")["Body"].read()
+    return client, bucket, entry, found
+
+
 def compile_into_cache(graph: bytes, log: list[str] | None = None) -> str:
     """Look the graph up in the cache; compile it there on a miss. Returns "hit" or "compiled"."""
     flags = compile_flags()
+    url = cache_url()
+    if url.startswith("s3://"):
+        return _compile_into_s3(url, graph, flags, log)
     root = cache_root()
     root.mkdir(parents=True, exist_ok=True)
     (root / "lock").touch()
@@ -98,4 +122,38 @@ def compile_into_cache(graph: bytes, log: list[str] | None = None) -> str:
     if log is not None:
         log.append(entry.name)
     print(f"compiled {entry.name}", file=sys.stderr, flush=True)
+    return "compiled"
+
+
+def _compile_into_s3(url: str, graph: bytes, flags: list[str], log: list[str] | None) -> str:
+    """The compiler's S3 cache: a hit is an entry whose files are at the entry's own path; a miss compiles
+    locally and stores the entry there, the done marker last."""
+    import tempfile
+
+    module = module_name(graph, flags)
+    client, bucket, entry, found = _s3_lookup(url, module)
+    if found:
+        return "hit"
+    with tempfile.TemporaryDirectory() as work:
+        hlo = Path(work) / "model.hlo_module.pb"
+        hlo.write_bytes(graph)
+        neff = Path(work) / "model.neff"
+        completed = subprocess.run(
+            ["neuronx-cc", "compile", "--framework=XLA", str(hlo), "--output", str(neff), *flags],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if completed.returncode != 0:
+            raise RuntimeError(f"compilation failed for {module}: {completed.stderr.strip()}")
+        for name, body in (
+            ("compile_flags.json", json.dumps(flags).encode()),
+            ("model.hlo_module.pb", graph),
+            ("model.neff", neff.read_bytes()),
+            ("model.done", b""),
+        ):
+            client.put_object(Bucket=bucket, Key=f"{entry}/{name}", Body=body)
+    if log is not None:
+        log.append(module)
+    print(f"compiled {module}", file=sys.stderr, flush=True)
     return "compiled"

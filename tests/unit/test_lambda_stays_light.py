@@ -47,21 +47,22 @@ LAYER_LACKS = ("blinker",)
 #: shows up here, and must be worth its cold-start cost to be added.
 PROJECT = {
     "api": {
-        "config", "defaults", "domain", "errors", "events", "governance", "observability", "runtime",
-        "sagemaker", "service", "service.access", "service.exemptions", "service.http", "service.jobs", "service.submit", "store",
-        "validation",
+        "config", "defaults", "domain", "errors", "events", "governance", "observability", "quotas", "retry",
+        "runtime", "sagemaker", "service", "service.access", "service.exemptions", "service.http",
+        "service.jobs", "service.submit", "service.teams", "store", "validation",
     },
     "scheduler": {
-        "config", "defaults", "domain", "errors", "events", "observability", "policy", "runtime", "sagemaker",
-        "service", "service.schedule", "snapshot", "store",
+        "config", "defaults", "domain", "errors", "events", "observability", "policy", "quotas", "retry",
+        "runtime", "sagemaker", "service", "service.schedule", "snapshot", "store",
     },
     "governance": {
         "alarms", "config", "defaults", "domain", "errors", "events", "governance", "notify", "observability",
-        "runtime", "sagemaker", "service", "service.exemptions", "service.govern", "store",
+        "quotas", "retry", "runtime", "sagemaker", "service", "service.exemptions", "service.govern", "store",
     },
     "idle_stop": {
         "alarms", "config", "defaults", "domain", "errors", "events", "governance", "notify", "observability",
-        "runtime", "sagemaker", "service", "service.exemptions", "service.stop_idle", "store",
+        "quotas", "retry", "runtime", "sagemaker", "service", "service.exemptions", "service.stop_idle",
+        "store",
     },
 }  # fmt: skip
 #: Modules that only some handlers need, and the handlers that may load them.
@@ -70,6 +71,7 @@ ONLY_FOR = {
     "sagequeue_core.service.jobs": {"api"},
     "sagequeue_core.service.submit": {"api"},
     "sagequeue_core.service.access": {"api"},
+    "sagequeue_core.service.teams": {"api"},
     "sagequeue_core.service.schedule": {"scheduler"},
     "sagequeue_core.policy": {"scheduler"},
     "sagequeue_core.service.govern": {"governance"},

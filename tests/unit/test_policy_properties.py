@@ -43,28 +43,6 @@ def _key(pool: str, count: int, role: str) -> ResourceKey:
 def snapshots(draw: st.DrawFn) -> tuple[Snapshot, PolicySettings]:
     capacity = {pool: draw(st.integers(0, 6)) for pool in POOLS}
     now = T0 + timedelta(hours=2)
-    running: list[RunningAttempt] = []
-    for i in range(draw(st.integers(0, 6))):
-        pool = draw(st.sampled_from(POOLS))
-        running.append(
-            RunningAttempt(
-                training_job_name=f"run-{i}",
-                job_name=None if draw(st.integers(0, 9)) == 0 else f"run-{i}",
-                priority=draw(st.integers(0, 5)),
-                started_at=now - timedelta(minutes=draw(st.integers(0, 120))),
-                demand={pool: draw(st.integers(1, 3))},
-                stopping=draw(st.integers(0, 7)) == 0,
-                training_started_at=None
-                if draw(st.integers(0, 5)) == 0
-                else now - timedelta(minutes=draw(st.integers(0, 100))),
-                preemptions=draw(st.integers(0, 4)),
-                checkpointed=draw(st.booleans()),
-            )
-        )
-    warm: list[WarmPool] = []
-    for i in range(draw(st.integers(0, 3))):
-        pool = draw(st.sampled_from(POOLS))
-        warm.append(WarmPool(f"warm-{i}", _key(pool, draw(st.integers(1, 2)), draw(st.sampled_from(ROLES)))))
     queued: list[QueuedJob] = []
     for i in range(draw(st.integers(0, 8))):
         pool = draw(st.sampled_from(POOLS))
@@ -88,16 +66,45 @@ def snapshots(draw: st.DrawFn) -> tuple[Snapshot, PolicySettings]:
                     since=now - timedelta(minutes=draw(st.integers(0, 60))),
                     kind=draw(st.sampled_from(list(ReservationKind))),
                 )
-                if draw(st.integers(0, 4)) == 0
+                if draw(st.integers(0, 2)) == 0
                 else None,
                 queued_since=now - timedelta(minutes=draw(st.integers(0, 90))),
+                preemptions=draw(st.integers(0, 4)),
+                checkpointed=draw(st.booleans()),
             )
         )
+    running: list[RunningAttempt] = []
+    holders = [j for j in queued if j.reservation is not None]
+    for i in range(draw(st.integers(0, 6))):
+        pool = draw(st.sampled_from(POOLS))
+        # some run on a waiting job's reserved capacity: a loan, mostly started after the reservation began
+        lender = draw(st.sampled_from(holders)).name if holders and draw(st.integers(0, 2)) == 0 else None
+        running.append(
+            RunningAttempt(
+                training_job_name=f"run-{i}",
+                job_name=None if draw(st.integers(0, 9)) == 0 else f"run-{i}",
+                priority=draw(st.integers(0, 5)),
+                started_at=now - timedelta(minutes=draw(st.integers(0, 120))),
+                demand={pool: draw(st.integers(1, 3))},
+                stopping=draw(st.integers(0, 7)) == 0,
+                training_started_at=None
+                if draw(st.integers(0, 5)) == 0
+                else now - timedelta(minutes=draw(st.integers(0, 100))),
+                preemptions=draw(st.integers(0, 4)),
+                checkpointed=draw(st.booleans()),
+                on_loan_for=lender,
+            )
+        )
+    warm: list[WarmPool] = []
+    for i in range(draw(st.integers(0, 3))):
+        pool = draw(st.sampled_from(POOLS))
+        warm.append(WarmPool(f"warm-{i}", _key(pool, draw(st.integers(1, 2)), draw(st.sampled_from(ROLES)))))
     policy_settings = PolicySettings(
         min_runtime_before_preemption_seconds=draw(st.sampled_from([0, 600, 3600])),
         default_keep_alive_seconds=draw(st.sampled_from([0, 600])),
         max_preemptions_per_job=draw(st.sampled_from([0, 3])),
-        reserve_after_seconds=draw(st.sampled_from([0, 1800])),
+        reserve_after_seconds=draw(st.sampled_from([0, 1, 1800])),
+        lend_reserved_capacity=draw(st.integers(0, 3)) > 0,
     )
     return Snapshot(
         now=now, capacity=capacity, queued=queued, running=running, warm_pools=warm
@@ -111,6 +118,17 @@ def _used(snapshot: Snapshot) -> Counter[str]:
     for warm in snapshot.warm_pools:
         used[warm.pool] += warm.instances
     return used
+
+
+def _is_reclaim(snapshot: Snapshot, victim: RunningAttempt, for_job: str) -> bool:
+    """A preemption that takes back a loan: the victim runs on capacity its lender reserved."""
+    lender = next((j for j in snapshot.queued if j.name == for_job), None)
+    return (
+        lender is not None
+        and lender.reservation is not None
+        and victim.on_loan_for == for_job
+        and victim.started_at >= lender.reservation.since
+    )
 
 
 def _eligible(snapshot: Snapshot) -> list[QueuedJob]:
@@ -179,14 +197,24 @@ def test_preemption_only_for_strictly_higher_priority_and_only_ripe_victims(
     for preempt in result.preemptions:
         victim = attempts[preempt.training_job_name]
         assert victim.preemptible
+        assert preempt.for_job not in {s.job_name for s in result.starts}
+        if _is_reclaim(snapshot, victim, preempt.for_job):
+            continue  # a loan is taken back whatever its priority and runtime
         assert victim.priority < jobs[preempt.for_job].priority
+        lender = jobs.get(victim.on_loan_for or "")
+        lent_by_less_important = (
+            lender is not None
+            and lender.reservation is not None
+            and lender.priority < jobs[preempt.for_job].priority
+        )
+        if lent_by_less_important:
+            continue  # it borrowed an instance a job this important could have taken from its lender
         # the minimum runtime counts from the first Training status, not from CreateTrainingJob
         if victim.training_started_at is None:
             assert policy_settings.min_runtime_before_preemption_seconds == 0
         else:
             trained = (snapshot.now - victim.training_started_at).total_seconds()
             assert trained >= policy_settings.min_runtime_before_preemption_seconds
-        assert preempt.for_job not in {s.job_name for s in result.starts}
 
 
 @PROPERTY_SETTINGS
@@ -223,6 +251,8 @@ def test_reserved_capacity_never_goes_to_a_job_of_lower_or_equal_priority(
         for p, held in reservation.instances.items():
             assert 0 <= held <= holder.demand[p]
         for action in result.actions:
+            if isinstance(action, Start) and action.on_loan_for is not None:
+                continue  # lent, and taken back when the holder can start: test_loans_*
             if isinstance(action, Start) and action.warm_pool is None:
                 other = jobs[action.job_name]
             elif isinstance(action, ReleaseWarmPool) and action.for_job != name:
@@ -235,6 +265,37 @@ def test_reserved_capacity_never_goes_to_a_job_of_lower_or_equal_priority(
                 continue
             outranks = pass_order(other) < pass_order(holder)
             assert outranks, f"{other.name} took capacity reserved for {name} ({reservation})"
+
+
+@PROPERTY_SETTINGS
+@given(snapshots())
+def test_loans_come_from_idle_reserved_capacity_of_a_holder_at_least_as_important(
+    case: tuple[Snapshot, PolicySettings],
+) -> None:
+    snapshot, policy_settings = case
+    result = plan(snapshot, policy_settings)
+    jobs = {j.name: j for j in snapshot.queued}
+    lent: dict[str, Counter[str]] = {}
+    budget = policy_settings.max_preemptions_per_job
+    for start in result.starts:
+        if start.on_loan_for is None:
+            continue
+        assert policy_settings.lend_reserved_capacity
+        borrower, holder = jobs[start.job_name], jobs[start.on_loan_for]
+        assert start.warm_pool is None
+        assert holder.name in result.reservations, "lent by a job that holds no reservation"
+        assert holder.priority >= borrower.priority
+        # only a job that resumes from checkpoints and can still be preempted borrows
+        assert borrower.checkpointed
+        assert budget == 0 or borrower.preemptions < budget
+        lent.setdefault(holder.name, Counter()).update(borrower.demand)
+    for holder, instances in lent.items():
+        # what a holder lends is what it holds of free capacity in this pass, never more
+        held = result.held.get(holder, {})
+        for pool, n in instances.items():
+            assert n <= held.get(pool, 0), f"{holder} lent {n} {pool} but holds {held}"
+        # and it lends only while its cover is incomplete: nothing is preempted for it in the same pass
+        assert holder not in {p.for_job for p in result.preemptions}
 
 
 @PROPERTY_SETTINGS
@@ -358,9 +419,16 @@ def test_generated_snapshots_exercise_every_action() -> None:
             kind = type(action).__name__
             if isinstance(action, Start) and action.warm_pool:
                 kind = "Reuse"
+            if isinstance(action, Start) and action.on_loan_for:
+                kind = "Loan"
             seen[kind] += 1
+        attempts = {a.training_job_name: a for a in case[0].running}
+        for preempt in result.preemptions:
+            if _is_reclaim(case[0], attempts[preempt.training_job_name], preempt.for_job):
+                seen["Reclaim"] += 1
         seen["Reservation"] += len(result.reservations)
 
     collect()
+    # loans and reclaims are rarer here; tests/unit/test_policy_loans.py generates them on purpose
     for kind in ("Start", "Reuse", "Preempt", "ReleaseWarmPool", "Reservation"):
         assert seen[kind] > 0, f"no {kind} in 400 random snapshots: the strategy is too narrow"

@@ -101,6 +101,19 @@ def _integer(*, ge: int | None = None, le: int | None = None) -> Parser:
     return parse
 
 
+_TRUE = frozenset({"true", "1", "yes", "on"})
+_FALSE = frozenset({"false", "0", "no", "off"})
+
+
+def _boolean(value: Any) -> bool:
+    """true/false as a stack parameter or an environment variable gives it (also 1/0, yes/no, on/off)."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
+        return value.strip().lower() in _TRUE
+    raise ValueError(f"must be true or false, got {value!r}")
+
+
 def _optional_integer(*, ge: int | None = None) -> Parser:
     """None, an empty string or 0 (how a stack parameter says "no limit") mean None."""
 
@@ -176,6 +189,32 @@ def _required_tags(value: Any) -> str:
     return spec
 
 
+def _team_roles(value: Any) -> dict[str, str]:
+    """`arn:aws:iam::123456789012:role/vision=vision,...` (or a mapping) -> {role ARN: team}."""
+    from sagequeue_core.quotas import QuotaError, check_team_name
+
+    if isinstance(value, Mapping):
+        pairs = [(str(k), str(v)) for k, v in value.items()]
+    else:
+        pairs = []
+        for raw in _text(value).split(","):
+            entry = raw.strip()
+            if entry:
+                arn, sep, team = (part.strip() for part in entry.rpartition("="))
+                if not sep:
+                    raise ValueError(f"entry {entry!r} must be <role ARN>=<team>")
+                pairs.append((arn, team))
+    roles: dict[str, str] = {}
+    for arn, team in pairs:
+        if not _PRINCIPAL_ARN.fullmatch(arn):
+            raise ValueError(f"{arn!r} is not an IAM role ARN")
+        try:
+            roles[arn] = check_team_name(team)
+        except QuotaError as exc:
+            raise ValueError(str(exc)) from None
+    return roles
+
+
 def setting(default: Any, parse: Parser) -> Any:
     """A settings field: its default and the parser its values go through."""
     return dataclasses.field(default=default, metadata={"parse": parse})
@@ -211,6 +250,9 @@ class Settings:
     #: A job waiting at the head of its pool this long reserves the instances it needs, so smaller jobs
     #: behind it stop overtaking it (drain; 0 never reserves).
     reserve_after_seconds: int = setting(1800, _integer(ge=0))
+    #: A reservation still waiting for running work to end lends its idle instances to smaller jobs that
+    #: resume from checkpoints; it preempts them (whatever their runtime) the moment it can start.
+    lend_reserved_capacity: bool = setting(True, _boolean)
     #: Keep-alive set on a start when a queued job would reuse its instances next (0 disables it).
     default_keep_alive_seconds: int = setting(600, _integer(ge=0, le=21_600))
     #: Attempts per job before capacity or internal failures fail it for good.
@@ -254,6 +296,12 @@ class Settings:
     alarm_topic_arn: str = setting("", _text)
     #: SNS topic for notifications to people (policy violations, idle stops).
     notification_topic_arn: str = setting("", _text)
+    #: The tag whose value names a job's team (team quotas, docs/adr/0011-team-quotas.md).
+    team_tag: str = setting("team", _text)
+    #: `<role ARN>=<team>` pairs: the team of a job without the tag, from the role that submitted it.
+    team_roles: dict[str, str] = dataclasses.field(default_factory=dict, metadata={"parse": _team_roles})
+    #: Half-life of the decaying instance-hours counter that orders teams within a priority (fair share).
+    fair_share_half_life_seconds: int = setting(86_400, _integer(ge=0))
 
     def __post_init__(self) -> None:
         problems = []

@@ -478,6 +478,9 @@ class Job:
     not_before: datetime | None = None  # backoff: not started again before this time
     reused_warm_pool_of: str | None = None  # training job whose warm pool the current attempt reuses
     keep_alive_seconds: int = 0  # keep-alive the scheduler set on the current attempt
+    #: the waiting job whose reserved capacity the current attempt borrows: that job preempts it as soon as
+    #: it can start, whatever the minimum runtime
+    on_loan_for: str | None = None
     #: when the current attempt first reached SageMaker's Training phase; the minimum runtime before
     #: preemption counts from here, so a slow provisioning cannot make a victim of a job that never trained
     training_started_at: datetime | None = None
@@ -485,6 +488,8 @@ class Job:
     queued_since: datetime | None = None
     #: capacity promised to the job by an earlier pass; kept until it starts, is held, cancelled or outranked
     reservation: Reservation | None = None
+    #: whose quota the job draws on (docs/adr/0011-team-quotas.md); None: no team
+    team: str | None = None
     version: int = 0  # optimistic-locking counter, owned by the store
     history: list[dict[str, Any]] = field(default_factory=list)  # [{at, state, attempt, reason}]
 
@@ -559,7 +564,33 @@ class Job:
             "warnings": self.warnings,
             "training_started_at": _iso(self.training_started_at),
             "instances": sum(self.demand.values()),
+            "team": self.team,
+            "on_loan_for": self.on_loan_for if self.state.is_live else None,
         }
+
+
+def team_of(
+    request: Mapping[str, Any], caller: str | None, *, tag: str, roles: Mapping[str, str]
+) -> str | None:
+    """A job's team: the value of its `tag` tag, else the team its caller's role is mapped to, else None."""
+    value = tags_to_dict(request.get("Tags")).get(tag, "").strip() if tag else ""
+    if value:
+        return value
+    if caller:
+        for principal, team in roles.items():
+            # an assumed role's session ARN (sts::...:assumed-role/<name>/<session>) names the role
+            if caller == principal or _role_name(caller) == _role_name(principal):
+                return team
+    return None
+
+
+def _role_name(arn: str) -> str | None:
+    """The role's name in a role ARN (`...:role/path/name`) or an assumed role's (`...:assumed-role/name/s`)."""
+    if ":assumed-role/" in arn:
+        return arn.split(":assumed-role/", 1)[1].split("/")[0] or None
+    if ":role/" in arn:
+        return arn.rsplit("/", 1)[-1] or None
+    return None
 
 
 def parse_time(value: Any) -> datetime | None:

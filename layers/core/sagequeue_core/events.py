@@ -12,9 +12,11 @@ sagequeue publishes on its own bus, source `sagequeue`:
 | JobQueued       | a job was submitted                                       | yes                    |
 | JobChanged      | a job was cancelled, held, released or re-prioritised, or | yes                    |
 |                 | a pool's capacity changed                                 |                        |
-| JobStarted      | an attempt was created (first attempt)                    | no                     |
+| JobStarted      | an attempt was created (first attempt; `on_loan_for` when | no                     |
+|                 | it runs on another job's reserved capacity)               |                        |
 | JobResumed      | a later attempt was created (after preemption or a retry) | no                     |
 | JobPreempted    | the scheduler stopped an attempt for a more important job | no                     |
+|                 | (or its lender took back a loan)                          |                        |
 | JobFinished     | a job reached a final state                               | no                     |
 | WarmPoolReused  | an attempt started on another attempt's warm pool         | no                     |
 | PolicyViolation | governance stopped a job that breaks the tag/policy rules | no                     |
@@ -49,6 +51,8 @@ class EventType(StrEnum):
     JOB_FINISHED = "JobFinished"
     WARM_POOL_REUSED = "WarmPoolReused"
     JOB_RESERVED = "JobReserved"  # a waiting job was promised capacity, or its promise ended
+    QUOTA_BORROWED = "QuotaBorrowed"  # a job started on capacity its team borrows beyond its quota
+    QUOTA_RECLAIMED = "QuotaReclaimed"  # a team under its quota preempted another team's borrowing job
     POLICY_VIOLATION = "PolicyViolation"
     IDLE_STOPPED = "IdleStopped"
 

@@ -33,6 +33,8 @@ REQUEUES = "JobsRequeued"
 SUBMISSIONS = "JobsSubmitted"
 POLICY_STOPS = "JobsStoppedForPolicy"
 IDLE_STOPS = "JobsIdleStopped"
+TEAM_USED = "TeamInstancesUsed"  # instances a team holds per pool (dimensions Team, Pool)
+TEAM_BORROWED = "TeamInstancesBorrowed"  # of those, above its nominal quota
 SKIPPED_ON_ERROR = "ItemsSkippedOnError"  # a job or pool a pass or reconcile could not handle, skipped
 JOBS_REBUILT = "JobsEnteredFromTags"  # live attempts the table had lost, entered again by the reconcile
 
@@ -47,4 +49,11 @@ def pool_gauge(name: str, pool: str, value: float, unit: MetricUnit = MetricUnit
         metric.add_dimension(name="Pool", value=pool)
 
 
-__all__ = ["MetricUnit", "count", "logger", "metrics", "pool_gauge"]
+def team_gauge(name: str, team: str, pool: str, value: float) -> None:
+    """A per-team, per-pool value (instances used, borrowed, lent)."""
+    with single_metric(name=name, unit=MetricUnit.Count, value=value, namespace=NAMESPACE) as metric:
+        metric.add_dimension(name="Team", value=team)
+        metric.add_dimension(name="Pool", value=pool)
+
+
+__all__ = ["MetricUnit", "count", "logger", "metrics", "pool_gauge", "team_gauge"]

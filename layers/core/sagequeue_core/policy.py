@@ -32,11 +32,13 @@ from __future__ import annotations
 
 import itertools
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 from sagequeue_core.domain import Reservation, ReservationKind, ResourceKey, never_fits
+from sagequeue_core.quotas import TeamLedger, TeamQuota, fair_share_factors, fair_share_key
 
 #: Above this many preemption candidates in a pool, the exact fewest-victims search gives way to a
 #: greedy cover that is then pruned to a minimal one (the search is combinatorial).
@@ -56,6 +58,9 @@ class QueuedJob:
     not_before: datetime | None = None  # backoff after a transient failure
     reservation: Reservation | None = None  # what an earlier pass promised it
     queued_since: datetime | None = None  # when it last entered the queue; None: submitted_at
+    preemptions: int = 0  # times it was preempted already
+    checkpointed: bool = True  # it resumes from checkpoints (CheckpointConfig); else it restarts from zero
+    team: str | None = None  # whose quota it draws on (quotas.py); None: no team
 
     @property
     def waiting_since(self) -> datetime:
@@ -77,6 +82,9 @@ class RunningAttempt:
     training_started_at: datetime | None = None
     preemptions: int = 0  # times its queue entry was preempted already
     checkpointed: bool = True  # it resumes from checkpoints (CheckpointConfig); else it restarts from zero
+    #: the waiting job whose reserved capacity it runs on, as a loan that job takes back when it can start
+    on_loan_for: str | None = None
+    team: str | None = None  # whose quota it draws on (quotas.py); None: no team
 
     @property
     def preemptible(self) -> bool:
@@ -89,6 +97,8 @@ class WarmPool:
 
     training_job_name: str
     resource_key: ResourceKey
+    #: left by an attempt that ran on loan from this waiting job: the pool is that job's capacity
+    lent_by: str | None = None
 
     @property
     def pool(self) -> str:
@@ -108,6 +118,10 @@ class Snapshot:
     queued: Sequence[QueuedJob] = ()
     running: Sequence[RunningAttempt] = ()
     warm_pools: Sequence[WarmPool] = ()
+    #: team quotas per pool (quotas.py); none: pools are not divided among teams, as without teams
+    team_quotas: Sequence[TeamQuota] = ()
+    #: decayed instance-hours per team: fair share orders teams within a priority when quotas exist
+    team_usage: Mapping[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -118,6 +132,9 @@ class PolicySettings:
     max_preemptions_per_job: int = 3
     #: a job waiting at the head of its pool this long reserves what it needs (drain); 0: never
     reserve_after_seconds: int = 1800
+    #: lend the idle part of a reservation that still waits for running work to end to smaller jobs that
+    #: resume from checkpoints; the reservation takes it back (preempts them) when it can start
+    lend_reserved_capacity: bool = True
 
 
 # --- Actions -------------------------------------------------------------------------------------------------
@@ -128,6 +145,7 @@ class Start:
     job_name: str
     warm_pool: str | None = None  # training job whose Available warm pool this start reuses
     keep_alive_seconds: int | None = None  # set when a queued job would match next; None: as requested
+    on_loan_for: str | None = None  # the reservation holder whose idle capacity it borrows
 
 
 @dataclass(frozen=True)
@@ -229,8 +247,26 @@ class _Pass:
             if attempt.preemptible:
                 for pool in attempt.demand:
                     self.preemptible_by_pool.setdefault(pool, []).append(attempt)
+        # --- team quotas hook (quotas.py): a no-op without quotas ---
+        self.teams = TeamLedger(
+            snapshot.team_quotas, {pool: self._limit(pool) for pool in snapshot.capacity}, snapshot.running
+        )
+        factors = fair_share_factors(snapshot.team_usage, snapshot.team_quotas)
         # 2. order
-        self.order = sorted(snapshot.queued, key=pass_order)
+        if self.teams.governed:
+            # what a team's nominal quota guarantees before what it would borrow; within a priority and
+            # after reservation holders, the team with less recent usage first
+            self.order = sorted(
+                snapshot.queued,
+                key=lambda j: (
+                    not self.teams.within_nominal(j.team, j.demand),
+                    *pass_order(j)[:2],
+                    fair_share_key(j.team, factors),
+                    *pass_order(j)[2:],
+                ),
+            )
+        else:
+            self.order = sorted(snapshot.queued, key=pass_order)
         self.eligible = [j for j in self.order if j.not_before is None or j.not_before <= snapshot.now]
         self.started: set[str] = set()
         self.blocked_pools: set[str] = set()  # pools where a job already waits in this pass
@@ -245,6 +281,14 @@ class _Pass:
             if j.resource_key:
                 self.unadmitted_by_priority.setdefault(j.priority, Counter())[j.resource_key] += 1
         self.waiting_keys: Counter[ResourceKey] = Counter()
+        # attempts running on a waiting job's reserved capacity, by the job they borrow from
+        self.loans: dict[str, list[RunningAttempt]] = {}
+        for attempt in snapshot.running:
+            if attempt.on_loan_for is not None and attempt.preemptible:
+                self.loans.setdefault(attempt.on_loan_for, []).append(attempt)
+        # free instances held in this pass for reservations that still wait for running work: lendable
+        self.lendable: dict[str, Counter[str]] = {}
+        self.queued_priority = {j.name: j.priority for j in snapshot.queued if j.reservation is not None}
 
     def run(self) -> Plan:
         eligible = {j.name for j in self.eligible}
@@ -260,6 +304,8 @@ class _Pass:
                 self.blocked_pools.update(job.demand)
                 if job.resource_key:
                     self.waiting_keys[job.resource_key] += 1
+        if self.settings.lend_reserved_capacity and self.lendable:
+            self._lend()
         return self.result
 
     # 3. admit
@@ -267,6 +313,8 @@ class _Pass:
         never = self._never_fits(job)
         if never is not None:
             self.result.waiting[job.name] = never
+            return
+        if not self._team_admits(job):  # team quotas hook
             return
         warm = self._matching_warm_pool(job)
         if warm is not None:
@@ -300,6 +348,11 @@ class _Pass:
             # capacity coming back accumulates for it instead of going to smaller, later work.
             partial = _Cover(returning=cover.returning, releases=cover.releases)
             holds = self._commit(job, partial)
+            self.lendable[job.name] = Counter(self.result.held.get(job.name, {}))
+            for loan in self._loans_for(job):
+                for pool, instances in loan.demand.items():
+                    if pool in holds:
+                        holds[pool] = min(holds[pool] + instances, job.demand[pool])
             kind = job.reservation.kind if job.reservation is not None else ReservationKind.DRAIN
             self._reserve(job, kind, holds)
             self.result.waiting[job.name] = (
@@ -339,6 +392,7 @@ class _Pass:
 
     def _start(self, job: QueuedJob, warm_pool: str | None = None) -> None:
         self.started.add(job.name)
+        self.teams.take(job.team, job.demand)  # team quotas hook
         if job.resource_key:
             self.open_keys[job.resource_key] -= 1
         self.result.actions.append(
@@ -363,8 +417,16 @@ class _Pass:
                 remaining[warm.pool] = remaining.get(warm.pool, 0) - warm.instances
             remaining = {pool: need for pool, need in remaining.items() if need > 0}
         if remaining:
-            ready = [a for a in self._candidates(job, remaining) if self._ran_long_enough(a)]
-            victims = minimal_cover(ready, remaining)
+            # its own capacity lent out comes back first, whatever the borrowers' priority or runtime
+            loans = self._loans_for(job)
+            lent = {a.training_job_name for a in loans}
+            ready = loans + [
+                a
+                for a in self._candidates(job, remaining)
+                if (self._ran_long_enough(a) or self._lent_by_less_important(a, job))
+                and a.training_job_name not in lent
+            ]
+            victims = minimal_cover(ready, remaining, first=lent, key=self._reclaim_first(job))
             if victims is None:
                 cover.short = remaining
             else:
@@ -382,8 +444,122 @@ class _Pass:
                     continue
                 if budget > 0 and attempt.preemptions >= budget:
                     continue  # preempted enough: it runs to its end
+                if self.teams.same_team_only(job.team, attempt):
+                    continue  # team quotas hook: other teams' work is reclaimed, not preempted by priority
                 candidates[attempt.training_job_name] = attempt
+        # team quotas hook: borrowing work of other teams, whatever its priority, for a team under its quota
+        if not self.teams.governed:
+            return list(candidates.values())
+        for attempt in self.teams.reclaim_candidates(
+            job.team,
+            job.demand,
+            itertools.chain.from_iterable(self.preemptible_by_pool.get(pool, ()) for pool in remaining),
+            lambda a: (
+                a.training_job_name not in self.victims and not (budget > 0 and a.preemptions >= budget)
+            ),
+        ):
+            candidates[attempt.training_job_name] = attempt
         return list(candidates.values())
+
+    # --- team quotas hooks (the arithmetic is quotas.py's) ---
+    def _team_admits(self, job: QueuedJob) -> bool:
+        """Whether the job's team may take its demand (nominal quota, or borrowing). If not, the job waits
+        with a reason naming the quota; within the team, a higher priority preempts its own team's
+        lower-priority work to make room, as it would in the pool."""
+        short = self.teams.short(job.team, job.demand)
+        if not short:
+            return True
+        reason = self.teams.reason(job.team, job.demand, self.free)
+        if not self.teams.short(job.team, job.demand, returning=True):
+            self.result.waiting[job.name] = reason + "; waiting for the team's stopping jobs"
+            return False
+        ready = [a for a in self._candidates(job, short) if self._ran_long_enough(a)]
+        victims = minimal_cover(ready, short)
+        if victims is not None:
+            # no claim on free capacity: that is other teams' to use while these stop
+            for victim in victims:
+                self.victims.add(victim.training_job_name)
+                assert victim.job_name is not None  # preemptible attempts belong to the queue
+                self.result.actions.append(
+                    Preempt(victim.job_name, victim.training_job_name, for_job=job.name)
+                )
+            self.result.waiting[job.name] = (
+                reason
+                + "; waiting for the team's preempted jobs to stop: "
+                + (", ".join(v.training_job_name for v in victims))
+            )
+            return False
+        self.result.waiting[job.name] = reason
+        return False
+
+    def _reclaim_first(self, job: QueuedJob) -> Callable[[RunningAttempt], tuple[Any, ...]] | None:
+        """Victim order when other teams' borrowing work is among the candidates: that first, newest first."""
+        if not self.teams.governed:
+            return None
+
+        def key(attempt: RunningAttempt) -> tuple[Any, ...]:
+            if self.teams.same_team_only(job.team, attempt):
+                return (0, -attempt.started_at.timestamp(), attempt.training_job_name)
+            return (1, *victim_order(attempt))
+
+        return key
+
+    def _loans_for(self, job: QueuedJob) -> list[RunningAttempt]:
+        """Attempts started on capacity this job holds since its reservation began: it takes them back
+        (preempts them) as soon as that completes its cover."""
+        if job.reservation is None:
+            return []
+        budget = self.settings.max_preemptions_per_job
+        return [
+            a
+            for a in self.loans.get(job.name, ())
+            if a.started_at >= job.reservation.since
+            and a.training_job_name not in self.victims
+            and (budget <= 0 or a.preemptions < budget)
+        ]
+
+    def _lent_by_less_important(self, attempt: RunningAttempt, job: QueuedJob) -> bool:
+        """A loan runs on an instance its lender would have held idle, which a job more important than
+        the lender could have taken at once: for such a job the borrower has no minimum runtime."""
+        lender = self.queued_priority.get(attempt.on_loan_for or "")
+        return lender is not None and lender < job.priority
+
+    def _lend(self) -> None:
+        """Backfill on loan: a reservation still waiting for running work to end holds free instances that
+        would otherwise stay idle until then. Jobs that waited in this pass for want of capacity, resume from
+        checkpoints and have a preemption left in their budget may run on them, lent by a reservation of at
+        least their priority; the lender preempts them the moment it can start (they lose at most the work
+        since their last checkpoint), so the reservation is never delayed by more than a stop."""
+        budget = self.settings.max_preemptions_per_job
+        holders = [j for j in self.eligible if j.name in self.lendable]
+        for job in self.eligible:
+            if (
+                job.name in self.started
+                or job.name in self.result.reservations
+                or job.name in self.result.held
+            ):
+                continue
+            if not job.checkpointed or (budget > 0 and job.preemptions >= budget):
+                continue
+            if self._never_fits(job) is not None:
+                continue
+            if self.teams.short(job.team, job.demand):
+                continue  # team quotas hook: a loan is no way around the team's quota
+            for holder in holders:
+                if holder.priority < job.priority:
+                    continue
+                spare = self.lendable[holder.name]
+                if all(spare[pool] >= need for pool, need in job.demand.items()):
+                    spare.subtract(job.demand)
+                    self.started.add(job.name)
+                    self.teams.take(job.team, job.demand)  # team quotas hook
+                    self.result.waiting.pop(job.name, None)
+                    if job.resource_key:
+                        self.open_keys[job.resource_key] -= 1
+                    # no keep-alive of the scheduler's: a loan usually ends by being taken back, and a pool
+                    # it left would only stand in its lender's way
+                    self.result.actions.append(Start(job.name, on_loan_for=holder.name))
+                    break
 
     def _coverable_later(self, job: QueuedJob, cover: _Cover) -> bool:
         if not cover.short:
@@ -488,13 +664,16 @@ class _Pass:
         releasable: list[WarmPool] = []
         for warm in self.warm:
             key = warm.resource_key
-            if taken[key] < self.waiting_keys[key] + same[key]:
+            if warm.lent_by == job.name and warm.pool in job.demand:
+                releasable.append(warm)  # left by its own borrower: its capacity, whoever else wants it
+            elif taken[key] < self.waiting_keys[key] + same[key]:
                 taken[key] += 1
             elif warm.pool in job.demand:
                 releasable.append(warm)
         return sorted(
             releasable,
             key=lambda w: (
+                w.lent_by != job.name,
                 self.waiting_keys[w.resource_key] > 0 or self.unadmitted_keys[w.resource_key] > 0,
                 -w.instances,
                 w.training_job_name,
@@ -543,15 +722,19 @@ def covers(attempts: Iterable[RunningAttempt], deficit: Mapping[str, int]) -> bo
 
 
 def minimal_cover(
-    candidates: Sequence[RunningAttempt], deficit: Mapping[str, int]
+    candidates: Sequence[RunningAttempt],
+    deficit: Mapping[str, int],
+    first: Collection[str] = (),
+    key: Callable[[RunningAttempt], tuple[Any, ...]] | None = None,
 ) -> list[RunningAttempt] | None:
-    """The fewest candidates that together free `deficit`, preferring the cheapest to stop (victim_order);
-    None if none do.
+    """The fewest candidates that together free `deficit`, preferring the cheapest to stop (`first`, the
+    names of attempts running on loan from the waiting job, then victim_order); None if none do.
 
     The result is always minimal: dropping any victim leaves the deficit uncovered, so no job is stopped
     that the waiting job does not need.
     """
-    ordered = sorted(candidates, key=victim_order)
+    order = key or victim_order
+    ordered = sorted(candidates, key=lambda a: (a.training_job_name not in first, order(a)))
     if not covers(ordered, deficit):
         return None
     if len(ordered) <= EXACT_VICTIM_SEARCH_LIMIT:
@@ -567,7 +750,7 @@ def minimal_cover(
         if covers(chosen, deficit):
             break
     # prune: drop the most expensive victims the cover does not need
-    for attempt in sorted(chosen, key=victim_order, reverse=True):
+    for attempt in sorted(chosen, key=lambda a: (a.training_job_name not in first, order(a)), reverse=True):
         rest = [a for a in chosen if a is not attempt]
         if covers(rest, deficit):
             chosen = rest

@@ -16,11 +16,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 import botocore.session
-from botocore.config import Config
 
 from sagequeue_core.config import Settings
 from sagequeue_core.events import EventBridgePublisher, Publisher
 from sagequeue_core.observability import metrics as default_metrics
+from sagequeue_core.retry import botocore_config
 from sagequeue_core.sagemaker import SageMakerAdapter
 from sagequeue_core.store import Repository
 
@@ -29,7 +29,8 @@ SERVICES = ("dynamodb", "events", "sagemaker", "cloudwatch", "sns", "sqs", "s3")
 
 Clock = Callable[[], datetime]
 
-_CLIENT_CONFIG = Config(retries={"mode": "standard", "max_attempts": 4}, connect_timeout=5, read_timeout=30)
+#: Every AWS client of the functions: the one retry policy (sagequeue_core.retry).
+CLIENT_CONFIG = botocore_config()
 
 
 def _utc_now() -> datetime:
@@ -142,7 +143,7 @@ def _session(region: str) -> Any:
 
 
 def _client(session: Any, service: str, region: str, endpoint: str | None) -> Any:
-    return session.create_client(service, region_name=region, endpoint_url=endpoint, config=_CLIENT_CONFIG)
+    return session.create_client(service, region_name=region, endpoint_url=endpoint, config=CLIENT_CONFIG)
 
 
 _installed: Dependencies | None = None

@@ -16,6 +16,7 @@ from typing import Protocol
 
 from sagequeue_core.domain import PRIORITY_MAX, Job, JobState, ResourceKey
 from sagequeue_core.policy import PolicySettings, QueuedJob, RunningAttempt, Snapshot, WarmPool
+from sagequeue_core.quotas import TeamQuota
 
 #: Live states whose instances come back without anything left to decide.
 _STOPPING_STATES = frozenset({JobState.PREEMPTING, JobState.STOPPING})
@@ -35,6 +36,9 @@ class SchedulerSettings(Protocol):
 
     @property
     def reserve_after_seconds(self) -> int: ...
+
+    @property
+    def lend_reserved_capacity(self) -> bool: ...
 
 
 class HeldOutsideQueue(Protocol):
@@ -62,6 +66,9 @@ class RetainedWarmPool(Protocol):
     @property
     def expires_at(self) -> datetime: ...
 
+    @property
+    def job_name(self) -> str | None: ...  # the queue entry whose attempt left it; None if not ours
+
 
 def policy_settings(settings: SchedulerSettings) -> PolicySettings:
     """The policy's settings from the scheduler's."""
@@ -70,6 +77,7 @@ def policy_settings(settings: SchedulerSettings) -> PolicySettings:
         default_keep_alive_seconds=settings.default_keep_alive_seconds,
         max_preemptions_per_job=settings.max_preemptions_per_job,
         reserve_after_seconds=settings.reserve_after_seconds,
+        lend_reserved_capacity=settings.lend_reserved_capacity,
     )
 
 
@@ -82,6 +90,8 @@ def build_snapshot(
     live: Iterable[Job],
     external: Iterable[HeldOutsideQueue] = (),
     warm_pools: Iterable[RetainedWarmPool] = (),
+    team_quotas: Iterable[TeamQuota] = (),
+    team_usage: Mapping[str, float] | None = None,
 ) -> Snapshot:
     """The snapshot of one pass.
 
@@ -90,8 +100,12 @@ def build_snapshot(
     order). `live`: jobs whose attempt holds instances (starting, running, preempting, stopping).
     `external`: attempts started outside the queue; they count at the highest priority and are never
     preempted. `warm_pools`: tracked Available warm pools; those whose keep-alive has run out by `now` are
-    left out.
+    left out. `team_quotas`: every team's quota per pool; `team_usage`: decayed instance-hours per team.
     """
+    queued = list(queued)
+    live = list(live)
+    # a warm pool left by an attempt that ran on loan belongs to the lender while the lender waits
+    lenders = {job.name: job.on_loan_for for job in (*queued, *live) if job.on_loan_for}
     return Snapshot(
         now=now,
         capacity=dict(capacity),
@@ -106,6 +120,9 @@ def build_snapshot(
                 not_before=job.not_before,
                 reservation=job.reservation,
                 queued_since=job.queued_since,
+                preemptions=job.preemptions,
+                checkpointed=job.checkpointed,
+                team=job.team,
             )
             for job in queued
         ],
@@ -120,6 +137,8 @@ def build_snapshot(
                 training_started_at=job.training_started_at,
                 preemptions=job.preemptions,
                 checkpointed=job.checkpointed,
+                on_loan_for=job.on_loan_for,
+                team=job.team,
             )
             for job in live
         ]
@@ -132,7 +151,13 @@ def build_snapshot(
             )
             for attempt in external
         ],
-        warm_pools=[WarmPool(w.training_job_name, w.resource_key) for w in warm_pools if w.expires_at > now],
+        warm_pools=[
+            WarmPool(w.training_job_name, w.resource_key, lent_by=lenders.get(w.job_name or ""))
+            for w in warm_pools
+            if w.expires_at > now
+        ],
+        team_quotas=tuple(team_quotas),
+        team_usage=dict(team_usage or {}),
     )
 
 

@@ -7,12 +7,15 @@ on a sparse index; every state change is a conditional write on the item's versi
 Items (pk / sk):
     JOB#<name> / JOB                  a queue entry and its current attempt
     POOLS / <instance type>           a pool: capacity, a counter of queued jobs, its recent starts
+    POOLS / TEAM#<team>#<pool>        a team's quota in a pool: nominal, borrowing and lending limits
+    POOLS / TEAM~usage                decayed instance-hours per team (fair share), as of a time
     EXTERNAL#<training job> / LIVE    a live training job started outside the queue on a managed pool
     WARM#<training job> / WARM        an Available warm pool sagequeue tracks
     CLAIM#<kind>#<subject> / CLAIM    idempotency ledger: the first claim wins
 
 Indexes (all sparse, attributes present only on the items they serve):
     queued            queued_pool, queue_order      queued jobs of a pool: priority desc, then submission
+    queued_team       queued_team_pool, queue_order the same, of one team in a pool (fair share's windows)
     live              live_kind, live_name          LIVE attempts (ours and external), WARM pools
     by_owner          owner, submitted_order
     by_state          state, submitted_order
@@ -58,11 +61,18 @@ from sagequeue_core.domain import (
     active_quota,
 )
 from sagequeue_core.errors import JobAlreadyExists, JobNotFound, PoolNotFound, StaleVersion
+from sagequeue_core.quotas import TeamQuota, UsageCounter
 
 T = TypeVar("T")
 
 _JOB_SK = "JOB"
 _POOLS_PK = "POOLS"
+#: Team quotas and the usage counter live in the pools' partition, so one Query reads pools and teams (a
+#: pass reads no more than it did without teams). No pool name (ml.* or plan:*) starts with the prefix.
+_TEAMS_PK = _POOLS_PK
+_TEAM_PREFIX = "TEAM#"  # sort key TEAM#<team>#<pool>: a quota
+_TEAM_SEP = "#"
+_USAGE_SK = "TEAM~usage"  # the decaying usage counter
 _LIVE = "LIVE"
 _WARM = "WARM"
 _CLAIM_SK = "CLAIM"
@@ -197,14 +207,17 @@ def _model_classes(table_name: str, host: str | None, region: str | None) -> Any
         not_before = UTCDateTimeAttribute(null=True)
         reused_warm_pool_of = UnicodeAttribute(null=True)
         keep_alive_seconds = NumberAttribute(null=True)
+        on_loan_for = UnicodeAttribute(null=True)
         training_started_at = UTCDateTimeAttribute(null=True)
         queued_since = UTCDateTimeAttribute(null=True)
         reservation = UnicodeAttribute(null=True)  # JSON {instances, since, kind}
+        team = UnicodeAttribute(null=True)
         history = UnicodeAttribute(null=True)  # JSON list
         # index keys
         queued_pool = UnicodeAttribute(null=True)
         queue_order = UnicodeAttribute(null=True)
         queued_instances = NumberAttribute(null=True)  # instances the queued job needs in queued_pool
+        queued_team_pool = UnicodeAttribute(null=True)  # <team>#<pool> of a queued job that has a team
         live_kind = UnicodeAttribute(null=True)
         live_name = UnicodeAttribute(null=True)
         submitted_order = UnicodeAttribute(null=True)
@@ -214,6 +227,10 @@ def _model_classes(table_name: str, host: str | None, region: str | None) -> Any
         quota = NumberAttribute(null=True)
         quota_seen_at = UTCDateTimeAttribute(null=True)
         recent = UnicodeSetAttribute(null=True)  # "<epoch seconds>#<job name>" of recent starts
+        # team quota (team and pool in the key; a null limit is unlimited)
+        nominal = NumberAttribute(null=True)
+        borrowing_limit = NumberAttribute(null=True)
+        lending_limit = NumberAttribute(null=True)
         # external attempt, warm pool, claim
         demand = UnicodeAttribute(null=True)  # JSON {instance type: count}
         resource_key = UnicodeAttribute(null=True)  # JSON
@@ -222,6 +239,7 @@ def _model_classes(table_name: str, host: str | None, region: str | None) -> Any
         expires_at = NumberAttribute(null=True)  # epoch seconds, the table's TTL attribute
 
         queued_index = index("queued", "queued_pool", "queue_order")
+        queued_team_index = index("queued_team", "queued_team_pool", "queue_order")
         live_index = index("live", "live_kind", "live_name")
         owner_index = index("by_owner", "owner", "submitted_order")
         state_index = index("by_state", "state", "submitted_order")
@@ -387,19 +405,33 @@ class Repository:
                 return self._to_job(item)
         return None
 
-    def queued_jobs(self, pool: str, limit: int, *, fitting: int | None = None) -> list[Job]:
+    def queued_jobs(
+        self, pool: str, limit: int, *, fitting: int | None = None, team: str | None = None
+    ) -> list[Job]:
         """The first `limit` queued jobs of `pool` in queue order: one Query, whatever the queue's length.
 
         With `fitting`, jobs that need more than that many instances of the pool are passed over (they can
-        never start while the capacity stays below it), so they cannot fill the window.
+        never start while the capacity stays below it), so they cannot fill the window. With `team`, only
+        that team's jobs (its own window, for fair share across teams).
         """
         condition = None
         if fitting is not None:
             condition = self._item.queued_instances.does_not_exist() | (
                 self._item.queued_instances <= fitting
             )
-        items = self._item.queued_index.query(pool, filter_condition=condition, limit=limit, page_size=limit)
+        if team is not None:
+            items = self._item.queued_team_index.query(
+                f"{team}{_TEAM_SEP}{pool}", filter_condition=condition, limit=limit, page_size=limit
+            )
+        else:
+            items = self._item.queued_index.query(
+                pool, filter_condition=condition, limit=limit, page_size=limit
+            )
         return _readable(items, self._to_job)
+
+    def queued_count(self, pool: str, team: str) -> int:
+        """How many of `team`'s jobs wait in `pool` (a Count on the team's window index)."""
+        return int(self._item.queued_team_index.count(f"{team}{_TEAM_SEP}{pool}"))
 
     def queue_position(self, job: Job) -> int | None:
         """1-based place of a queued job among its pool's queued jobs."""
@@ -484,7 +516,33 @@ class Repository:
 
     def pools(self) -> list[PoolStatus]:
         """Every pool (a consistent Query on the table, not an index)."""
-        return [self._to_pool(item) for item in self._item.query(_POOLS_PK, consistent_read=True)]
+        return self.pools_and_teams()[0]
+
+    def pools_and_teams(self) -> tuple[list[PoolStatus], list[TeamQuota], UsageCounter | None]:
+        """Every pool, every team quota and the fair-share counter, in one consistent Query."""
+        pools: list[PoolStatus] = []
+        quotas: list[TeamQuota] = []
+        counter: UsageCounter | None = None
+        for item in self._item.query(_POOLS_PK, consistent_read=True):
+            if item.sk == _USAGE_SK:
+                detail = json.loads(item.detail or "{}")
+                counter = UsageCounter(
+                    as_of=item.claimed_at, hours={str(k): float(v) for k, v in detail.items()}
+                )
+            elif item.sk.startswith(_TEAM_PREFIX):
+                team, _, pool = item.sk[len(_TEAM_PREFIX) :].partition(_TEAM_SEP)
+                quotas.append(
+                    TeamQuota(
+                        team=team,
+                        pool=pool,
+                        nominal=int(item.nominal or 0),
+                        borrowing_limit=None if item.borrowing_limit is None else int(item.borrowing_limit),
+                        lending_limit=None if item.lending_limit is None else int(item.lending_limit),
+                    )
+                )
+            else:
+                pools.append(self._to_pool(item))
+        return pools, quotas, counter
 
     def forget_recent_starts(self, instance_type: str, entries: Sequence[tuple[datetime, str]]) -> None:
         """Drop entries of `recent_starts` old enough for every index to show them."""
@@ -545,6 +603,58 @@ class Repository:
             except PutError as exc:
                 if not _condition_failed(exc):
                     raise
+
+    # --- team quotas and the fair-share counter ---------------------------------------------------------
+
+    def team_quotas(self) -> list[TeamQuota]:
+        """Every team's quota in every pool."""
+        return self.pools_and_teams()[1]
+
+    def teams(self) -> tuple[list[TeamQuota], UsageCounter | None]:
+        """The quotas and the decaying usage counter, in one read."""
+        _, quotas, counter = self.pools_and_teams()
+        return quotas, counter
+
+    def set_team_quota(self, quota: TeamQuota) -> TeamQuota:
+        """Create or replace a team's quota in a pool."""
+        self._item(
+            _TEAMS_PK,
+            f"{_TEAM_PREFIX}{quota.team}{_TEAM_SEP}{quota.pool}",
+            nominal=quota.nominal,
+            borrowing_limit=quota.borrowing_limit,
+            lending_limit=quota.lending_limit,
+        ).save(add_version_condition=False)
+        return quota
+
+    def remove_team_quota(self, team: str, pool: str) -> bool:
+        """Drop a team's quota in a pool; False if it had none."""
+        try:
+            self._item(_TEAMS_PK, f"{_TEAM_PREFIX}{team}{_TEAM_SEP}{pool}").delete(
+                condition=self._item.pk.exists(), add_version_condition=False
+            )
+        except DeleteError as exc:
+            if _condition_failed(exc):
+                return False
+            raise
+        return True
+
+    def save_usage_counter(self, counter: UsageCounter, *, was: UsageCounter | None) -> bool:
+        """Store the advanced counter if nobody advanced it since `was` was read; False on a lost race
+        (the other pass's counter stands, and this pass's interval is counted by the next one)."""
+        item = self._item(
+            _TEAMS_PK,
+            _USAGE_SK,
+            detail=json.dumps(dict(counter.hours), separators=(",", ":")),
+            claimed_at=counter.as_of,
+        )
+        condition = self._item.pk.does_not_exist() if was is None else (self._item.claimed_at == was.as_of)
+        try:
+            item.save(condition=condition, add_version_condition=False)
+        except PutError as exc:
+            if _condition_failed(exc):
+                return False
+            raise
+        return True
 
     # --- attempts started outside the queue ---------------------------------------------------------------
 
@@ -667,13 +777,16 @@ class Repository:
             not_before=job.not_before,
             reused_warm_pool_of=job.reused_warm_pool_of,
             keep_alive_seconds=job.keep_alive_seconds,
+            on_loan_for=job.on_loan_for,
             training_started_at=job.training_started_at,
             queued_since=job.queued_since,
             reservation=json.dumps(job.reservation.to_dict()) if job.reservation else None,
+            team=job.team,
             history=json.dumps(_bounded_history(job.history), separators=(",", ":")),
             queued_pool=job.pool if queued else None,
             queue_order=queue_order(job.priority, job.submitted_at, job.name) if queued else None,
             queued_instances=job.demand[job.pool] if queued else None,
+            queued_team_pool=f"{job.team}{_TEAM_SEP}{job.pool}" if queued and job.team else None,
             live_kind=_LIVE if live else None,
             live_name=_job_pk(job.name) if live else None,
             submitted_order=f"{_stamp(job.submitted_at)}#{job.name}",
@@ -702,9 +815,11 @@ class Repository:
             not_before=item.not_before,
             reused_warm_pool_of=item.reused_warm_pool_of,
             keep_alive_seconds=int(item.keep_alive_seconds or 0),
+            on_loan_for=item.on_loan_for,
             training_started_at=item.training_started_at,
             queued_since=item.queued_since,
             reservation=Reservation.from_dict(json.loads(item.reservation)) if item.reservation else None,
+            team=item.team,
             version=int(item.version or 0),
             history=json.loads(item.history or "[]"),
         )

@@ -185,7 +185,7 @@ def list_entries(cache_url: str | None, versions: tuple[str, ...], model: str | 
     remote = _remote(cache_url)
     try:
         owners: dict[str, set[str]] = {}
-        for record in remote.records(model):
+        for record in remote.records(model) + (remote.optimum_records(model) if model else []):
             for module in record.entries:
                 owners.setdefault(neuron.entry_key(record.compiler_version, module), set()).add(record.model)
         for version in _versions(remote, versions):
@@ -207,11 +207,8 @@ def lookup(cache_url: str | None, model: str) -> None:
     """Job configurations recorded for MODEL, and their entries."""
     remote = _remote(cache_url)
     try:
-        records = remote.records(model)
         # a cache optimum-neuron wrote (the public precompiled one, for instance) has its registry too
-        optimum = getattr(remote, "optimum_records", None)
-        if callable(optimum):
-            records += optimum(model)
+        records = remote.records(model) + remote.optimum_records(model)
     except RemoteCacheError as exc:
         raise click.ClickException(str(exc)) from exc
     click.echo(f"{len(records)} configurations of {model} in {remote.url}")
@@ -291,7 +288,8 @@ def restore(
     try:
         modules = None
         if model:
-            modules = {m for r in remote.records(model) if r.compiler_version == resolved for m in r.entries}
+            records = remote.records(model) + remote.optimum_records(model, resolved)
+            modules = {m for r in records if r.compiler_version == resolved for m in r.entries}
         report = sync.restore(remote, root, resolved, modules, workers=workers, progress=progress)
     except RemoteCacheError as exc:
         raise click.ClickException(str(exc)) from exc
@@ -309,14 +307,22 @@ def restore(
 @click.option(
     "--compiler-version", "versions", multiple=True, help="Check only this compiler version (repeatable)."
 )
-@click.option("--repair", is_flag=True, help="Delete broken entries so the next writer publishes them again.")
+@click.option(
+    "--repair",
+    is_flag=True,
+    help="Delete broken entries so the next writer publishes them again; copy sound ones the Neuron "
+    "compiler cannot read to where it reads them.",
+)
 @click.option(
     "--workers", type=click.IntRange(1, 128), default=16, show_default=True, help="Parallel downloads."
 )
 def verify(cache_url: str | None, versions: tuple[str, ...], repair: bool, workers: int) -> None:
-    """Download every remote entry and check its files against the recorded checksums."""
+    """Download every remote entry and check its files against the recorded checksums, and that the Neuron
+    compiler's own cache client finds it (S3: its files at `neuronxcc-<version>/MODULE_.../`)."""
     remote = _remote(cache_url)
     broken: list[RemoteEntry] = []
+    #: (version, module) of entries sound for sagequeue but not where the Neuron compiler reads them
+    unreadable: list[tuple[str, str]] = []
     try:
         for version in _versions(remote, versions):
             report = sync.verify(remote, version, workers=workers)
@@ -324,15 +330,28 @@ def verify(cache_url: str | None, versions: tuple[str, ...], repair: bool, worke
             for key, problem in sorted(report.broken.items()):
                 click.echo(f"broken {key}: {problem}")
                 broken.append(entries[key.split("/", 1)[1]])
+            layout = {
+                key: problem
+                for key, problem in remote.compiler_layout_problems(version).items()
+                if key not in report.broken
+            }
+            for key, problem in sorted(layout.items()):
+                click.echo(f"not readable by the Neuron compiler {key}: {problem}")
+                unreadable.append((version, key.split("/", 1)[1]))
             click.echo(
-                f"{neuron.version_dir(version)}: {len(report.checked)} entries checked, {len(report.broken)} broken"
+                f"{neuron.version_dir(version)}: {len(report.checked)} entries checked, {len(report.broken)} broken, "
+                f"{len(layout)} not readable by the Neuron compiler"
             )
         if broken and repair:
             remote.delete(broken)
             click.echo(f"removed {len(broken)} broken entries: the next upload publishes them again")
+        if unreadable and repair:
+            for version in sorted({v for v, _ in unreadable}):
+                remote.repair_compiler_layout(version, [m for v, m in unreadable if v == version])
+            click.echo(f"copied {len(unreadable)} entries to where the Neuron compiler reads them")
     except RemoteCacheError as exc:
         raise click.ClickException(str(exc)) from exc
-    if broken and not repair:
+    if (broken or unreadable) and not repair:
         raise SystemExit(1)
 
 

@@ -16,10 +16,9 @@ stalling the job.
 
 from __future__ import annotations
 
-import random
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import replace
@@ -45,9 +44,11 @@ from sagequeue.job.remote import (
     RemoteEntry,
     RemoteFile,
     combine_records,
-    optimum_record,
+    optimum_record_path,
+    optimum_records_from,
     registry_path_parts,
 )
+from sagequeue_core.retry import backoff_seconds
 
 #: Per-request bounds on Hub calls (seconds): connecting, waiting for bytes of an answer, sending a body.
 CONNECT_TIMEOUT = 5.0
@@ -295,20 +296,73 @@ class HubCache:
             found = dict(zip(paths, pool.map(read, paths), strict=True))
         return {p: r for p, r in found.items() if r is not None and (models is None or r.model in models)}
 
-    def optimum_records(self, model: str | None = None) -> list[RegistryRecord]:
-        """Configurations optimum-neuron recorded in this repository (`<version>/0_REGISTRY/...`)."""
-        paths = []
-        for version in self.versions():
-            for item in self._tree(f"{neuron.version_dir(version)}/{OPTIMUM_REGISTRY_DIR}", recursive=True):
-                if isinstance(item, RepoFile) and item.path.endswith(".json"):
-                    paths.append(item.path)
+    def optimum_records(self, model: str | None = None, version: str | None = None) -> list[RegistryRecord]:
+        """Configurations optimum-neuron recorded in this repository, each with the entries of the commit
+        that added it.
 
-        def read(path: str) -> RegistryRecord | None:
-            return optimum_record(path, self.read_text(path))
+        optimum-neuron publishes a session's whole local cache in one commit (`upload_folder`, which
+        leaves out files already there): the record of a model it compiled and the entry folders of that
+        compile arrive together. An entry folder is never changed afterwards, so its last commit is the one
+        that added it, and the entries of a record are the folders whose last commit is the record's."""
+        self.head()
+        records: dict[str, RegistryRecord] = {}
+        for one in [version] if version else self.versions():
+            registry = f"{neuron.version_dir(one)}/{OPTIMUM_REGISTRY_DIR}"
+            parsed = [
+                where
+                for item in self._tree(registry, recursive=True)
+                if isinstance(item, RepoFile) and (where := optimum_record_path(item.path)) is not None
+            ]
+            # the path names the model except in the arch-digest layout, whose records have a named copy
+            named = {w.hash for w in parsed if w.model is not None}
+            wanted = [
+                w.path
+                for w in parsed
+                if (w.model is None and w.hash not in named)
+                or (w.model is not None and (model is None or w.model == model))
+            ]
+            with ThreadPoolExecutor(max_workers=REGISTRY_READERS, thread_name_prefix="hub-registry") as pool:
+                texts = dict(zip(wanted, pool.map(self.read_text, wanted), strict=True))
+            found = {
+                path: record
+                for path, record in optimum_records_from(texts).items()
+                if model is None or record.model == model
+            }
+            if found:
+                self._link_optimum_entries(one, found)
+            records.update(found)
+        return list(records.values())
 
-        with ThreadPoolExecutor(max_workers=REGISTRY_READERS, thread_name_prefix="hub-registry") as pool:
-            found = [r for r in pool.map(read, paths) if r is not None]
-        return [r for r in found if model is None or r.model == model]
+    def _link_optimum_entries(self, version: str, records: dict[str, RegistryRecord]) -> None:
+        """Fill each record's entries: the entry folders added by the commit that added the record."""
+        commit_of: dict[str, str] = {}
+        for folder in sorted({path.rsplit("/", 1)[0] for path in records}):
+            for item in self._tree(folder, recursive=False, expand=True):
+                commit = getattr(item, "last_commit", None)
+                if isinstance(item, RepoFile) and commit is not None:
+                    commit_of[item.path] = commit.oid
+        by_commit: dict[str, list[str]] = {}
+        for module, oid in self._folder_commits(version).items():
+            by_commit.setdefault(oid, []).append(module)
+        for path, record in records.items():
+            record.entries = sorted(by_commit.get(commit_of.get(path, ""), []))
+
+    def _folder_commits(self, version: str) -> dict[str, str]:
+        """The last commit of each entry folder of a version (the Hub pages expanded listings by 50)."""
+        out: dict[str, str] = {}
+        for item in self._tree(neuron.version_dir(version), recursive=False, expand=True):
+            commit = getattr(item, "last_commit", None)
+            name = item.path.rsplit("/", 1)[-1]
+            if isinstance(item, RepoFolder) and commit is not None and neuron.is_entry_dir(name):
+                out[name] = commit.oid
+        return out
+
+    def compiler_layout_problems(self, version: str) -> dict[str, str]:
+        # entries are kept at the Neuron layout's own paths, the paths optimum-neuron's Hub proxy reads
+        return {}
+
+    def repair_compiler_layout(self, version: str, modules: Sequence[str]) -> None:
+        return None
 
     def _compaction(
         self, files: dict[str, RegistryRecord], folders: set[str], extra: Sequence[RegistryRecord] = ()
@@ -359,8 +413,26 @@ class HubCache:
             size += entry_size
         return batch
 
+    def _foreign_ops(self, foreign_records: Mapping[str, bytes]) -> list[CommitOperationAdd]:
+        """optimum-neuron record files the repository lacks, as additions (an existing one is never
+        replaced: its name is the hash of its text)."""
+        present: set[str] = set()
+        for folder in sorted({path.split("/", 1)[0] for path in foreign_records}):
+            present.update(
+                item.path for item in self._tree(f"{folder}/{OPTIMUM_REGISTRY_DIR}", recursive=True)
+            )
+        return [
+            CommitOperationAdd(path_in_repo=path, path_or_fileobj=body)
+            for path, body in sorted(foreign_records.items())
+            if path not in present
+        ]
+
     def publish(
-        self, entries: Sequence[neuron.LocalEntry], records: Sequence[RegistryRecord], deadline: Deadline
+        self,
+        entries: Sequence[neuron.LocalEntry],
+        records: Sequence[RegistryRecord],
+        deadline: Deadline,
+        foreign_records: Mapping[str, bytes] | None = None,
     ) -> PublishResult:
         result = PublishResult()
         # a short deadline (a stop's grace) keeps a proportionate share for the commit call
@@ -430,14 +502,16 @@ class HubCache:
                 if records
                 else []
             )
-            if not staged and not record_ops:
+            # optimum-neuron's records go in the same commit as the entries compiled with them
+            foreign_ops = self._foreign_ops(foreign_records) if foreign_records else []
+            if not staged and not record_ops and not foreign_ops:
                 result.revision = parent
                 return result
             versions = sorted({key.split("/", 1)[0] for key in staged})
             try:
                 info = self.api.create_commit(
                     self.repo_id,
-                    operations=[op for key in staged for op in operations[key]] + record_ops,
+                    operations=[op for key in staged for op in operations[key]] + record_ops + foreign_ops,
                     commit_message=f"Add {len(staged)} compiled graphs ({', '.join(versions) or 'registry only'})",
                     commit_description="Published by sagequeue-job: complete NEFF cache entries only.",
                     parent_commit=parent,
@@ -446,8 +520,7 @@ class HubCache:
                 if _status(exc) not in CONFLICT_STATUSES:
                     raise self._error("commit", exc) from exc
                 result.conflicts_retried += 1
-                pause = min(self.backoff_max, self.backoff_base * 2 ** (attempt - 1))
-                pause *= 0.5 + random.random()
+                pause = backoff_seconds(attempt, base=self.backoff_base, cap=self.backoff_max)
                 if attempt == self.max_attempts or deadline.remaining() < pause + reserve:
                     raise ConflictError(
                         f"{self.url}: the repository kept moving; gave up after {attempt} commit attempts"
@@ -456,6 +529,7 @@ class HubCache:
                 continue
             result.published = staged
             result.records = [op.path_in_repo for op in record_ops if isinstance(op, CommitOperationAdd)]
+            result.foreign_records = [op.path_in_repo for op in foreign_ops]
             result.revision = info.oid
             self._revision = info.oid
             return result
@@ -489,4 +563,4 @@ class HubCache:
             except HfHubHTTPError as exc:
                 if _status(exc) not in CONFLICT_STATUSES or attempt == self.max_attempts:
                     raise self._error("prune commit", exc) from exc
-                time.sleep(min(self.backoff_max, self.backoff_base * 2 ** (attempt - 1)))
+                time.sleep(backoff_seconds(attempt, base=self.backoff_base, cap=self.backoff_max))

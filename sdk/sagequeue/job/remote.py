@@ -10,16 +10,17 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from sagequeue.job.neuron import LocalEntry, entry_key, version_dir
+from sagequeue.job.neuron import LocalEntry, entry_key, is_version_dir, version_dir, version_of_dir
 
 REGISTRY_DIR = "registry"
 
@@ -136,37 +137,109 @@ def registry_path_parts(path: str) -> tuple[str, str] | None:
     return parts[1], "/".join(parts[2:-2])
 
 
-#: optimum-neuron's registry folder inside a version directory:
-#: `neuronxcc-<version>/0_REGISTRY/<optimum version>/<training|inference>/<model type>/<model id>/<hash>.json`.
+#: optimum-neuron's registry folder inside a version directory (`neuronxcc-<version>/0_REGISTRY/`). Under
+#: it, `<optimum version>/` and then one of three layouts, by optimum-neuron release:
+#:   `<arch digest>/<hash>.json`, with a copy at `<model type>/<model id>/<hash>.json` (since early 2026);
+#:   `<model type>/<model id>/<hash>.json` (2025);
+#:   `<training|inference>/<model type>/<model id>/<hash>.json` (before).
+#: `<hash>` is the first 20 hex digits of the SHA-512 of the record's own text, so the two copies of a record
+#: share it. The public precompiled cache (aws-neuron/optimum-neuron-cache) uses the same layouts.
 OPTIMUM_REGISTRY_DIR = "0_REGISTRY"
+_OPTIMUM_MODES = ("training", "inference")
+_ARCH_DIGEST_RE = re.compile(r"^[0-9a-f]{64}$")
+
+
+@dataclass(frozen=True)
+class OptimumRecordPath:
+    """Where an optimum-neuron record sits: its compiler version, optimum version, hash and, from the
+    path alone, the model (None in the arch-digest layout, whose path does not name the model)."""
+
+    path: str
+    compiler_version: str
+    optimum_version: str
+    hash: str
+    model: str | None
+    model_type: str | None
+
+
+def optimum_record_path(path: str) -> OptimumRecordPath | None:
+    """Parse a path relative to the cache root as one of optimum-neuron's record paths, or None."""
+    parts = path.split("/")
+    if len(parts) < 5 or parts[1] != OPTIMUM_REGISTRY_DIR or not parts[-1].endswith(".json"):
+        return None
+    if not is_version_dir(parts[0]):
+        return None
+    rest = parts[3:-1]
+    model: str | None = None
+    model_type: str | None = None
+    if len(rest) == 1 and _ARCH_DIGEST_RE.match(rest[0]):
+        pass
+    elif rest and rest[0] in _OPTIMUM_MODES and len(rest) >= 3:
+        model_type, model = rest[1], "/".join(rest[2:])
+    elif len(rest) >= 2:
+        model_type, model = rest[0], "/".join(rest[1:])
+    else:
+        return None
+    return OptimumRecordPath(
+        path, version_of_dir(parts[0]), parts[2], parts[-1].removesuffix(".json"), model, model_type
+    )
 
 
 def optimum_record(path: str, raw: bytes | str) -> RegistryRecord | None:
-    """A record optimum-neuron wrote, read as a configuration of its model (it names no entries: optimum's
-    records describe model configurations, not compile cache entries); None when it is not one."""
-    parts = path.split("/")
-    if len(parts) < 7 or parts[1] != OPTIMUM_REGISTRY_DIR or not parts[-1].endswith(".json"):
+    """A record optimum-neuron wrote, read as a configuration of its model; None when it is not one.
+
+    The record describes a model configuration (its `neuron` settings: batch size, sequence length,
+    tensor parallelism, dtype, target); it names no compile cache entry. Its entries are filled by the
+    backend where it can tell which entries came with the record (`optimum_records`)."""
+    where = optimum_record_path(path)
+    if where is None:
         return None
     try:
-        version = parts[0][len("neuronxcc-") :] if parts[0].startswith("neuronxcc-") else None
         data = json.loads(raw)
     except ValueError:
         return None
-    if version is None or not isinstance(data, dict):
+    if not isinstance(data, dict):
         return None
-    config = {
-        "source": "optimum-neuron",
-        "optimum_version": parts[2],
-        "mode": parts[3],
-        "model_type": parts[4],
-    }
-    nested = data.get("neuron")
-    neuron: dict[str, Any] = nested if isinstance(nested, dict) else {}
-    for key, value in sorted({**data, **neuron}.items()):
-        if not key.startswith("_") and isinstance(value, str | int | float | bool):
-            config.setdefault(key, str(value))
-    model = str(data.get("_model_id") or "/".join(parts[5:-1]))
-    return RegistryRecord(model, version, config, [], updated_at="", writer="optimum-neuron")
+    config = {"source": "optimum-neuron", "optimum_version": where.optimum_version}
+    model_type = data.get("model_type") or where.model_type
+    if model_type:
+        config["model_type"] = str(model_type)
+    if isinstance(data.get("_task"), str):
+        config["task"] = data["_task"]
+    neuron_config = data.get("neuron")
+    if not isinstance(neuron_config, dict):
+        # a pipeline (MultiModelCacheEntry) keeps the neuron settings in its main component
+        main = data.get("unet") or data.get("transformer")
+        neuron_config = main.get("neuron") if isinstance(main, dict) else None
+    for key, value in sorted((neuron_config or {}).items()):
+        if isinstance(value, str | int | float | bool):
+            config.setdefault(str(key), str(value))
+    model = data.get("_model_id") or where.model
+    if not isinstance(model, str) or not model:
+        return None
+    return RegistryRecord(
+        model, where.compiler_version, config, [], updated_at="", writer=f"optimum-neuron-{where.hash}"
+    )
+
+
+def optimum_records_from(files: Mapping[str, bytes]) -> dict[str, RegistryRecord]:
+    """optimum-neuron's records among `files` (path relative to the cache root -> text), one per record:
+    the two copies the newest layout keeps of each record count once. Keyed by the path of the copy kept."""
+    found: dict[tuple[str, str], tuple[str, RegistryRecord]] = {}
+    for path, raw in sorted(files.items()):
+        where = optimum_record_path(path)
+        record = optimum_record(path, raw) if where is not None else None
+        if where is None or record is None:
+            continue
+        found.setdefault((where.compiler_version, where.hash), (path, record))
+    return dict(found.values())
+
+
+def matches_job(record: RegistryRecord, config: Mapping[str, str]) -> bool:
+    """Whether an optimum-neuron record describes the job's configuration: at least one setting in common
+    (batch_size, sequence_length, tp_degree, ...), and every setting in common has the same value."""
+    shared = [k for k in config if k in record.config and k not in ("source", "optimum_version")]
+    return bool(shared) and all(record.config[k] == config[k] for k in shared)
 
 
 def combine_records(records: Sequence[RegistryRecord]) -> list[RegistryRecord]:
@@ -188,6 +261,8 @@ class PublishResult:
     #: Entries left out because the deadline came first (they stay local and go next time).
     skipped: list[str] = field(default_factory=list)
     records: list[str] = field(default_factory=list)
+    #: optimum-neuron's own record files published with the entries (`0_REGISTRY/...`), paths from the root.
+    foreign_records: list[str] = field(default_factory=list)
     conflicts_retried: int = 0
     #: Backend-specific identifier of what was written (Hub commit id).
     revision: str | None = None
@@ -267,11 +342,31 @@ class RemoteCache(Protocol):
         entries: Sequence[LocalEntry],
         records: Sequence[RegistryRecord],
         deadline: Deadline,
+        foreign_records: Mapping[str, bytes] | None = None,
     ) -> PublishResult:
-        """Make complete local entries and registry records visible, each entry all at once or not at all."""
+        """Make complete local entries and registry records visible, each entry all at once or not at all.
+
+        `foreign_records` (path from the cache root -> bytes) are optimum-neuron's record files found in the
+        local cache: published as they are, at the same paths, never over an existing file."""
         ...
 
     def records(self, model: str | None = None) -> list[RegistryRecord]: ...
+
+    def optimum_records(self, model: str | None = None, version: str | None = None) -> list[RegistryRecord]:
+        """The configurations optimum-neuron recorded (`neuronxcc-<version>/0_REGISTRY/...`, of one compiler
+        version or all), one per
+        record, with the entries that came with each where the backend can tell (the Hub: the entry folders
+        of the commit that added the record)."""
+        ...
+
+    def compiler_layout_problems(self, version: str) -> dict[str, str]:
+        """Entry key -> why the Neuron compiler's own cache client could not read the entry at the path it
+        looks at (`neuronxcc-<version>/MODULE_.../`); {} when every visible entry is there."""
+        ...
+
+    def repair_compiler_layout(self, version: str, modules: Sequence[str]) -> None:
+        """Put the entries' files back where the Neuron compiler reads them."""
+        ...
 
     def delete(self, entries: Sequence[RemoteEntry]) -> None: ...
 

@@ -30,7 +30,7 @@ from sagequeue.job import neuron, settings, sync
 from sagequeue.job.host import INSTANCE_TYPE_ENV, HostIdentityError
 from sagequeue.job.host import resolve as resolve_host
 from sagequeue.job.process import SignalForwarder, StopWatch, group_alive, wait_for_group
-from sagequeue.job.remote import Deadline, RegistryRecord, RemoteCache, open_remote
+from sagequeue.job.remote import Deadline, RegistryRecord, RemoteCache, matches_job, open_remote
 from sagequeue_core.defaults import METRIC_PERIOD_SECONDS
 
 log = logging.getLogger("sagequeue.job")
@@ -343,6 +343,20 @@ class JobRunner:
                 for other in records:
                     if other.config_hash == record.config_hash:
                         known |= set(other.entries)
+                if not known:
+                    # a cache optimum-neuron wrote (the public precompiled one, for instance): its records
+                    # of this model, those that agree with the job's settings first
+                    optimum = remote.optimum_records(record.model, version)
+                    control.touch()
+                    matching = [r for r in optimum if matches_job(r, record.config)]
+                    known = {e for r in matching for e in r.entries}
+                    records += optimum
+                    if known:
+                        log.info(
+                            "restoring the entries of %d optimum-neuron configurations of %s that match this job",
+                            len(matching),
+                            record.model,
+                        )
                 if known:
                     modules = known
                 elif options.restore == "auto":

@@ -8,6 +8,10 @@ writer's bytes, and an uploader that dies half-way leaves objects no manifest na
 before writer prefixes existed (no `prefix`) name files at `neuronxcc-<version>/MODULE_<...>/<name>`;
 `sagequeue cache verify --repair` finds and removes such entries if a race broke them.
 
+Once its manifest is in, the winner copies the entry's files (server-side) to
+`neuronxcc-<version>/MODULE_<...>/<name>`, the keys the Neuron compiler's own S3 cache reads, the done marker
+last; sagequeue's readers never use those keys (they follow the manifest and its checksums).
+
 boto3 reads `AWS_ENDPOINT_URL` (and `AWS_ENDPOINT_URL_S3`) itself, so the same code talks to S3 or to a
 compatible server. Every request has a connect and a read timeout and is tried at most twice, so a
 blackholed endpoint fails a call within about 2 x (connect + read) instead of boto3's 60 s x 3 attempts.
@@ -18,7 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
@@ -26,11 +30,11 @@ from typing import Any
 
 import boto3
 from boto3.s3.transfer import TransferConfig
-from botocore.config import Config
 from botocore.exceptions import ClientError
 
 from sagequeue.job import neuron
 from sagequeue.job.remote import (
+    OPTIMUM_REGISTRY_DIR,
     REGISTRY_DIR,
     Deadline,
     PublishResult,
@@ -40,8 +44,11 @@ from sagequeue.job.remote import (
     RemoteEntry,
     RemoteFile,
     combine_records,
+    optimum_record_path,
+    optimum_records_from,
     registry_path_parts,
 )
+from sagequeue_core.retry import botocore_config
 
 MANIFEST_DIR = "manifests"
 #: Writer-unique object prefix inside an entry's folder.
@@ -52,6 +59,8 @@ _TAKEN_CODES = {"PreconditionFailed", "412", "ConditionalRequestConflict", "409"
 _CHUNK = 1024 * 1024
 #: Downloads are read in pieces this small so a cancel or a stop is seen within a fraction of a second.
 _READ_CHUNK = 256 * 1024
+#: Files at least this large are copied in parts (CopyObject takes at most 5 GB in one request).
+_COPY_LIMIT = 5 * 1024**3
 CONNECT_TIMEOUT = 5.0
 READ_TIMEOUT = 15.0
 ATTEMPTS = 2
@@ -89,9 +98,9 @@ class S3Cache:
         self._client = client or boto3.client(
             "s3",
             region_name=region,
-            config=Config(
+            config=botocore_config(
+                attempts=ATTEMPTS,
                 max_pool_connections=max(10, max_workers * 2),
-                retries={"mode": "standard", "total_max_attempts": ATTEMPTS},
                 connect_timeout=connect_timeout,
                 read_timeout=read_timeout,
             ),
@@ -175,13 +184,7 @@ class S3Cache:
         return found
 
     def verified_files(self, entry: RemoteEntry) -> tuple[RemoteFile, ...]:
-        try:
-            body = self._client.get_object(
-                Bucket=self.bucket, Key=self._manifest_key(entry.version, entry.module)
-            )["Body"].read()
-        except ClientError as exc:
-            raise self._error(f"read manifest of {entry.key}", exc) from exc
-        manifest = json.loads(body)
+        manifest = self._manifest(entry.version, entry.module)
         prefix = str(manifest.get("prefix") or entry.key).strip("/")
         return tuple(
             RemoteFile(name, int(info["size"]), sha256=str(info["sha256"]), location=f"{prefix}/{name}")
@@ -208,7 +211,11 @@ class S3Cache:
             body.close()
 
     def publish(
-        self, entries: Sequence[neuron.LocalEntry], records: Sequence[RegistryRecord], deadline: Deadline
+        self,
+        entries: Sequence[neuron.LocalEntry],
+        records: Sequence[RegistryRecord],
+        deadline: Deadline,
+        foreign_records: Mapping[str, bytes] | None = None,
     ) -> PublishResult:
         result = PublishResult()
         with ThreadPoolExecutor(max_workers=self.max_workers, thread_name_prefix="neff-upload") as pool:
@@ -221,7 +228,36 @@ class S3Cache:
             for record in records:
                 self._put_bytes(self._key(record.path), record.to_json())
                 result.records.append(record.path)
+        if foreign_records and not deadline.expired():
+            result.foreign_records = self._put_foreign(foreign_records)
         return result
+
+    def _put_foreign(self, foreign_records: Mapping[str, bytes]) -> list[str]:
+        """optimum-neuron's record files, each written only if no object has its name (its name is the
+        hash of its text, so an existing one is the same record)."""
+        present: set[str] = set()
+        for folder in sorted({path.split("/", 1)[0] for path in foreign_records}):
+            present.update(
+                self._relative(item["Key"]) for item in self._list(f"{folder}/{OPTIMUM_REGISTRY_DIR}/")
+            )
+        written = []
+        for path, body in sorted(foreign_records.items()):
+            if path in present:
+                continue
+            try:
+                self._client.put_object(
+                    Bucket=self.bucket,
+                    Key=self._key(path),
+                    Body=body,
+                    ContentType="application/json",
+                    IfNoneMatch="*",
+                )
+            except ClientError as exc:
+                if exc.response.get("Error", {}).get("Code", "") not in _TAKEN_CODES:
+                    raise self._error(f"write {path}", exc) from exc
+                continue
+            written.append(path)
+        return written
 
     def _publish_entry(self, entry: neuron.LocalEntry, deadline: Deadline) -> str:
         """Upload one entry whole under a prefix of its own, its manifest last and only if none exists.
@@ -254,8 +290,102 @@ class S3Cache:
                 raise self._error(f"write manifest of {entry.key}", exc) from exc
             # another writer published this entry first: its manifest names its own objects
             self._delete_prefix(f"{prefix}/")
+            # the winner may have died before its copies for the compiler: complete them from its objects
+            self._copy_for_compiler(entry.version, entry.module, only_missing=True)
             return "taken"
+        self._copy_for_compiler(entry.version, entry.module, prefix=prefix, sizes=listed)
+        deadline.touch()
         return "published"
+
+    def _copy_for_compiler(
+        self,
+        version: str,
+        module: str,
+        *,
+        prefix: str | None = None,
+        sizes: Mapping[str, Mapping[str, Any]] | None = None,
+        only_missing: bool = False,
+    ) -> list[str]:
+        """Copy a published entry's files (server-side) from the prefix its manifest names to
+        `neuronxcc-<version>/MODULE_.../<name>`, where the Neuron compiler's own S3 cache reads them.
+
+        `model.done` goes last, so a compiler that finds it finds the NEFF too. Each object is whole, and
+        every copy at these paths, whichever writer it came from, holds a complete compile of the same graph
+        with the same flags (the entry's name hashes both): a reader cannot mix halves of two compiles the way
+        a manifest over another writer's files could. Returns the names copied."""
+        key = neuron.entry_key(version, module)
+        if prefix is None or sizes is None:
+            try:
+                manifest = self._manifest(version, module)
+            except RemoteCacheError:
+                return []  # no manifest, nothing published to copy
+            prefix = str(manifest.get("prefix") or key).strip("/")
+            sizes = manifest["files"]
+        if prefix == key:
+            return []  # written before writer prefixes: the files are already there
+        present = set()
+        if only_missing:
+            present = {
+                self._relative(item["Key"]) for item in self._list(f"{key}/", delimiter="/") if "Key" in item
+            }
+        names = sorted(sizes, key=lambda name: (name == neuron.DONE_FILE, name))
+        copied = []
+        for name in names:
+            if f"{key}/{name}" in present:
+                continue
+            source = {"Bucket": self.bucket, "Key": self._key(f"{prefix}/{name}")}
+            try:
+                if int(sizes[name]["size"]) < _COPY_LIMIT:
+                    # a file another writer (or the compiler itself) put there first stays
+                    self._client.copy_object(
+                        Bucket=self.bucket, Key=self._key(f"{key}/{name}"), CopySource=source, IfNoneMatch="*"
+                    )
+                else:
+                    # a multipart copy takes no condition on its target: a whole object replaces a whole one
+                    self._client.copy(source, self.bucket, self._key(f"{key}/{name}"), Config=self._transfer)
+            except ClientError as exc:
+                if exc.response.get("Error", {}).get("Code", "") in _TAKEN_CODES:
+                    continue
+                raise self._error(f"copy {key}/{name} for the Neuron compiler", exc) from exc
+            copied.append(name)
+        return copied
+
+    def _manifest(self, version: str, module: str) -> dict[str, Any]:
+        try:
+            body = self._client.get_object(Bucket=self.bucket, Key=self._manifest_key(version, module))[
+                "Body"
+            ].read()
+        except ClientError as exc:
+            raise self._error(f"read manifest of {neuron.entry_key(version, module)}", exc) from exc
+        manifest = json.loads(body)
+        if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
+            raise RemoteCacheError(
+                f"{self.url}: the manifest of {neuron.entry_key(version, module)} is not valid"
+            )
+        return manifest
+
+    def compiler_layout_problems(self, version: str) -> dict[str, str]:
+        vdir = neuron.version_dir(version)
+        canonical: dict[str, set[str]] = {}
+        for item in self._list(f"{vdir}/"):
+            parts = self._relative(item.get("Key", "")).split("/")
+            if len(parts) == 3 and neuron.is_entry_dir(parts[1]):
+                canonical.setdefault(parts[1], set()).add(parts[2])
+        problems: dict[str, str] = {}
+        modules = sorted(self.entries(version))
+        with ThreadPoolExecutor(max_workers=self.max_workers) as pool:
+            manifests = list(pool.map(lambda m: self._manifest(version, m), modules))
+        for module, manifest in zip(modules, manifests, strict=True):
+            missing = sorted(set(manifest["files"]) - canonical.get(module, set()))
+            if missing:
+                problems[neuron.entry_key(version, module)] = (
+                    f"{', '.join(missing)} missing where the Neuron compiler reads the entry"
+                )
+        return problems
+
+    def repair_compiler_layout(self, version: str, modules: Sequence[str]) -> None:
+        with ThreadPoolExecutor(max_workers=self.max_workers) as pool:
+            list(pool.map(lambda m: self._copy_for_compiler(version, m, only_missing=True), modules))
 
     def _delete_prefix(self, relative_prefix: str) -> None:
         keys = [item["Key"] for item in self._list(relative_prefix)]
@@ -313,6 +443,35 @@ class S3Cache:
         with ThreadPoolExecutor(max_workers=self.max_workers) as pool:
             found = [r for r in pool.map(read, keys) if r is not None]
         return combine_records([r for r in found if model is None or r.model == model])
+
+    def optimum_records(self, model: str | None = None, version: str | None = None) -> list[RegistryRecord]:
+        """optimum-neuron's records under `neuronxcc-<version>/0_REGISTRY/` (optimum-neuron writes none to
+        S3 itself; they come from a local cache the wrapper published, or one copied here). S3 keeps no
+        commits, so a record's entries are not known: they come back empty."""
+        wanted = []
+        for one in [version] if version else self.versions():
+            parsed = [
+                where
+                for item in self._list(f"{neuron.version_dir(one)}/{OPTIMUM_REGISTRY_DIR}/")
+                if (where := optimum_record_path(self._relative(item.get("Key", "")))) is not None
+            ]
+            named = {w.hash for w in parsed if w.model is not None}
+            wanted += [
+                w.path
+                for w in parsed
+                if (w.model is None and w.hash not in named)
+                or (w.model is not None and (model is None or w.model == model))
+            ]
+
+        def read(path: str) -> bytes:
+            try:
+                return bytes(self._client.get_object(Bucket=self.bucket, Key=self._key(path))["Body"].read())
+            except ClientError as exc:
+                raise self._error(f"read {path}", exc) from exc
+
+        with ThreadPoolExecutor(max_workers=self.max_workers) as pool:
+            texts = dict(zip(wanted, pool.map(read, wanted), strict=True))
+        return [r for r in optimum_records_from(texts).values() if model is None or r.model == model]
 
     def delete(self, entries: Sequence[RemoteEntry]) -> None:
         for entry in entries:

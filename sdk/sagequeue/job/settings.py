@@ -19,8 +19,9 @@ def config_dir(env: Mapping[str, str] | None = None) -> Path:
     explicit = environment.get(CONFIG_DIR_ENV)
     if explicit:
         return Path(explicit)
-    base = environment.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
-    return Path(base) / "sagequeue"
+    from sagequeue.config import sagequeue_home
+
+    return sagequeue_home(environment)
 
 
 def saved_cache_url(env: Mapping[str, str] | None = None) -> str | None:

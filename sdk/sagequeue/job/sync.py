@@ -36,6 +36,7 @@ from tqdm import tqdm
 
 from sagequeue.job import neuron
 from sagequeue.job.remote import (
+    OPTIMUM_REGISTRY_DIR,
     Cancelled,
     Deadline,
     IntegrityError,
@@ -45,6 +46,7 @@ from sagequeue.job.remote import (
     RemoteCacheError,
     RemoteEntry,
     RemoteFile,
+    optimum_record_path,
 )
 
 log = logging.getLogger(__name__)
@@ -570,6 +572,22 @@ def shareable(root: Path, version: str) -> list[neuron.LocalEntry]:
     return [e for e in neuron.scan(root, version) if e.state is neuron.EntryState.COMPLETE]
 
 
+def local_optimum_records(root: Path, version: str) -> dict[str, bytes]:
+    """The record files optimum-neuron wrote into the local cache (`neuronxcc-<version>/0_REGISTRY/...`;
+    its second copy of a record is a symbolic link, read through), by path from the cache root."""
+    registry = root / neuron.version_dir(version) / OPTIMUM_REGISTRY_DIR
+    found: dict[str, bytes] = {}
+    if not registry.is_dir():
+        return found
+    for path in sorted(registry.rglob("*.json")):
+        relative = path.relative_to(root).as_posix()
+        if optimum_record_path(relative) is None:
+            continue
+        with contextlib.suppress(OSError):  # a dangling link, a file removed meanwhile
+            found[relative] = path.read_bytes()
+    return found
+
+
 def upload(
     remote: RemoteCache,
     root: Path,
@@ -593,9 +611,11 @@ def upload(
     new = sorted((e for e in local if e.module not in present), key=lambda e: e.size())
     report.candidates = [e.key for e in new]
     report.result.already_present = [e.key for e in local if e.module in present]
-    if not new and not records:
+    # optimum-neuron's records go up as they are, with the entries compiled beside them
+    foreign = local_optimum_records(root, version)
+    if not new and not records and not foreign:
         return report
-    published = remote.publish(new, records, control)
+    published = remote.publish(new, records, control, foreign_records=foreign)
     published.already_present = sorted(set(published.already_present) | set(report.result.already_present))
     report.result = published
     return report

@@ -32,8 +32,6 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, TextIO
 
-from botocore.config import Config
-
 from sagequeue.local.clock import Clock, RealClock, VirtualClock
 from sagequeue.local.identities import DEFAULT_IDENTITY, Identity, IdentityTable, default_identities
 from sagequeue.local.template import StackContext, StackSpec, Template, TemplateError, build_spec, stage_name
@@ -58,10 +56,6 @@ _FUNCTION_LOGGER = "sagequeue"
 _accounts = itertools.count(1)
 #: The version of the file `state=` names.
 _STATE_FORMAT = 1
-#: As sagequeue_core.runtime configures the handlers' clients (standard retries, bounded timeouts).
-_HANDLER_CLIENT_CONFIG = Config(
-    retries={"mode": "standard", "max_attempts": 4}, connect_timeout=5, read_timeout=30
-)
 _active_lock = threading.Lock()
 _active: LocalStack | None = None
 
@@ -341,7 +335,7 @@ class LocalStack:
                 service,
                 endpoint_url=endpoints[service],
                 region_name=self.region,
-                config=_HANDLER_CLIENT_CONFIG,
+                config=runtime.CLIENT_CONFIG,
             )
             for service in ("sagemaker", "events")
         }

@@ -18,6 +18,7 @@ from sagequeue.sim.sagemaker import Timings
 from sagequeue.sim.schedulers import SCHEDULERS
 from sagequeue.sim.trace import Trace, TraceError, load_trace
 from sagequeue.sim.workload import WorkloadSpec, generate
+from sagequeue_core.quotas import QuotaError, TeamQuota
 
 DEFAULT_CAPACITY = {"ml.trn1.32xlarge": 4, "ml.trn2.48xlarge": 2}
 _INSTANCE_TYPE = re.compile(r"ml\.[a-z0-9]+\.[a-z0-9]+")
@@ -29,7 +30,9 @@ SETTING_FLAGS = {
     "reservation-delay": "reserve_after_seconds",
     "preemption-budget": "max_preemptions_per_job",
     "lookahead": "queue_lookahead",
+    "lend": "lend_reserved_capacity",  # 1 or 0
 }
+_BOOLEAN_SETTINGS = frozenset({"lend_reserved_capacity"})
 _POOL_FLAGS = {"capacity": "capacity", "quota": "quota"}
 
 
@@ -87,11 +90,42 @@ def parse_compare(spec: str, base: SimSettings) -> Variant:
         elif name in SETTING_FLAGS:
             if not re.fullmatch(r"\d+", value.strip()):
                 raise BadInput(f"--compare {spec!r}: {name} must be a non-negative integer, got {value!r}")
-            changes[SETTING_FLAGS[name]] = int(value)
+            field_name = SETTING_FLAGS[name]
+            if field_name in _BOOLEAN_SETTINGS:
+                if value.strip() not in ("0", "1"):
+                    raise BadInput(f"--compare {spec!r}: {name} must be 1 (on) or 0 (off), got {value!r}")
+                changes[field_name] = value.strip() == "1"
+            else:
+                changes[field_name] = int(value)
         else:
             known = ", ".join([*SETTING_FLAGS, *_POOL_FLAGS])
             raise BadInput(f"--compare {spec!r}: unknown setting {name!r} (known: {known})")
     return Variant(f"{scheduler} {body.strip()}".strip(), scheduler, base.with_changes(**changes))
+
+
+def parse_team_quota(spec: str) -> TeamQuota:
+    """`vision/ml.trn1.32xlarge=2,borrow=1,lend=0` -> a team quota (limits unlimited when left out)."""
+    head, *limits = (part.strip() for part in spec.split(","))
+    team, slash, rest = head.partition("/")
+    pool, equals, nominal = rest.partition("=")
+    if not slash or not equals or not nominal.strip().isdigit():
+        raise BadInput(f"--team-quota {spec!r}: must be TEAM/TYPE=N[,borrow=B][,lend=L]")
+    values: dict[str, int] = {}
+    for limit in limits:
+        name, eq, value = limit.partition("=")
+        if name not in ("borrow", "lend") or not eq or not value.strip().isdigit() or name in values:
+            raise BadInput(f"--team-quota {spec!r}: {limit!r} must be borrow=B or lend=L, each at most once")
+        values[name] = int(value)
+    try:
+        return TeamQuota(
+            team=team.strip(),
+            pool=pool.strip(),
+            nominal=int(nominal),
+            borrowing_limit=values.get("borrow"),
+            lending_limit=values.get("lend"),
+        )
+    except QuotaError as exc:
+        raise BadInput(f"--team-quota {spec!r}: {exc}") from None
 
 
 def ignored_settings(settings: SimSettings) -> list[str]:
@@ -134,6 +168,13 @@ def ignored_settings(settings: SimSettings) -> list[str]:
 @click.option(
     "--quota", "quota_flags", multiple=True, metavar="TYPE=N", help="SageMaker's account limit per type."
 )
+@click.option(
+    "--team-quota",
+    "team_quota_flags",
+    multiple=True,
+    metavar="TEAM/TYPE=N[,borrow=B][,lend=L]",
+    help="A team's quota in a pool (repeatable); jobs' teams come from the trace's team field.",
+)
 @click.option("--min-runtime", type=int, help="Seconds before a running job may be preempted (600).")
 @click.option("--keep-alive", type=int, help="Default keep-alive the scheduler sets (600).")
 @click.option(
@@ -141,6 +182,11 @@ def ignored_settings(settings: SimSettings) -> list[str]:
 )
 @click.option("--preemption-budget", type=int, help="Preemptions of one job before it is spared (3).")
 @click.option("--lookahead", type=int, help="Queued jobs read per pool per pass (50).")
+@click.option(
+    "--lend/--no-lend",
+    default=None,
+    help="Lend a waiting reservation's idle instances to checkpointing jobs (on).",
+)
 @click.option("--cold-start", type=float, help="Seconds a cold start spends in Starting (300).")
 @click.option("--warm-start", type=float, help="Seconds a warm start spends in Starting (20).")
 @click.option("--stop-grace", type=float, help="Seconds from StopTrainingJob to Stopped (120).")
@@ -211,7 +257,15 @@ def _run(options: dict[str, Any]) -> None:
         for flag in ("min_runtime", "keep_alive", "reservation_delay", "preemption_budget", "lookahead")
         if options[flag] is not None
     }
-    settings = SimSettings(capacity=capacity, quota=quota, **changes)
+    if options["lend"] is not None:
+        changes["lend_reserved_capacity"] = options["lend"]
+    team_quotas = tuple(parse_team_quota(spec) for spec in options["team_quota_flags"])
+    for team_quota in team_quotas:
+        if team_quota.pool not in capacity:
+            raise BadInput(
+                f"--team-quota: {team_quota.pool} is not a pool of the run ({', '.join(capacity)})"
+            )
+    settings = SimSettings(capacity=capacity, quota=quota, team_quotas=team_quotas, **changes)
     timing_changes = {
         name: options[flag]
         for flag, name in (

@@ -13,6 +13,7 @@ import functools
 import heapq
 import itertools
 import math
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
@@ -24,11 +25,18 @@ from sagequeue.sim.sagemaker import Attempt, ModelledSageMaker, Outcome, Resourc
 from sagequeue.sim.trace import Trace, TraceJob
 from sagequeue_core.domain import Job, JobState, ResourceKey, StopReason, attempt_name
 from sagequeue_core.policy import Preempt, ReleaseWarmPool, Start
+from sagequeue_core.quotas import TeamQuota
 
 #: Settings in seconds that no policy compares the clock with: backoff is already a time on the job
 #: (`not_before`), keep-alive a time on the warm pool, the timer the simulation's own.
 _NOT_THRESHOLDS = frozenset(
-    {"retry_backoff_seconds", "max_backoff_seconds", "default_keep_alive_seconds", "timer_seconds"}
+    {
+        "retry_backoff_seconds",
+        "max_backoff_seconds",
+        "default_keep_alive_seconds",
+        "timer_seconds",
+        "fair_share_half_life_seconds",
+    }
 )
 #: The account every simulated role lives in.
 _ACCOUNT = "123456789012"
@@ -50,10 +58,16 @@ class SimSettings:
     reserve_after_seconds: int = 1800
     #: preemptions of one job before it is not preempted again until it ends
     max_preemptions_per_job: int = 3
+    #: lend the idle part of a waiting reservation to checkpointing jobs, taken back when it can start
+    lend_reserved_capacity: bool = True
     #: SageMaker's account limit per instance type (creates beyond it fail); None: the pool's capacity
     quota: Mapping[str, int] | None = None
     #: the scheduler's timer period
     timer_seconds: float = 60.0
+    #: team quotas per pool (sagequeue_core.quotas); none: pools are not divided among teams
+    team_quotas: tuple[TeamQuota, ...] = ()
+    #: half-life of the decaying instance-hours counter behind fair share
+    fair_share_half_life_seconds: int = 86_400
 
     @property
     def limits(self) -> dict[str, int]:
@@ -79,6 +93,10 @@ class SimJob(Job):
     @cached_property
     def pool(self) -> str:
         return next(iter(self.demand))
+
+    @cached_property
+    def checkpointed(self) -> bool:
+        return super().checkpointed
 
 
 @dataclass(eq=False)
@@ -209,6 +227,7 @@ class Simulation:
             priority=spec.priority,
             owner="sim",
             submitted_at=self.now_dt,
+            team=spec.team,
         )
         self.changes += 1
         run = JobRun(spec, job)
@@ -288,12 +307,24 @@ class Simulation:
 
     def window(self, pool: str) -> list[SimJob]:
         """The first `queue_lookahead` queued jobs of `pool`, in queue order, passing over jobs wider than
-        the pool: what `Store.queued_jobs` reads."""
+        the pool: what `Store.queued_jobs` reads. With team quotas in the pool, each such team's first
+        `queue_lookahead` jobs too, as the service reads each team's window."""
         capacity = self.settings.capacity.get(pool, 0)
         jobs = sorted(self.queued[pool].values(), key=lambda j: (-j.priority, j.submitted_at, j.name))
         if capacity:
             jobs = [job for job in jobs if job.demand.get(pool, 0) <= capacity]
-        return jobs[: self.settings.queue_lookahead]
+        lookahead = self.settings.queue_lookahead
+        window = jobs[:lookahead]
+        teams = {q.team for q in self.settings.team_quotas if q.pool == pool}
+        if teams:
+            seen = {job.name for job in window}
+            taken: Counter[str] = Counter()
+            for job in jobs:
+                if job.team in teams and taken[job.team] < lookahead:
+                    taken[job.team] += 1
+                    if job.name not in seen:
+                        window.append(job)
+        return window
 
     def carry_out(self, actions: list[Start | Preempt | ReleaseWarmPool]) -> None:
         """The plan's actions, in order, as `run_pass` carries them out."""
@@ -349,6 +380,7 @@ class Simulation:
         job.not_before = None
         job.reused_warm_pool_of = attempt.reused
         job.keep_alive_seconds = action.keep_alive_seconds or 0
+        job.on_loan_for = action.on_loan_for
         job.reason = None
         job.transition(JobState.STARTING, self.now_dt)
         run.attempt = attempt
@@ -419,12 +451,16 @@ def _request(spec: TraceJob) -> dict[str, Any]:
     }
     if spec.keep_alive_seconds:
         resources["KeepAlivePeriodInSeconds"] = spec.keep_alive_seconds
-    return {
+    request: dict[str, Any] = {
         "TrainingJobName": spec.name,
         # one role per sweep family: jobs of a family share a resource key, other jobs have their own
         "RoleArn": f"arn:aws:iam::{_ACCOUNT}:role/sim-{spec.family or spec.name}",
         "ResourceConfig": resources,
     }
+    if spec.checkpoint_minutes:
+        # what tells the policy the job resumes from checkpoints (victim order, loans)
+        request["CheckpointConfig"] = {"S3Uri": f"s3://sim-checkpoints/{spec.name}/"}
+    return request
 
 
 __all__ = ["JobRun", "Scheduler", "SimJob", "SimSettings", "Simulation"]

@@ -6,6 +6,9 @@ Definitions (docs/simulator.md repeats them):
 - wait: submission to the first attempt's creation; a job that never started waits until the end.
 - held in use while backlog: while a pool has a queued job, the share of its capacity not left free
   (training, starting, stopping or kept warm); training while backlog: the share training.
+- idle while a waiting job fits: of the same capacity-time, the share left free while a queued job (not
+  backing off) would have fitted in the free instances. The rest of the free share is idle that no start
+  could fill: only jobs wider than what is free wait (a drain, or a gang behind more important work).
 - training share, warm idle share: of the pool's capacity over the whole run (first submission to the end).
 - warm reuse: attempts created on a warm pool, of all attempts.
 - work lost: training time discarded by preemptions (since the last checkpoint), in instance-hours.
@@ -45,6 +48,7 @@ class JobRecord:
     warm_starts: int = 0
     preemptions: int = 0
     work_lost: float = 0.0  # training seconds lost (per instance)
+    team: str | None = None
 
 
 @dataclass
@@ -54,8 +58,10 @@ class PoolRecord:
     backlog_seconds: float = 0.0
     backlog_free: float = 0.0
     backlog_training: float = 0.0
+    backlog_fitting_free: float = 0.0
     state: dict[str, int] = field(default_factory=dict)
     backlog: bool = False
+    fitting: bool = False  # a queued job not backing off fits in the free instances
     since: float = 0.0
     timeline: list[tuple[float, int, int, int, int, int]] = field(default_factory=list)
 
@@ -73,6 +79,13 @@ class Recorder:
         self.end = 0.0
         self.passes = 0
         self.refused_creates = 0
+        #: instances each team's attempts hold on SageMaker now, instance-seconds held so far, and the
+        #: changes over time (at, {team: instances}) when jobs have teams
+        self.team_state: dict[str, int] = {}
+        self.team_totals: dict[str, float] = {}
+        self.team_since = 0.0
+        self.team_timeline: list[tuple[float, dict[str, int]]] = []
+        self.has_teams = False
 
     # --- what happened ---------------------------------------------------------------------------------------
 
@@ -86,7 +99,9 @@ class Recorder:
             spec.gang,
             at,
             spec.duration_seconds,
+            team=spec.team,
         )
+        self.has_teams = self.has_teams or spec.team is not None
         if self.first_submit is None:
             self.first_submit = at
 
@@ -120,14 +135,37 @@ class Recorder:
             if warm.pool == pool:
                 state["warm"] += warm.instances
         state["free"] = max(record.capacity - sum(state.values()), 0)
+        self._teams(sim, at)
         record.state = state
         record.backlog = bool(sim.queued[pool])
+        now = sim.now_dt
+        record.fitting = state["free"] > 0 and any(
+            job.demand.get(pool, 0) <= state["free"] and (job.not_before is None or job.not_before <= now)
+            for job in sim.queued[pool].values()
+        )
         if self.keep_timeline:
             row = (at, state["training"], state["starting"], state["stopping"], state["warm"], state["free"])
             if record.timeline and record.timeline[-1][0] == at:
                 record.timeline[-1] = row
             elif not record.timeline or record.timeline[-1][1:] != row[1:]:
                 record.timeline.append(row)
+
+    def _teams(self, sim: Simulation, at: float) -> None:
+        if not self.has_teams:
+            return
+        dt = at - self.team_since
+        if dt > 0:
+            for team, held in self.team_state.items():
+                self.team_totals[team] = self.team_totals.get(team, 0.0) + held * dt
+        self.team_since = at
+        state: dict[str, int] = {}
+        for attempt in sim.sagemaker.live.values():
+            team = sim.runs[attempt.job_name].spec.team or "none"
+            state[team] = state.get(team, 0) + attempt.instances
+        if state != self.team_state:
+            self.team_state = state
+            if self.keep_timeline:
+                self.team_timeline.append((at, dict(state)))
 
     def _accumulate(self, record: PoolRecord, at: float) -> None:
         dt = at - record.since
@@ -138,6 +176,8 @@ class Recorder:
                 record.backlog_seconds += dt
                 record.backlog_free += record.state["free"] * dt
                 record.backlog_training += record.state["training"] * dt
+                if record.fitting:
+                    record.backlog_fitting_free += record.state["free"] * dt
         record.since = at
 
     def close(self, at: float, sim: Simulation) -> None:
@@ -149,6 +189,25 @@ class Recorder:
 
 
 # --- the summary ---------------------------------------------------------------------------------------------
+
+
+def team_usage_by_interval(recorder: Recorder, seconds: float = 3600.0) -> list[dict[str, float]]:
+    """Instance-seconds each team held on SageMaker in each interval of `seconds` from the start, from the
+    recorded timeline (empty without teams, or with the timeline off)."""
+    out: list[dict[str, float]] = []
+    changes = recorder.team_timeline
+    for (at, state), following in zip(changes, [*changes[1:], (recorder.end, {})], strict=True):
+        end = following[0]
+        t = at
+        while t < end:
+            index = int(t // seconds)
+            step = min(end, (index + 1) * seconds) - t
+            while len(out) <= index:
+                out.append({})
+            for team, held in state.items():
+                out[index][team] = out[index].get(team, 0.0) + held * step
+            t += step
+    return out
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -202,18 +261,35 @@ def summarize(
     backlog_capacity = sum(r.capacity * r.backlog_seconds for r in recorder.pools.values())
     backlog_free = sum(r.backlog_free for r in recorder.pools.values())
     backlog_training = sum(r.backlog_training for r in recorder.pools.values())
+    backlog_fitting_free = sum(r.backlog_fitting_free for r in recorder.pools.values())
     attempts = sum(j.attempts for j in jobs)
     last_end = max((j.ended for j in jobs if j.ended is not None), default=None)
     makespan = (end if unfinished or last_end is None else last_end) - start
     bound = lower_bound(recorder, provisioning_seconds)
     preemptions = [j.preemptions for j in jobs]
-    return {
+    teams = sorted({j.team for j in jobs if j.team})
+    by_team: dict[str, Any] = {}
+    held_total = sum(recorder.team_totals.values())
+    for team in teams:
+        mine = [j for j in jobs if j.team == team]
+        held = recorder.team_totals.get(team, 0.0)
+        by_team[team] = {
+            "jobs": len(mine),
+            "wait": _wait_stats([waits[j.name] for j in mine]),
+            "instance_hours": held / 3600,
+            "usage_share": held / held_total if held_total else None,
+            "preemptions": sum(j.preemptions for j in mine),
+        }
+    report: dict[str, Any] = {
         "jobs": len(jobs),
         "completed": len(completed),
         "unfinished": len(unfinished),
         "failed": sum(1 for j in jobs if j.outcome == "failed"),
         "held_in_use_while_backlog": 1 - backlog_free / backlog_capacity if backlog_capacity else None,
         "training_while_backlog": backlog_training / backlog_capacity if backlog_capacity else None,
+        "idle_while_a_waiting_job_fits": backlog_fitting_free / backlog_capacity
+        if backlog_capacity
+        else None,
         "training_share": totals["training"] / capacity_seconds if capacity_seconds else None,
         "warm_idle_share": totals["warm"] / capacity_seconds if capacity_seconds else None,
         "warm_reuse": sum(j.warm_starts for j in jobs) / attempts if attempts else None,
@@ -236,6 +312,9 @@ def summarize(
         "refused_creates": recorder.refused_creates,
         "simulated_seconds": span,
     }
+    if by_team:
+        report["by_team"] = by_team  # only when jobs have teams: reports without teams are unchanged
+    return report
 
 
 def _wait_stats(values: Sequence[float]) -> dict[str, float | int | None]:

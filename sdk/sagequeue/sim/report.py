@@ -41,6 +41,7 @@ ROWS: list[Row] = [
     ("jobs unfinished", lambda s: _count(s["unfinished"])),
     ("jobs completed", lambda s: _count(s["completed"])),
     ("held in use while backlog", lambda s: _share(s["held_in_use_while_backlog"])),
+    ("idle while a waiting job fits", lambda s: _share(s["idle_while_a_waiting_job_fits"])),
     ("training while backlog", lambda s: _share(s["training_while_backlog"])),
     ("training share", lambda s: _share(s["training_share"])),
     ("warm idle share", lambda s: _share(s["warm_idle_share"])),
@@ -76,6 +77,12 @@ def table(results: Sequence[Result], *, markdown: bool = False) -> str:
         rows.append(
             [f"wait priority {p} mean / p95", *(_wait(r.summary["wait_by_priority"].get(p)) for r in results)]
         )
+    teams = sorted({t for r in results for t in r.summary.get("by_team", {})})
+    for team in teams:
+        rows.append([f"team {team} wait mean / p95", *(_wait(_team(r, team).get("wait")) for r in results)])
+        rows.append(
+            [f"team {team} usage share", *(_ratio(_team(r, team).get("usage_share")) for r in results)]
+        )
     if markdown:
         lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
         lines += ["| " + " | ".join(row) + " |" for row in rows]
@@ -94,6 +101,10 @@ def table(results: Sequence[Result], *, markdown: bool = False) -> str:
             )
         )
     return "\n".join(out)
+
+
+def _team(result: Result, team: str) -> dict[str, Any]:
+    return dict(result.summary.get("by_team", {}).get(team) or {})
 
 
 def document(results: Sequence[Result], *, trace: str, notes: Sequence[str] = ()) -> dict[str, Any]:
@@ -117,7 +128,12 @@ def document(results: Sequence[Result], *, trace: str, notes: Sequence[str] = ()
 def _settings(result: Result) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, value in vars(result.variant.settings).items():
-        out[name] = dict(value) if hasattr(value, "items") else value
+        if hasattr(value, "items"):
+            out[name] = dict(value)
+        elif isinstance(value, tuple) and value and hasattr(value[0], "to_dict"):
+            out[name] = [item.to_dict() for item in value]  # team quotas
+        else:
+            out[name] = value
     return out
 
 

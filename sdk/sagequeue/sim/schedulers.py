@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING
 from sagequeue.sim.engine import Scheduler, SimJob
 from sagequeue_core.domain import JobState
 from sagequeue_core.policy import Preempt, ReleaseWarmPool, Snapshot, Start, plan
+from sagequeue_core.quotas import NO_TEAM, UsageCounter
 from sagequeue_core.snapshot import build_snapshot, policy_settings
 
 if TYPE_CHECKING:
@@ -56,14 +58,26 @@ class SagequeuePolicy(Scheduler):
     def __init__(self) -> None:
         self._last: Snapshot | None = None
         self._idle = False
+        self.usage: UsageCounter | None = None  # the fair-share counter the service keeps in its table
 
     def decide(self, sim: Simulation) -> list[Action] | None:
+        usage: dict[str, float] = {}
+        if sim.settings.team_quotas:
+            holding: Counter[str] = Counter()
+            for held in sim.live.values():
+                holding[held.team or NO_TEAM] += sum(held.demand.values())
+            self.usage = (self.usage or UsageCounter(as_of=sim.now_dt)).advance(
+                sim.now_dt, holding, sim.settings.fair_share_half_life_seconds
+            )
+            usage = dict(self.usage.hours)
         snapshot = build_snapshot(
             now=sim.now_dt,
             capacity=sim.settings.capacity,
             queued=[job for pool in sim.queued for job in sim.window(pool)],
             live=list(sim.live.values()),
             warm_pools=[TrackedPool(sim, name) for name in sim.sagemaker.warm],
+            team_quotas=sim.settings.team_quotas,
+            team_usage=usage,
         )
         timeless = dataclasses.replace(snapshot, now=_TIMELESS)
         if not sim.exact and self._idle and sim.now < sim.wake and timeless == self._last:

@@ -20,6 +20,7 @@ from typing import Any
 
 from sagequeue_core.defaults import PRIORITY_TAG
 from sagequeue_core.domain import PRIORITY_MAX, PRIORITY_MIN, parse_time, tags_to_dict
+from sagequeue_core.quotas import QuotaError, check_team_name
 
 _INSTANCE_TYPE = re.compile(r"ml\.[a-z0-9]+\.[a-z0-9]+")
 _NAME = re.compile(r"[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}")
@@ -34,6 +35,7 @@ COLUMNS = (
     "keep_alive_seconds",
     "family",
     "checkpoint_minutes",
+    "team",
 )
 _REQUIRED = ("submit", "priority", "instance_type", "instance_count", "duration_seconds")
 
@@ -64,6 +66,7 @@ class TraceJob:
     keep_alive_seconds: int = 0
     family: str | None = None
     checkpoint_minutes: float | None = None
+    team: str | None = None  # whose quota the job draws on (SimSettings.team_quotas)
 
     @property
     def gang(self) -> bool:
@@ -81,6 +84,7 @@ class TraceJob:
             "keep_alive_seconds": self.keep_alive_seconds,
             "family": self.family,
             "checkpoint_minutes": self.checkpoint_minutes,
+            **({"team": self.team} if self.team else {}),
         }
 
 
@@ -213,6 +217,7 @@ def _fields(job: TraceJob) -> dict[str, Any]:
         "keep_alive_seconds": job.keep_alive_seconds,
         "family": job.family,
         "checkpoint_minutes": job.checkpoint_minutes,
+        "team": job.team,
     }
 
 
@@ -251,6 +256,12 @@ def _row(
     if minutes is not None and minutes < 0:
         raise TraceError(f"{where}: checkpoint_minutes must not be negative, got {minutes:g}")
     family = row.get("family")
+    team = row.get("team")
+    if team not in (None, ""):
+        try:
+            team = check_team_name(str(team))
+        except QuotaError as exc:
+            raise TraceError(f"{where}: {exc}") from None
     job = TraceJob(
         name=name,
         submit_seconds=offset or 0.0,
@@ -261,6 +272,7 @@ def _row(
         keep_alive_seconds=keep_alive,
         family=str(family) if family not in (None, "") else None,
         checkpoint_minutes=minutes or None,
+        team=team or None,
     )
     return job, absolute, offset
 
@@ -332,6 +344,8 @@ def _from_description(row: Mapping[str, Any], where: str) -> dict[str, Any]:
     }
     if row.get("CheckpointConfig"):
         out["checkpoint_minutes"] = tag_map.get("checkpoint-minutes", 30)
+    if tag_map.get("team"):
+        out["team"] = tag_map["team"]  # the stack's default TeamTag
     return {k: v for k, v in out.items() if v is not None}
 
 

@@ -196,6 +196,11 @@ def test_a_stop_during_a_slow_restore_exits_within_the_grace_and_stops_downloadi
         try:
             # GIVEN the restore is downloading
             _wait_for(lambda: _staged_bytes(tmp_path / "cache") > 512 * 1024, 60)
+            # AND what is in flight sits outside the cache root: a tool that uploads the whole cache folder
+            # (optimum-neuron's synchronize) sees no partial file
+            root = tmp_path / "cache"
+            assert not sync.staging_dir(root).is_relative_to(root)
+            assert [p for p in root.rglob("*") if p.name.endswith((".part", ".ranges"))] == []
             # WHEN SageMaker stops the job
             stopped_at = time.monotonic()
             job.send_signal(signal.SIGTERM)

@@ -142,3 +142,64 @@ def test_a_bad_size_is_named(s3_cache: Cache, tmp_path: Path) -> None:
     result = _run(s3_cache, tmp_path / "cache", tmp_path, "--restore-max-bytes", "lots")
     assert result.returncode == 2
     assert "expected a size like 500M or 20G, got 'lots'" in result.stderr
+
+
+def test_restore_auto_takes_the_models_entries_never_the_whole_version(
+    s3_cache: Cache, tmp_path: Path
+) -> None:
+    # GIVEN a shared cache holding two models' entries, each with its registry record
+    publisher = tmp_path / "publisher"
+    owned: dict[str, list[str]] = {}
+    for model in ("team-a/llama", "team-b/mistral"):
+        before = {e.module for e in neuron.scan(publisher, VERSION)}
+        _publish_as(s3_cache, publisher, model, {"precision": "bf16"}, 2)
+        owned[model] = sorted({e.module for e in neuron.scan(publisher, VERSION)} - before)
+    env = dict(s3_cache.env, SAGEQUEUE_RESOURCE_CONFIG=str(tmp_path / "none.json"))
+
+    def restored(*extra: str) -> set[str]:
+        root = tmp_path / f"job-{uuid.uuid4().hex[:6]}"
+        result = run_wrapper(
+            [
+                "run",
+                "--cache",
+                s3_cache.url,
+                "--cache-dir",
+                str(root),
+                "--no-upload",
+                "--no-progress",
+                *extra,
+                "--",
+                str(STANDINS / "standin-train"),
+                "--graphs",
+                "own-graph",
+            ],
+            env,
+        )
+        assert result.returncode == 0, result.stderr
+        return {e.module for e in neuron.scan(root, VERSION)} - {
+            e.module for e in neuron.scan(root, VERSION) if (e.path / "model.hlo_module.pb").exists()
+        }
+
+    # THEN a job without --model restores nothing, and so does one of a model the cache does not know
+    assert restored() == set()
+    assert restored("--model", "team-c/unknown") == set()
+    # AND a new configuration of a known model restores that model's entries, not the other team's
+    assert restored("--model", "team-a/llama", "--config", "precision=fp32") == set(owned["team-a/llama"])
+    # AND only --restore all takes the whole compiler version
+    assert restored("--restore", "all") == set(owned["team-a/llama"] + owned["team-b/mistral"])
+
+
+def _publish_as(cache: Cache, root: Path, model: str, config: dict[str, str], count: int) -> None:
+    from sagequeue.job.remote import RegistryRecord
+
+    modules = []
+    for _ in range(count):
+        module = f"MODULE_{int(uuid.uuid4().hex[:12], 16)}+abcdef12"
+        entry = root / neuron.version_dir(VERSION) / module
+        entry.mkdir(parents=True)
+        (entry / "model.neff").write_bytes(os.urandom(4096))
+        (entry / "model.done").write_bytes(b"")
+        modules.append(module)
+    record = RegistryRecord(model, VERSION, config, modules)
+    report = sync.upload(cache.remote, root, VERSION, records=[record], only=modules)
+    assert len(report.result.published) == count

@@ -11,10 +11,12 @@ import time
 from pathlib import Path
 
 import boto3
-from conftest import BIN, VERSION, make_cache, run_cli
+from conftest import BIN, STANDINS, VERSION, make_cache, run_cli, run_wrapper
 from support.hub_server import HubServer
 
 from sagequeue.job import neuron, sync
+
+_ENTRY_FILES = ("compile_flags.json", "model.hlo_module.pb", "model.neff", "model.done")
 
 
 def _entry(root: Path, module: str, neff_bytes: int = 4096) -> Path:
@@ -172,16 +174,28 @@ def test_s3_two_writers_of_the_same_entries_leave_every_entry_restorable(
         ]
         assert neff in sources
     assert sync.verify(cache.remote, VERSION).broken == {}
-    # AND the losing writer removed its objects: only the manifests' files remain
+    # AND the losing writer removed its objects: only the manifests' files remain under writer prefixes
     bucket, _, prefix = cache.url[len("s3://") :].partition("/")
     s3 = boto3.client("s3")
     paginator = s3.get_paginator("list_objects_v2")
+    vdir = neuron.version_dir(VERSION)
     data_keys = [
         item["Key"]
-        for page in paginator.paginate(Bucket=bucket, Prefix=f"{prefix}/{neuron.version_dir(VERSION)}/")
+        for page in paginator.paginate(Bucket=bucket, Prefix=f"{prefix}/{vdir}/")
         for item in page.get("Contents", [])
     ]
-    assert len(data_keys) == 50 * 4
+    by_writer = [k for k in data_keys if "/.w-" in k]
+    assert len(by_writer) == 50 * 4
+    assert len({k.rsplit("/", 1)[0] for k in by_writer}) == 50
+    # AND every entry is also whole where the Neuron compiler's own S3 cache reads it, in one writer's bytes
+    canonical = {k[len(f"{prefix}/{vdir}/") :] for k in data_keys if "/.w-" not in k}
+    assert canonical == {f"{m}/{name}" for m in modules for name in _ENTRY_FILES}
+    for module in modules:
+        neff = s3.get_object(Bucket=bucket, Key=f"{prefix}/{vdir}/{module}/model.neff")["Body"].read()
+        assert neff in [(root / vdir / module / "model.neff").read_bytes() for root in roots]
+    found = run_cli(["cache", "verify", "--cache", cache.url], base_env)
+    assert found.returncode == 0, found.stdout + found.stderr
+    assert "50 entries checked, 0 broken, 0 not readable by the Neuron compiler" in found.stdout
 
 
 def test_verify_finds_and_repair_removes_an_entry_a_past_race_broke(
@@ -218,3 +232,61 @@ def test_verify_finds_and_repair_removes_an_entry_a_past_race_broke(
     report = sync.restore(cache.remote, tmp_path / "reader", VERSION, progress=False)
     assert report.failed == {}
     assert len(report.restored) == 2
+
+
+def test_the_neuron_compilers_own_s3_cache_reads_what_the_wrapper_published(
+    base_env: dict[str, str], hub_server: HubServer, tmp_path: Path
+) -> None:
+    cache = make_cache("s3", base_env, hub_server)
+    graphs = "embed,forward,backward"
+    # GIVEN a job that compiled three graphs and published them through the wrapper
+    first = run_wrapper(
+        [
+            "run",
+            "--cache",
+            cache.url,
+            "--cache-dir",
+            str(tmp_path / "host-1"),
+            "--no-progress",
+            "--",
+            str(STANDINS / "standin-train"),
+            "--graphs",
+            graphs,
+        ],
+        base_env,
+    )
+    assert first.returncode == 0, first.stderr
+    modules = sorted(cache.remote.entries(VERSION))
+    assert len(modules) == 3
+    # AND a writer that died after its manifest, before its copy of one entry for the compiler
+    bucket, _, prefix = cache.url[len("s3://") :].partition("/")
+    s3 = boto3.client("s3")
+    gone = f"{prefix}/{neuron.entry_key(VERSION, modules[0])}/model.done"
+    s3.delete_object(Bucket=bucket, Key=gone)
+    # THEN verify says the compiler cannot read that entry, and fails
+    found = run_cli(["cache", "verify", "--cache", cache.url], base_env)
+    assert found.returncode == 1, found.stderr
+    assert (
+        f"not readable by the Neuron compiler {neuron.entry_key(VERSION, modules[0])}: model.done missing"
+        in (found.stdout)
+    )
+    assert "3 entries checked, 0 broken, 1 not readable by the Neuron compiler" in found.stdout
+    # WHEN repaired
+    repaired = run_cli(["cache", "verify", "--cache", cache.url, "--repair"], base_env)
+    assert repaired.returncode == 0, repaired.stderr
+    assert "copied 1 entries to where the Neuron compiler reads them" in repaired.stdout
+    # THEN a training on another host whose compiler uses the S3 cache directly (NEURON_COMPILE_CACHE_URL,
+    # no sagequeue in between) finds every graph there and compiles nothing
+    env = dict(base_env, NEURON_COMPILE_CACHE_URL=cache.url)
+    report = tmp_path / "direct.json"
+    direct = subprocess.run(
+        [str(STANDINS / "standin-train"), "--graphs", graphs, "--report", str(report)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert direct.returncode == 0, direct.stderr
+    assert json.loads(report.read_text()) == {"hit": graphs.split(","), "compiled": [], "extracted": []}
+    assert run_cli(["cache", "verify", "--cache", cache.url], base_env).returncode == 0

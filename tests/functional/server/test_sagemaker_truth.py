@@ -21,6 +21,7 @@ from sagequeue.local.emulator.events import state_change_event
 from sagequeue_core.defaults import ATTEMPT_TAG, JOB_TAG
 from sagequeue_core.domain import InvalidTransition, Job, JobState, attempt_name
 from sagequeue_core.service import jobs
+from sagequeue_core.store import TrackedWarmPool
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from support.cfn_template import create_table
@@ -80,6 +81,37 @@ def test_a_late_stopped_event_does_not_bring_back_a_reused_warm_pool(
     assert monitor.violations == []
     advance(world, monitor, until=lambda: world.state("third") == "completed")
     assert monitor.violations == []
+
+
+def test_a_start_planned_on_a_pool_that_is_gone_is_deferred_not_made_cold(
+    two_trn1: tuple[QueueWorld, InvariantMonitor],
+) -> None:
+    world, monitor = two_trn1
+    # GIVEN a warm pool already reused on SageMaker ("second" runs on it)
+    world.submit("first", duration=60, keep_alive=1800)
+    advance(world, monitor, until=lambda: world.state("first") == "completed")
+    advance(world, monitor, 30)
+    world.submit("second", duration=3600)
+    advance(world, monitor, 60)
+    pool = world.sagemaker().describe_training_job(TrainingJobName="first")["WarmPoolStatus"]
+    assert pool["Status"] == "Reused"
+    key = world.deps.store.get_job("first").resource_key
+    assert key is not None
+    phantom = TrackedWarmPool("first", key, world.clock.now() + timedelta(minutes=30), "first")
+    # WHEN, twice, a late event brings the reused pool back (while Describe still leaves WarmPoolStatus out,
+    # nothing tells it apart from an Available one) just before a job of its key is submitted
+    for name in ("third", "fourth"):
+        world.deps.store.track_warm_pool(phantom)
+        world.submit(name, duration=3600)
+        advance(world, monitor, 60)
+    # THEN no start planned on the phantom becomes a cold start the ledger did not count: SageMaker never
+    # holds more than the pool's 2 instances, and one of the two waits for capacity
+    assert monitor.violations == []
+    assert world.emulator.instances_in_use()[TRN1] == 2
+    states = sorted([world.state("third"), world.state("fourth")])
+    assert states[0] == "queued"
+    assert states[1] in ("starting", "running")
+    assert world.deps.store.warm_pools() == []
 
 
 def test_sagemaker_choosing_another_same_key_pool_is_followed(

@@ -48,6 +48,14 @@ def test_defaults_are_documented_values() -> None:
     assert settings.max_spot_interruptions == 3
     assert settings.queue_lookahead == 50
     assert settings.capacity == {}
+    assert settings.lend_reserved_capacity is True
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"), [("false", False), ("True", True), (" 0 ", False), ("on", True)]
+)
+def test_lending_reads_the_stack_parameters_words(value: str, expected: bool) -> None:
+    assert Settings.from_env({"SAGEQUEUE_LEND_RESERVED_CAPACITY": value}).lend_reserved_capacity is expected
 
 
 @pytest.mark.parametrize(
@@ -62,6 +70,7 @@ def test_defaults_are_documented_values() -> None:
         ("SAGEQUEUE_REQUIRED_TAGS", "team=([", "invalid pattern"),
         ("SAGEQUEUE_ALLOWED_INSTANCE_TYPES", "p5", "instance type"),
         ("SAGEQUEUE_DEFAULT_KEEP_ALIVE_SECONDS", "99999", "less than or equal to 21600"),
+        ("SAGEQUEUE_LEND_RESERVED_CAPACITY", "maybe", "true or false"),
     ],
 )
 def test_an_invalid_value_names_its_variable(variable: str, value: str, words: str) -> None:
@@ -92,6 +101,7 @@ def test_names_follow_the_stack_parameters() -> None:
         ({"table_name": 7}, "string"),
         ({"admin_role_arns": ["arn:aws:iam::123456789012:role/A", 3]}, "principal"),
         ({"max_runtime_seconds": -5}, "greater than or equal to 1"),
+        ({"lend_reserved_capacity": 1.5}, "true or false"),
     ],
 )
 def test_typed_values_are_checked_like_strings(values: dict[str, object], words: str) -> None:

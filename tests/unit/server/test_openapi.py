@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+from datetime import UTC, datetime
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -15,12 +16,26 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
 
-from sagequeue_core.service.http import CAPACITY, CHANGE, SUBMIT, Body, RequestInvalid
+from sagequeue_core.domain import Job
+from sagequeue_core.service.http import (
+    CAPACITY,
+    CHANGE,
+    QUOTA,
+    SUBMIT,
+    Body,
+    RequestInvalid,
+    quota_answer,
+)
 
 ROOT = Path(__file__).resolve().parents[3]
 DOCUMENT = json.loads((ROOT / "docs" / "openapi.json").read_text())
 SCHEMAS = DOCUMENT["components"]["schemas"]
-BODIES = {"SubmitRequest": SUBMIT, "ChangeRequest": CHANGE, "CapacityRequest": CAPACITY}
+BODIES = {
+    "SubmitRequest": SUBMIT,
+    "ChangeRequest": CHANGE,
+    "CapacityRequest": CAPACITY,
+    "QuotaRequest": QUOTA,
+}
 
 
 def _api() -> ModuleType:
@@ -154,3 +169,53 @@ def test_the_checks_accept_what_the_document_accepts(name: str, data: st.DataObj
     validator = Draft202012Validator({**SCHEMAS[name], "components": DOCUMENT["components"]})
     documented = value is not None and validator.is_valid(value)
     assert _accepts(body, value) is documented, value
+
+
+def _answer_validator(name: str) -> Draft202012Validator:
+    return Draft202012Validator({**SCHEMAS[name], "components": DOCUMENT["components"]})
+
+
+@pytest.mark.parametrize(
+    "share",
+    [
+        # a quota removed: the use case gives only its team and pool
+        {"team": "a", "pool": "ml.trn1.32xlarge", "removed": True},
+        # a quota set: no waiting count
+        {
+            "team": "a",
+            "pool": "ml.trn1.32xlarge",
+            "nominal": 4,
+            "borrowing_limit": None,
+            "lending_limit": 1,
+            "used": 5,
+            "borrowed": 1,
+            "lent": 0,
+            "borrowable": 3,
+        },
+        # a listed share, with a member the document does not name
+        {"team": "b", "pool": "plan:p", "nominal": 0, "used": 2, "waiting": 7, "internal": "x"},
+    ],
+    ids=["removed", "set", "listed"],
+)
+def test_a_quota_answer_has_exactly_the_documented_members(share: dict[str, Any]) -> None:
+    answer = quota_answer(share)
+    assert set(answer) == set(SCHEMAS["QuotaOut"]["properties"])
+    _answer_validator("QuotaOut").validate(answer)
+    assert {k: answer[k] for k in share if k in answer} == {k: v for k, v in share.items() if k != "internal"}
+    assert answer["removed"] is share.get("removed", False)
+    assert answer["waiting"] == share.get("waiting", 0)
+
+
+def test_a_job_answer_has_exactly_the_documented_members() -> None:
+    job = Job(
+        name="j1",
+        request={"ResourceConfig": {"InstanceType": "ml.trn1.32xlarge", "InstanceCount": 2}},
+        priority=5,
+        owner="arn:aws:iam::123456789012:role/u",
+        submitted_at=datetime(2026, 1, 1, tzinfo=UTC),
+        team="a",
+    )
+    answer = job.to_api()
+    assert set(answer) == set(SCHEMAS["JobOut"]["properties"])
+    _answer_validator("JobOut").validate(answer)
+    assert (answer["team"], answer["on_loan_for"]) == ("a", None)

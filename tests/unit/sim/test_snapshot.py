@@ -41,6 +41,7 @@ class Warm:
     training_job_name: str
     resource_key: ResourceKey
     expires_at: datetime
+    job_name: str | None = None
 
 
 def test_queued_jobs_carry_demand_key_and_backoff() -> None:
@@ -104,10 +105,37 @@ def test_policy_settings_from_the_scheduler_settings() -> None:
         default_keep_alive_seconds: int = 45
         max_preemptions_per_job: int = 2
         reserve_after_seconds: int = 900
+        lend_reserved_capacity: bool = False
 
     assert policy_settings(Settings()) == PolicySettings(
         min_runtime_before_preemption_seconds=123,
         default_keep_alive_seconds=45,
         max_preemptions_per_job=2,
         reserve_after_seconds=900,
+        lend_reserved_capacity=False,
     )
+
+
+def test_loans_and_the_pools_they_leave_name_their_lender() -> None:
+    key = ResourceKey("r", POOL, 1, 64)
+    borrower = job("borrower", JobState.RUNNING, training_job_name="borrower", started_at=NOW)
+    borrower.on_loan_for = "wide"
+    returned = job("returned")  # requeued after its loan was taken back: its pool is the lender's
+    returned.on_loan_for = "wide"
+    snapshot = build_snapshot(
+        now=NOW,
+        capacity={POOL: 4},
+        queued=[returned, job("plain")],
+        live=[borrower],
+        warm_pools=[
+            Warm("returned", key, NOW + timedelta(minutes=5), "returned"),
+            Warm("plain", key, NOW + timedelta(minutes=5), "plain"),
+            Warm("outside", key, NOW + timedelta(minutes=5)),
+        ],
+    )
+    assert [a.on_loan_for for a in snapshot.running] == ["wide"]
+    assert {w.training_job_name: w.lent_by for w in snapshot.warm_pools} == {
+        "returned": "wide",
+        "plain": None,
+        "outside": None,
+    }

@@ -1,6 +1,6 @@
 """The HTTP API's requests, routing and answers, without a validation framework: a handler's cold start pays
 for every module it imports, and pydantic with Powertools' OpenAPI layer cost the API more than boto3 itself
-(docs/adr/0011-api-without-a-framework-and-a-compiled-layer.md).
+(docs/adr/0012-api-without-a-framework-and-a-compiled-layer.md).
 
 Request checks are declared once here (`Body`, `PathParameter`, `IntQuery`) and refuse what the documented
 schemas in docs/openapi.json refuse, naming each member at fault in one sentence; the tests hold the two to
@@ -27,6 +27,7 @@ from sagequeue_core.errors import (
     StaleVersion,
     Throttled,
 )
+from sagequeue_core.quotas import TEAM_NAME_MAX_LENGTH
 
 #: Path parameters as whole-string patterns (`$` is the very end: a trailing newline does not pass).
 NAME_PATTERN = r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$"
@@ -34,6 +35,8 @@ NAME_PATTERN = r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$"
 POOL_PATTERN = r"^(ml\.[a-z0-9]+\.[a-z0-9]+|plan:[A-Za-z0-9-]{1,64})$"
 #: Longest pool name: `plan:` and a training plan's name of at most 64 characters.
 POOL_MAX_LENGTH = 69
+#: A team, as its tag names it (sagequeue_core.quotas.check_team_name says the same in words).
+TEAM_PATTERN = rf"^[A-Za-z0-9._-]{{1,{TEAM_NAME_MAX_LENGTH}}}$"
 
 #: A pool larger than any account's quota is a typo (training plans hold at most 64 instances).
 MAX_POOL_CAPACITY = 100_000
@@ -144,6 +147,15 @@ CHANGE = Body({"priority": _PRIORITY, "held": Member("boolean", nullable=True)},
 CAPACITY = Body(
     {"capacity": Member("integer", required=True, minimum=0, maximum=MAX_POOL_CAPACITY)}, extra_allowed=False
 )
+QUOTA = Body(
+    {
+        "pool": Member("string", required=True),
+        "nominal": Member("integer", required=True, nullable=True, minimum=0, maximum=MAX_POOL_CAPACITY),
+        "borrowing_limit": Member("integer", nullable=True, minimum=0),
+        "lending_limit": Member("integer", nullable=True, minimum=0),
+    },
+    extra_allowed=False,
+)
 
 
 @dataclass(frozen=True)
@@ -169,6 +181,7 @@ class PathParameter:
 
 JOB_NAME = PathParameter(NAME_PATTERN, TRAINING_JOB_NAME_MAX_LENGTH)
 POOL = PathParameter(POOL_PATTERN, POOL_MAX_LENGTH)
+TEAM = PathParameter(TEAM_PATTERN, TEAM_NAME_MAX_LENGTH)
 
 #: An integer in a query string: blanks around it, an optional sign, digits with single underscores between
 #: them, and a fraction of zeros at most ("5", " +5 ", "1_000", "5.0").
@@ -197,6 +210,33 @@ class IntQuery:
         if value > self.maximum:
             raise RequestInvalid([f"{name}: Input should be less than or equal to {self.maximum}"])
         return value
+
+
+# --- answers ---------------------------------------------------------------------------------------------------
+
+#: A team's quota and usage in one pool as the API answers it (docs/openapi.json: QuotaOut), each member
+#: after `team` and `pool` with the value it has when the use case leaves it out.
+QUOTA_ANSWER: dict[str, Any] = {
+    "nominal": None,
+    "borrowing_limit": None,
+    "lending_limit": None,
+    "used": 0,
+    "borrowed": 0,
+    "lent": 0,
+    "borrowable": 0,
+    "waiting": 0,
+    "removed": False,
+}
+
+
+def quota_answer(share: Mapping[str, Any]) -> dict[str, Any]:
+    """A QuotaOut from a use case's quota: its team and pool, each other member or its default, nothing
+    else."""
+    return {
+        "team": share["team"],
+        "pool": share["pool"],
+        **{k: share.get(k, v) for k, v in QUOTA_ANSWER.items()},
+    }
 
 
 # --- a REST proxy event and its routes --------------------------------------------------------------------------

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import copy
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from functools import partial
@@ -62,14 +62,18 @@ from sagequeue_core.observability import (
     RESUMES,
     SKIPPED_ON_ERROR,
     STARTS,
+    TEAM_BORROWED,
+    TEAM_USED,
     WARM_POOL_RELEASES,
     WARM_POOL_REUSES,
     MetricUnit,
     count,
     logger,
     pool_gauge,
+    team_gauge,
 )
-from sagequeue_core.policy import Preempt, ReleaseWarmPool, Start, plan
+from sagequeue_core.policy import Action, Preempt, ReleaseWarmPool, Snapshot, Start, plan
+from sagequeue_core.quotas import NO_TEAM, TeamLedger, TeamQuota, UsageCounter
 from sagequeue_core.runtime import Dependencies
 from sagequeue_core.sagemaker import FailureKind, classify_failure
 from sagequeue_core.snapshot import build_snapshot, policy_settings
@@ -689,6 +693,78 @@ def _vanished(deps: Dependencies, job: Job, training_job_name: str) -> str:
     return target.value
 
 
+# --- team quotas ---------------------------------------------------------------------------------------------------
+
+
+def _team_usage(
+    deps: Dependencies,
+    quotas: list[TeamQuota],
+    counter: UsageCounter | None,
+    live: Iterable[Job],
+    now: datetime,
+) -> dict[str, float]:
+    """The fair-share counter, advanced to `now` by what each team holds and stored (conditionally: of two
+    racing passes, one advances it). Nothing to write without quotas."""
+    if not quotas:
+        return {}
+    holding: Counter[str] = Counter()
+    for job in live:
+        holding[job.team or NO_TEAM] += sum(job.demand.values())
+    advanced = (counter or UsageCounter(as_of=now)).advance(
+        now, holding, deps.settings.fair_share_half_life_seconds
+    )
+    if counter is None or advanced.as_of != counter.as_of:
+        deps.store.save_usage_counter(advanced, was=counter)
+    return dict(advanced.hours)
+
+
+def _announce_quota_moves(
+    deps: Dependencies,
+    snapshot: Snapshot,
+    actions: Iterable[Action],
+    queued: Mapping[str, Job],
+    live: Mapping[str, Job],
+) -> None:
+    """Events for starts on borrowed capacity and for reclaims, and a gauge per team and pool."""
+    if not snapshot.team_quotas:
+        return
+    ledger = TeamLedger(snapshot.team_quotas, snapshot.capacity, snapshot.running)
+    for action in actions:
+        if isinstance(action, Start) and action.job_name in queued:
+            job = queued[action.job_name]
+            ledger.take(job.team, job.demand)
+            for pool in job.demand:
+                if ledger.governs(pool) and ledger.share(job.team or NO_TEAM, pool).borrowed > 0:
+                    announce(
+                        deps.publisher,
+                        EventType.QUOTA_BORROWED,
+                        {
+                            "name": job.name,
+                            "team": job.team,
+                            "pool": pool,
+                            "borrowed": ledger.share(job.team or NO_TEAM, pool).borrowed,
+                        },
+                    )
+        elif isinstance(action, Preempt):
+            victim = live.get(action.job_name)
+            for_job = queued.get(action.for_job)
+            if victim is not None and for_job is not None and victim.team != for_job.team:
+                announce(
+                    deps.publisher,
+                    EventType.QUOTA_RECLAIMED,
+                    {
+                        "name": victim.name,
+                        "team": victim.team,
+                        "for_job": for_job.name,
+                        "for_team": for_job.team,
+                        "pool": victim.pool,
+                    },
+                )
+    for share in ledger.shares():
+        team_gauge(TEAM_USED, share.team or "none", share.pool, share.used)
+        team_gauge(TEAM_BORROWED, share.team or "none", share.pool, share.borrowed)
+
+
 # --- one pass ------------------------------------------------------------------------------------------------------
 
 
@@ -697,7 +773,7 @@ def run_pass(deps: Dependencies) -> PassReport:
     now = deps.now()
     settings = deps.settings
     report = PassReport()
-    pool_statuses = deps.store.pools()
+    pool_statuses, team_quotas, counter = deps.store.pools_and_teams()
     capacity = {status.pool.instance_type: status.pool.capacity for status in pool_statuses}
     quota = {
         status.pool.instance_type: limit
@@ -711,6 +787,10 @@ def run_pass(deps: Dependencies) -> PassReport:
         window = deps.store.queued_jobs(instance_type, settings.queue_lookahead, fitting=fitting)
         queued.update((job.name, job) for job in window)
         _queue_metrics(instance_type, window, now)
+        for team in sorted({q.team for q in team_quotas if q.pool == instance_type}):
+            # each team with a quota here has a window of its own: one team's flood cannot hide another's
+            own = deps.store.queued_jobs(instance_type, settings.queue_lookahead, fitting=fitting, team=team)
+            queued.update((job.name, job) for job in own)
     for status in pool_statuses:
         pool_gauge(QUEUE_DEPTH, status.pool.instance_type, status.queued)
     live = {job.name: job for job in deps.store.live_jobs()}
@@ -722,6 +802,7 @@ def run_pass(deps: Dependencies) -> PassReport:
             warm_pools.append(warm)
         else:
             deps.store.forget_warm_pool(warm.training_job_name)
+    team_usage = _team_usage(deps, team_quotas, counter, live.values(), now)
     snapshot = build_snapshot(
         now=now,
         capacity=capacity,
@@ -730,8 +811,11 @@ def run_pass(deps: Dependencies) -> PassReport:
         live=live.values(),
         external=externals,
         warm_pools=warm_pools,
+        team_quotas=team_quotas,
+        team_usage=team_usage,
     )
     decided = plan(snapshot, policy_settings(settings))
+    _announce_quota_moves(deps, snapshot, decided.actions, queued, live)
     report.waiting.update(decided.waiting)
     statuses = {status.pool.instance_type: status for status in pool_statuses}
     held: Counter[str] = Counter()
@@ -883,6 +967,12 @@ def _start(
     (a reserved form no submission can take), never fails it. `held` counts the instances SageMaker holds
     per pool (live attempts and warm pools, updated here); `quotas` the pools, with the account quota each
     last met."""
+    if action.warm_pool is not None and not _warm_pool_still_available(deps, action.warm_pool):
+        # The plan counted the pool's instances as the job's: started cold, it would take instances the
+        # ledger does not have. The job keeps its place; the next pass plans with what is really there.
+        report.waiting[job.name] = f"waiting: warm pool {action.warm_pool} is no longer available"
+        logger.info("warm start deferred", extra={"job": job.name, "warm_pool": action.warm_pool})
+        return
     current: Job | None = job
     for choice in range(ATTEMPT_NAME_CHOICES):
         fresh_job = current or deps.store.get_job(job.name)
@@ -953,6 +1043,26 @@ def _start(
         announce(deps.publisher, EventType.WARM_POOL_REUSED, {**detail, "warm_pool_of": donor})
 
 
+def _warm_pool_still_available(deps: Dependencies, training_job_name: str) -> bool:
+    """Whether the pool a start is planned on is Available on SageMaker now. A tracked pool can be a
+    phantom: a late event re-tracks a pool another start already took, while DescribeTrainingJob still
+    leaves WarmPoolStatus out (right after a job ends); two passes would then plan cold starts as warm ones
+    and run the pool over its capacity. Unknown (status left out, or SageMaker not answering) counts as no."""
+    try:
+        status = (deps.sagemaker.describe(training_job_name).get("WarmPoolStatus") or {}).get("Status")
+    except TrainingJobNotFound:
+        deps.store.forget_warm_pool(training_job_name)
+        return False
+    except SageMakerError as exc:
+        logger.warning("warm pool not checked", extra={"warm_pool": training_job_name, "error": str(exc)})
+        return False
+    if status == "Available":
+        return True
+    if status is not None:
+        deps.store.forget_warm_pool(training_job_name)  # Reused, InUse or Terminated: gone for good
+    return False
+
+
 def _intent(deps: Dependencies, job: Job, *, name: str, action: Start) -> str:
     """The start recorded before CreateTrainingJob (announced once SageMaker has it)."""
     return _record_start(
@@ -962,6 +1072,7 @@ def _intent(deps: Dependencies, job: Job, *, name: str, action: Start) -> str:
         deps.now(),
         warm_pool=action.warm_pool,
         keep_alive_seconds=action.keep_alive_seconds or 0,
+        on_loan_for=action.on_loan_for,
         created=False,
     )
 
@@ -975,6 +1086,7 @@ def _record_start(
     reason: str | None = None,
     warm_pool: str | None = None,
     keep_alive_seconds: int = 0,
+    on_loan_for: str | None = None,
     created: bool = True,
 ) -> str:
     """Record `training_job_name` as the job's current attempt. `created` is False for the intent written
@@ -991,10 +1103,13 @@ def _record_start(
     job.not_before = None
     job.reused_warm_pool_of = warm_pool
     job.keep_alive_seconds = keep_alive_seconds
+    job.on_loan_for = on_loan_for
     job.reason = None  # why it waited no longer applies
-    job.transition(
-        JobState.STARTING, now, reason=reason or (f"on warm pool of {warm_pool}" if warm_pool else None)
-    )
+    if reason is None and warm_pool:
+        reason = f"on warm pool of {warm_pool}"
+    elif reason is None and on_loan_for:
+        reason = f"on loan: capacity reserved for {on_loan_for}, which preempts this attempt as soon as it can start"
+    job.transition(JobState.STARTING, now, reason=reason)
     deps.store.save_job(job, was=was)
     logger.append_keys(job=job.name, attempt=job.attempt)
     logger.info("attempt started", extra={"training_job_name": training_job_name, "warm_pool": warm_pool})
@@ -1005,7 +1120,13 @@ def _record_start(
 
 
 def _announce_start(deps: Dependencies, job: Job) -> None:
-    detail = {"name": job.name, "attempt": job.attempt, "training_job_name": job.training_job_name}
+    detail: dict[str, Any] = {
+        "name": job.name,
+        "attempt": job.attempt,
+        "training_job_name": job.training_job_name,
+    }
+    if job.on_loan_for:
+        detail["on_loan_for"] = job.on_loan_for
     if job.attempt == 1:
         count(STARTS)
         announce(deps.publisher, EventType.JOB_STARTED, detail)

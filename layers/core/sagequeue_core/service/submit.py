@@ -14,12 +14,14 @@ from sagequeue_core.domain import (
     pool_demand_of,
     priority_of,
     tags_to_dict,
+    team_of,
     validate_job_name,
 )
 from sagequeue_core.errors import Forbidden, RequestInvalid
 from sagequeue_core.events import EventType, announce
 from sagequeue_core.governance import check_policy
 from sagequeue_core.observability import SUBMISSIONS, count, logger
+from sagequeue_core.quotas import QuotaError, check_team_name
 from sagequeue_core.runtime import Dependencies
 from sagequeue_core.service.access import (
     is_admin,
@@ -104,8 +106,19 @@ def validate(deps: Dependencies, body: Any, caller: str, body_bytes: int | None 
     if violations:
         raise RequestInvalid("; ".join(f"policy {v.rule}: {v.message}" for v in violations))
     require_priority_allowed(priority, caller, settings)
+    team = team_of(request, caller, tag=settings.team_tag, roles=settings.team_roles)
+    if team is not None:
+        try:
+            check_team_name(team)
+        except QuotaError as exc:
+            raise RequestInvalid(f"tag {settings.team_tag!r}: {exc}") from None
     return Job(
-        name=name, request=request, priority=priority, owner=owner_of_caller(caller), submitted_at=deps.now()
+        name=name,
+        request=request,
+        priority=priority,
+        owner=owner_of_caller(caller),
+        submitted_at=deps.now(),
+        team=team,
     )
 
 

@@ -1,0 +1,139 @@
+"""Team quotas as the API serves them: read a team's quotas and usage per pool, set one (admins).
+
+The arithmetic is `sagequeue_core.quotas`; this module reads the table, checks the caller and the input,
+and shapes the answer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sagequeue_core.domain import is_pool_name
+from sagequeue_core.errors import RequestInvalid
+from sagequeue_core.events import EventType, announce
+from sagequeue_core.observability import logger
+from sagequeue_core.quotas import PoolShare, QuotaError, TeamLedger, TeamQuota, check_team_name
+from sagequeue_core.runtime import Dependencies
+from sagequeue_core.service.access import require_admin, require_caller
+
+
+def shares(deps: Dependencies) -> list[PoolShare]:
+    """Every team's position in every pool with quotas: nominal, used, borrowed, lent."""
+    deps.ensure_pools()
+    pools, quotas, _ = deps.store.pools_and_teams()
+    capacity = {status.pool.instance_type: status.pool.capacity for status in pools}
+    held = [
+        _Held(
+            job.training_job_name or job.name, job.demand, job.team, job.started_at or deps.now(), False, True
+        )
+        for job in deps.store.live_jobs()
+    ]
+    return TeamLedger(quotas, capacity, held).shares()
+
+
+@dataclass(frozen=True)
+class _Held:
+    training_job_name: str
+    demand: Mapping[str, int]
+    team: str | None
+    started_at: datetime
+    stopping: bool
+    preemptible: bool
+
+
+def all_teams(deps: Dependencies) -> list[dict[str, Any]]:
+    """Every team's position in every pool with quotas, with how many of its jobs wait there."""
+    return [
+        {**_share_api(share), "waiting": deps.store.queued_count(share.pool, share.team) if share.team else 0}
+        for share in shares(deps)
+    ]
+
+
+def team_quotas(deps: Dependencies, team: str) -> list[dict[str, Any]]:
+    """A team's quota and usage in every pool where it has a quota or holds instances of a governed pool."""
+    _team(team)
+    return [
+        {**_share_api(share), "waiting": deps.store.queued_count(share.pool, team)}
+        for share in shares(deps)
+        if share.team == team
+    ]
+
+
+def set_quota(deps: Dependencies, team: str, body: Any, caller: str | None) -> dict[str, Any]:
+    """Set `team`'s quota in one pool: {pool, nominal, borrowing_limit?, lending_limit?} (null: unlimited);
+    a nominal of null removes the quota."""
+    me = require_caller(caller)
+    require_admin(me, deps.settings.admin_role_arns, "set a team's quota")
+    _team(team)
+    if not isinstance(body, dict):
+        raise RequestInvalid("the body must be an object {pool, nominal, borrowing_limit, lending_limit}")
+    unknown = sorted(set(body) - {"pool", "nominal", "borrowing_limit", "lending_limit"})
+    if unknown:
+        raise RequestInvalid(
+            f"unknown field(s) {', '.join(unknown)}; a quota has pool, nominal, "
+            "borrowing_limit and lending_limit"
+        )
+    pool = body.get("pool")
+    deps.ensure_pools()
+    if not is_pool_name(pool):
+        raise RequestInvalid(
+            f"pool must be an instance type like ml.trn1.32xlarge or plan:<name>, got {pool!r}"
+        )
+    known = {status.pool.instance_type for status in deps.store.pools()}
+    if pool not in known:
+        raise RequestInvalid(
+            f"{pool} is not a pool sagequeue manages (pools: {', '.join(sorted(known)) or 'none'})"
+        )
+    if "nominal" not in body:
+        raise RequestInvalid("nominal is required: instances guaranteed to the team (null removes the quota)")
+    if body["nominal"] is None:
+        deps.store.remove_team_quota(team, pool)
+        _announce(deps, team, pool, None, me)
+        return {"team": team, "pool": pool, "removed": True}
+    try:
+        quota = TeamQuota(
+            team=team,
+            pool=pool,
+            nominal=body["nominal"],
+            borrowing_limit=body.get("borrowing_limit"),
+            lending_limit=body.get("lending_limit"),
+        )
+    except QuotaError as exc:
+        raise RequestInvalid(str(exc)) from None
+    deps.store.set_team_quota(quota)
+    _announce(deps, team, pool, quota, me)
+    return next(_share_api(s) for s in shares(deps) if s.team == team and s.pool == pool)
+
+
+def _announce(deps: Dependencies, team: str, pool: str, quota: TeamQuota | None, by: str) -> None:
+    # a JobChanged makes the scheduler run a pass: a new quota may start or reclaim work now
+    announce(
+        deps.publisher,
+        EventType.JOB_CHANGED,
+        {"team": team, "pool": pool, "change": "quota", "quota": quota.to_dict() if quota else None},
+    )
+    logger.info("team quota set", extra={"team": team, "pool": pool, "by": by})
+
+
+def _team(team: str) -> str:
+    try:
+        return check_team_name(team)
+    except QuotaError as exc:
+        raise RequestInvalid(str(exc)) from None
+
+
+def _share_api(share: PoolShare) -> dict[str, Any]:
+    return {
+        "team": share.team,
+        "pool": share.pool,
+        "nominal": share.nominal,
+        "borrowing_limit": share.borrowing_limit,
+        "lending_limit": share.lending_limit,
+        "used": share.used,
+        "borrowed": share.borrowed,
+        "lent": share.lent,
+        "borrowable": share.borrowable,
+    }

@@ -1,0 +1,93 @@
+"""`sagequeue teams`, `sagequeue quota` and the team in `ls`, as a user runs them against a local stack."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_cli import POOL, request, sagequeue
+
+from sagequeue.config import save_local_connection
+from sagequeue.local import LocalStack
+
+
+@pytest.fixture(scope="module")
+def stack() -> Iterator[Any]:
+    with LocalStack(settings={"capacity": {POOL: 4}}) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def home(stack: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("user-home")
+    save_local_connection(stack.connection(), path / "local.json")
+    return path
+
+
+def admin_env(stack: Any) -> dict[str, str]:
+    admin = stack.identity("admin")
+    return {
+        "AWS_ACCESS_KEY_ID": admin.access_key_id,
+        "AWS_SECRET_ACCESS_KEY": admin.secret_access_key,
+        "AWS_SESSION_TOKEN": "",
+        "AWS_SECURITY_TOKEN": "",
+    }
+
+
+def test_quota_teams_and_ls_show_who_holds_what(stack: Any, home: Path, tmp_path: Path) -> None:
+    # GIVEN no quotas, `teams` says how to set one, and a user may not set one
+    none = sagequeue("teams", home=home)
+    assert none.code == 0, none.err
+    assert "sagequeue quota TEAM POOL N" in none.out
+    refused = sagequeue("quota", "vision", POOL, "2", home=home)
+    assert refused.code != 0
+    assert "only an admin may set a team's quota" in refused.err
+    # WHEN an admin sets two quotas, one lending nothing
+    env = admin_env(stack)
+    endpoint = ("--endpoint", stack.endpoint)
+    set_a = sagequeue("quota", "vision", POOL, "2", "--borrow-limit", "1", *endpoint, home=tmp_path, env=env)
+    assert set_a.code == 0, set_a.err
+    assert "vision" in set_a.out
+    set_b = sagequeue(
+        "quota", "speech", POOL, "2", "--lend-limit", "0", "--json", *endpoint, home=tmp_path, env=env
+    )
+    assert set_b.code == 0, set_b.err
+    assert set_b.json["lending_limit"] == 0
+    # AND vision submits four jobs
+    queue = stack.client()
+    for i in range(4):
+        queue.submit(request(stack, f"vision-{i}", Tags=[{"Key": "team", "Value": "vision"}]))
+    stack.run_until_idle()
+    # THEN vision runs its two, borrows nothing (speech lends nothing), and two wait naming the quota
+    listed = sagequeue("teams", "--json", home=home)
+    assert listed.code == 0, listed.err
+    rows = {(r["team"], r["pool"]): r for r in listed.json["teams"]}
+    vision = rows[("vision", POOL)]
+    assert (vision["nominal"], vision["used"], vision["borrowed"], vision["waiting"]) == (2, 2, 0, 2)
+    assert rows[("speech", POOL)]["lent"] == 0
+    table = sagequeue("teams", home=home).out.splitlines()
+    assert table[0].split() == [
+        "TEAM",
+        "POOL",
+        "NOMINAL",
+        "BORROW_LIMIT",
+        "LEND_LIMIT",
+        "USED",
+        "BORROWED",
+        "LENT",
+        "WAITING",
+    ]
+    assert table[1].split() == ["speech", POOL, "2", "-", "0", "0", "0", "0", "0"]
+    assert table[2].split() == ["vision", POOL, "2", "1", "-", "2", "0", "0", "2"]
+    ls = sagequeue("ls", home=home)
+    assert ls.code == 0, ls.err
+    assert "TEAM" in ls.out.splitlines()[0]
+    assert all("vision" in line for line in ls.out.splitlines()[1:])
+    assert "team vision at its quota of 2" in ls.out
+    # AND a bad quota is refused with one clear line
+    bad = sagequeue("quota", "vision", "ml.p5.48xlarge", "1", *endpoint, home=tmp_path, env=env)
+    assert bad.code != 0
+    assert "not a pool sagequeue manages" in bad.err
+    assert "Traceback" not in bad.out + bad.err
