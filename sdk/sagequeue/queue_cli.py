@@ -238,8 +238,50 @@ def ran(job: Job, now: datetime) -> float | None:
     return _span(job.started_at, job.ended_at or now)
 
 
+#: `SAGEQUEUE_TABLES`: `rich` or `plain` tables whatever the output is; unset: rich on a terminal.
+TABLES_VARIABLE = "SAGEQUEUE_TABLES"
+
+
+def _rich_tables() -> bool:
+    import os
+
+    chosen = os.environ.get(TABLES_VARIABLE, "").strip().lower()
+    if chosen not in ("", "rich", "plain"):
+        raise click.ClickException(f"{TABLES_VARIABLE}={chosen!r}: use rich or plain")
+    if chosen == "plain" or (not chosen and not sys.stdout.isatty()):
+        return False
+    try:
+        import rich  # noqa: F401
+    except ImportError:  # an install without rich: the plain layout is the same table
+        return False
+    return True
+
+
+def _rich_table(headers: Sequence[str], text_rows: list[list[str]]) -> str:
+    import shutil
+    from io import StringIO
+
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, header_style="bold")
+    for heading in headers:
+        table.add_column(heading, no_wrap=True, overflow="fold")
+    for row in text_rows:
+        table.add_row(*row)
+    buffer = StringIO()
+    width = shutil.get_terminal_size((160, 24)).columns
+    Console(file=buffer, force_terminal=True, width=width, highlight=False).print(table)
+    return buffer.getvalue().rstrip("\n")
+
+
 def _table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    """The same cells either way: a rich table on a terminal (or SAGEQUEUE_TABLES=rich), else plain columns
+    two spaces apart, which scripts and pipes read."""
     text_rows = [[("-" if cell is None else str(cell)) for cell in row] for row in rows]
+    if _rich_tables():
+        return _rich_table(headers, text_rows)
     widths = [len(h) for h in headers]
     for row in text_rows:
         widths = [max(w, len(cell)) for w, cell in zip(widths, row, strict=True)]

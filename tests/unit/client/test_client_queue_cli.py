@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import click
 import pytest
 
 from sagequeue.client import Job, Pool
@@ -70,6 +72,35 @@ def test_the_table_is_ordered_by_priority_then_submission_with_short_durations()
     ]
     # columns line up: every row starts its POOL column at the same place
     assert len({line.index("ml.trn1") for line in lines[1:]}) == 1
+
+
+def test_a_terminal_gets_a_rich_table_of_the_same_cells_and_a_pipe_the_plain_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    jobs = [job("early", "queued", 5, submitted_at=NOW - timedelta(minutes=2))]
+    monkeypatch.delenv("SAGEQUEUE_TABLES", raising=False)
+    plain = jobs_table(jobs, NOW)  # pytest's stdout is no terminal
+    assert "\x1b[" not in plain
+    assert plain.splitlines()[1].split() == [
+        "early",
+        "queued",
+        "5",
+        "0",
+        "ml.trn1.32xlarge",
+        "-",
+        "2m00s",
+        "-",
+        "-",
+    ]
+    monkeypatch.setenv("SAGEQUEUE_TABLES", "rich")
+    styled = jobs_table(jobs, NOW)
+    assert "\x1b[1m" in styled  # bold headings
+    cells = [line.split() for line in re.sub(r"\x1b\[[0-9;]*m", "", styled).splitlines() if line.strip()]
+    assert cells[0] == plain.splitlines()[0].split()
+    assert ["early", "queued", "5", "0", "ml.trn1.32xlarge", "-", "2m00s", "-", "-"] in cells
+    monkeypatch.setenv("SAGEQUEUE_TABLES", "fancy")
+    with pytest.raises(click.ClickException, match="SAGEQUEUE_TABLES='fancy': use rich or plain"):
+        jobs_table(jobs, NOW)
 
 
 def test_pools_table_shows_free_instances() -> None:
