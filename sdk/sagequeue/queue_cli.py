@@ -823,7 +823,7 @@ def pools(target: Target, as_json: bool) -> None:
         click.echo(pools_table(found) if found else "no pools: set one with `sagequeue capacity TYPE N`")
 
 
-@_queue_command("capacity")
+@_queue_command("capacity", negative_numbers=True)
 @click.argument("instance_type", metavar="TYPE")
 @click.argument("instances", metavar="N", type=click.IntRange(min=0))
 def capacity(target: Target, as_json: bool, instance_type: str, instances: int) -> None:
