@@ -115,6 +115,8 @@ def _queue_command(
                 func(target=target, as_json=as_json, **kwargs)
             except SageQueueError as exc:
                 _fail(exc, as_json)
+            except BrokenPipeError:
+                raise  # the reader of the output went away: the command group ends quietly
             except Exception as exc:  # noqa: BLE001 - a CLI prints one line, never a traceback
                 _fail_unexpected(exc, as_json)
 
