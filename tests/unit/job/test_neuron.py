@@ -67,11 +67,15 @@ def test_cache_dir_precedence_puts_the_warm_pool_first() -> None:
     )
 
 
-@pytest.mark.parametrize("flags", ["--cache_dir=s3://bucket/neuron -O1", "--cache_dir s3://bucket/neuron -O1"])
+@pytest.mark.parametrize(
+    "flags", ["--cache_dir=s3://bucket/neuron -O1", "--cache_dir s3://bucket/neuron -O1"]
+)
 def test_a_remote_cache_dir_in_the_flags_is_not_taken_for_a_local_directory(flags: str) -> None:
     # the compiler's own S3 cache given as --cache_dir: not a path (it would become ./s3:/bucket/neuron)
     env = {"NEURON_CC_FLAGS": flags, "NEURON_COMPILE_CACHE_URL": "/cache/url"}
-    assert neuron.choose_cache_dir(env) == neuron.CacheLocation(Path("/cache/url"), "NEURON_COMPILE_CACHE_URL")
+    assert neuron.choose_cache_dir(env) == neuron.CacheLocation(
+        Path("/cache/url"), "NEURON_COMPILE_CACHE_URL"
+    )
     del env["NEURON_COMPILE_CACHE_URL"]
     assert neuron.choose_cache_dir(env).path == Path("/var/tmp/neuron-compile-cache")
     child = neuron.child_environment(env, neuron.choose_cache_dir(env).path)
