@@ -115,6 +115,8 @@ def _queue_command(
                 func(target=target, as_json=as_json, **kwargs)
             except SageQueueError as exc:
                 _fail(exc, as_json)
+            except BrokenPipeError:
+                raise  # the reader of the output went away: the command group ends quietly
             except Exception as exc:  # noqa: BLE001 - a CLI prints one line, never a traceback
                 _fail_unexpected(exc, as_json)
 
@@ -878,7 +880,7 @@ def pools(target: Target, as_json: bool) -> None:
         click.echo(pools_table(found) if found else "no pools: set one with `sagequeue capacity TYPE N`")
 
 
-@_queue_command("capacity")
+@_queue_command("capacity", negative_numbers=True)
 @click.argument("instance_type", metavar="TYPE")
 @click.argument("instances", metavar="N", type=click.IntRange(min=0))
 def capacity(target: Target, as_json: bool, instance_type: str, instances: int) -> None:

@@ -558,11 +558,6 @@ class Crash(BaseException):
     """The process dying between two steps."""
 
 
-@pytest.fixture
-def two_trn1(moto_endpoint: str) -> Iterator[tuple[QueueWorld, InvariantMonitor]]:
-    yield from monitored(make_world(moto_endpoint, capacity={TRN1: 2}))
-
-
 def test_a_crash_between_an_end_and_its_warm_pool_never_leaves_the_pool_uncounted(
     two_trn1: tuple[QueueWorld, InvariantMonitor],
 ) -> None:
