@@ -1,14 +1,21 @@
 """Does the queue stay true to SageMaker under a random workload and adversarial event delivery?
 
-    python bench/bench_consistency.py [--seeds 200] [--first 1] [--operations 8] [--workers 2]
+    python bench/bench_consistency.py [--seeds 200] [--first 1] [--operations 8] [--jobs N]
+                                      [--baseline-seeds 10] [--transport in-process|http]
 
-Each seed runs tests/support/workload.py on the local stack's parts (the handlers, moto's server over HTTP,
-the SageMaker emulator on a virtual clock): random arrivals, cancels, holds, priority changes, user
-keep-alives, spot, heterogeneous jobs, with SageMaker's events duplicated, reordered, delayed and lost.
-The invariant monitor checks SageMaker's side after every SageMaker operation and every clock step.
-Prints violations per 1,000 checked SageMaker operations (goal 0) for the adversarial run and, as the
-baseline in the same run, for a smaller set of seeds with exact delivery; lists failing seeds (keep them
-as regression seeds in tests/functional/server/test_random_workload.py).
+Each seed runs tests/support/workload.py on the local stack's parts (the handlers, moto's DynamoDB,
+EventBridge and SQS, the SageMaker emulator over HTTP on a virtual clock): random arrivals, cancels, holds,
+priority changes, user keep-alives, spot, heterogeneous jobs, with SageMaker's events duplicated,
+reordered, delayed and lost. The invariant monitor checks SageMaker's side after every SageMaker operation
+and every clock step. Prints violations per 1,000 checked SageMaker operations (goal 0) for the adversarial
+run and, as the baseline in the same run, for a smaller set of seeds with exact delivery; lists failing
+seeds (keep them as regression seeds in tests/functional/server/test_random_workload.py); and the wall
+time, the CPU time per seed and the load average.
+
+Seeds are spread over `--jobs` processes (default: one per core), handed out one at a time so a slow seed
+does not hold back a whole share. Each process keeps one moto: in process by default (moto's own backends
+answer botocore directly, no HTTP; the tests run the same backends behind moto's server), or
+`--transport http` for moto's server, as the tests do.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ import logging
 import os
 import sys
 import time
+import warnings
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -36,63 +44,67 @@ os.environ.update(
 )
 sys.path[:0] = [str(ROOT / "tests" / "functional" / "server"), str(ROOT / "tests")]
 
+#: The moto this worker process uses: an endpoint URL (moto's server) or None (moto in process).
+_ENDPOINT: str | None = None
 
-def _run_seeds(seeds: list[int], operations: int, exact: bool) -> list[dict[str, Any]]:
+
+def _start_worker(transport: str) -> None:
+    """Once per worker process: one moto for all its seeds; the handlers' EMF lines go nowhere."""
+    global _ENDPOINT
     logging.disable(logging.CRITICAL)
+    warnings.simplefilter("ignore")  # Powertools warns of invocations that emit no metric
+    sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - for the life of the worker process
+    if transport == "http":
+        from moto.server import ThreadedMotoServer
+
+        server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+        server.start()
+        host, port = server.get_host_and_port()
+        _ENDPOINT = f"http://{host}:{port}"
+    else:
+        from moto import mock_aws
+
+        mock_aws().start()  # stopped when the process ends
+        _ENDPOINT = None
+
+
+def _run_seed(seed: int, operations: int, exact: bool) -> dict[str, Any]:
     from conftest import ACCOUNT, ADMIN, ROLE, SUBMITTER, make_world  # tests/functional/server
-    from moto.server import ThreadedMotoServer
+    from support.delivery import AdversarialDelivery
     from support.workload import CAPACITY, run_workload
 
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    results = []
+    began = time.process_time()
+    delivery = AdversarialDelivery(seed, duplicate=0.0, loss=0.0, delay=0.0) if exact else None
+    outcome: dict[str, Any] = {"seed": seed, "checks": 0, "violations": [], "unfinished": [], "operations": 0}
     try:
-        for seed in seeds:
-            for world in make_world(f"http://{host}:{port}", capacity=dict(CAPACITY)):
-                if exact:
-                    import support.workload as workload
-
-                    original = workload.AdversarialDelivery
-                    workload.AdversarialDelivery = _exact  # type: ignore[assignment,misc]
-                try:
-                    result = run_workload(
-                        world,
-                        seed,
-                        operations=operations,
-                        admin=ADMIN,
-                        submitter=SUBMITTER,
-                        role=ROLE,
-                        account=ACCOUNT,
-                    )
-                finally:
-                    if exact:
-                        workload.AdversarialDelivery = original  # type: ignore[misc]
-                results.append(
-                    {
-                        "seed": seed,
-                        "checks": result.sagemaker_checks,
-                        "violations": result.violations,
-                        "unfinished": result.unfinished,
-                        "operations": result.user_operations,
-                    }
-                )
-                mode = "exact" if exact else "adversarial"
-                print(
-                    f"# {mode} seed {seed}: {result.sagemaker_checks} checks, {len(result.violations)} "
-                    f"violations, {len(result.unfinished)} unfinished",
-                    file=sys.stderr,
-                    flush=True,
-                )
-    finally:
-        server.stop()
-    return results
-
-
-def _exact(seed: int) -> Any:
-    from support.delivery import AdversarialDelivery
-
-    return AdversarialDelivery(seed, duplicate=0.0, loss=0.0, delay=0.0)
+        for world in make_world(_ENDPOINT, capacity=dict(CAPACITY)):
+            result = run_workload(
+                world,
+                seed,
+                operations=operations,
+                admin=ADMIN,
+                submitter=SUBMITTER,
+                role=ROLE,
+                account=ACCOUNT,
+                delivery=delivery,
+            )
+            outcome.update(
+                checks=result.sagemaker_checks,
+                violations=result.violations,
+                unfinished=result.unfinished,
+                operations=result.user_operations,
+            )
+    except Exception as exc:  # a crashing seed is a finding, not the end of the bench
+        outcome["violations"] = [f"the run failed: {type(exc).__name__}: {exc}"]
+    outcome["cpu"] = time.process_time() - began
+    mode = "exact" if exact else "adversarial"
+    print(
+        f"# {mode} seed {seed}: {outcome['checks']} checks, {len(outcome['violations'])} violations, "
+        f"{len(outcome['unfinished'])} unfinished, {outcome['cpu']:.1f} s CPU",
+        file=sys.stderr,
+        flush=True,
+    )
+    return outcome
 
 
 def _summary(label: str, results: list[dict[str, Any]]) -> None:
@@ -100,10 +112,11 @@ def _summary(label: str, results: list[dict[str, Any]]) -> None:
     violations = sum(len(r["violations"]) for r in results)
     failing = [r["seed"] for r in results if r["violations"] or r["unfinished"]]
     rate = 1000 * violations / checks if checks else 0.0
+    cpu = sum(r["cpu"] for r in results) / len(results) if results else 0.0
     print(
         f"{label:<22} seeds {len(results):>4}  user ops {sum(r['operations'] for r in results):>5}  "
         f"SageMaker ops checked {checks:>7}  violations {violations:>3}  per 1,000 ops {rate:.3f}  "
-        f"unfinished jobs {sum(len(r['unfinished']) for r in results)}"
+        f"unfinished jobs {sum(len(r['unfinished']) for r in results)}  CPU per seed {cpu:.2f} s"
     )
     if failing:
         print(f"  failing seeds: {failing}")
@@ -119,28 +132,35 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=200)
     parser.add_argument("--first", type=int, default=1)
     parser.add_argument("--operations", type=int, default=8)
-    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="worker processes")
     parser.add_argument("--baseline-seeds", type=int, default=10)
+    parser.add_argument("--transport", choices=("in-process", "http"), default="in-process")
     args = parser.parse_args()
+    if args.jobs < 1 or args.seeds < 0 or args.baseline_seeds < 0:
+        parser.error("--jobs must be at least 1; --seeds and --baseline-seeds at least 0")
+    load_before = os.getloadavg()[0]
     began = time.perf_counter()
     seeds = list(range(args.first, args.first + args.seeds))
-    chunks = [seeds[i :: args.workers] for i in range(args.workers)]
-    with ProcessPoolExecutor(max_workers=args.workers) as pool:
-        adversarial = [
-            r
-            for part in pool.map(_run_seeds, chunks, [args.operations] * len(chunks), [False] * len(chunks))
-            for r in part
-        ]
-        base = seeds[: args.baseline_seeds]
-        base_chunks = [base[i :: args.workers] for i in range(args.workers)]
-        exact = [
-            r
-            for part in pool.map(
-                _run_seeds, base_chunks, [args.operations] * len(base_chunks), [True] * len(base_chunks)
+    base = seeds[: args.baseline_seeds]
+    tasks = [(seed, False) for seed in seeds] + [(seed, True) for seed in base]
+    with ProcessPoolExecutor(
+        max_workers=args.jobs, initializer=_start_worker, initargs=(args.transport,)
+    ) as pool:
+        results = list(
+            pool.map(
+                _run_seed,
+                [seed for seed, _ in tasks],
+                [args.operations] * len(tasks),
+                [exact for _, exact in tasks],
             )
-            for r in part
-        ]
-    print(f"load average {os.getloadavg()[0]:.1f}; {time.perf_counter() - began:.0f} s wall")
+        )
+    wall = time.perf_counter() - began
+    adversarial = results[: len(seeds)]
+    exact = results[len(seeds) :]
+    print(
+        f"{len(tasks)} runs on {args.jobs} processes ({args.transport} moto): {wall:.0f} s wall; "
+        f"load average {load_before:.1f} before, {os.getloadavg()[0]:.1f} after ({os.cpu_count()} cores)"
+    )
     _summary("adversarial delivery", adversarial)
     _summary("exact delivery", exact)
 

@@ -1,27 +1,33 @@
 """Cold import time of each Lambda handler as a ratio to `import boto3`, and of the SDK entry points.
 
-    python bench/bench_imports.py [--repeat N]
+    python bench/bench_imports.py [--repeat N] [--source] [--instructions]
 
 Every round starts one fresh interpreter per target, in a rotating order, so a burst of load on the
 machine falls on all targets alike; the figure of a target is its median over the rounds, minus the median
 of an interpreter that imports nothing (start-up). That is what a Lambda cold start pays on top of the
 runtime's own start. Two figures per target: wall time, and the CPU time (user + system) the interpreter
-used, which a busy machine barely changes; on a quiet machine they agree. Goals (issue #17): scheduler,
+used, which a busy machine changes less; on a quiet machine they agree. `--instructions` counts the instructions
+each import executes instead (valgrind; slow, but the same figure however busy the machine is). Goals (issue #17): scheduler,
 governance and idle_stop at most 1.5 x boto3, api at most 2 x (its event handler validates requests with
 pydantic), judged on CPU time.
 
 Handlers load as in the Lambda layer: modules this environment has but the layer does not carry (blinker,
-which pynamodb uses when present and moto's Flask brings here) are hidden from them.
+which pynamodb uses when present and moto's Flask brings here) are hidden from them, and sagequeue_core
+comes with its bytecode compiled ahead, as layers/core/Makefile builds it (`--source`: from source without
+bytecode, as the default Python builder shipped the layer, which compiles every module at every cold start).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -32,6 +38,7 @@ LAYER_LACKS = ("blinker",)
 
 LOAD_HANDLER = (
     "import importlib.util, sys; "
+    "sys.path.insert(0, sys.argv[2]); "
     f"sys.modules.update(dict.fromkeys({LAYER_LACKS!r})); "
     "spec = importlib.util.spec_from_file_location('app', sys.argv[1]); "
     "module = importlib.util.module_from_spec(spec); spec.loader.exec_module(module)"
@@ -54,11 +61,23 @@ def _run(argv: list[str]) -> tuple[float, float]:
     return wall, cpu
 
 
-def _targets() -> dict[str, list[str]]:
+def layer(into: Path, *, bytecode: bool) -> Path:
+    """sagequeue_core as the layer carries it, in `into`: with bytecode compiled ahead (layers/core/Makefile)
+    or without (the source alone)."""
+    shutil.copytree(ROOT / "layers/core/sagequeue_core", into / "sagequeue_core")
+    if bytecode:
+        subprocess.run(
+            [sys.executable, "-m", "compileall", "-q", "--invalidation-mode", "unchecked-hash", str(into)],
+            check=True,
+        )
+    return into
+
+
+def _targets(layer_dir: Path) -> dict[str, list[str]]:
     python = sys.executable
     targets = {"start-up": [python, "-c", "pass"], "boto3": [python, "-c", "import boto3"]}
     for handler in sorted(ROOT.glob("functions/*/app.py")):
-        targets[handler.parent.name] = [python, "-c", LOAD_HANDLER, str(handler)]
+        targets[handler.parent.name] = [python, "-c", LOAD_HANDLER, str(handler), str(layer_dir)]
     for module in SDK_MODULES:
         probe = subprocess.run([python, "-c", f"import {module}"], cwd=ROOT, capture_output=True)
         if probe.returncode == 0:
@@ -66,9 +85,45 @@ def _targets() -> dict[str, list[str]]:
     return targets
 
 
-def measure(repeat: int) -> dict[str, tuple[float, float]]:
+def instructions(argv: list[str]) -> int:
+    """Instructions one fresh interpreter executes running `argv`, counted by valgrind (callgrind): the same
+    on a busy machine as on a quiet one, where times are not."""
+    out = subprocess.run(
+        ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", *argv],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "PYTHONHASHSEED": "0"},
+    )
+    found = re.search(r"Collected : (\d+)", out.stderr)
+    if found is None:
+        raise RuntimeError(f"no instruction count from valgrind: {out.stderr[-300:]}")
+    return int(found.group(1))
+
+
+def count(layer_dir: Path) -> None:
+    """Each target's instructions as a ratio to boto3's, start-up subtracted."""
+    counts = {name: instructions(argv) for name, argv in _targets(layer_dir).items()}
+    start = counts.pop("start-up")
+    boto3 = counts.pop("boto3") - start
+    print(f"instructions (valgrind), interpreter start-up {start / 1e6:.0f} M subtracted")
+    print(f"{'import':<24} {'M instr':>8} {'x boto3':>8} {'goal':>6}")
+    print(f"{'boto3':<24} {boto3 / 1e6:>8.0f} {1.0:>8.2f}")
+    failed = []
+    for name, value in counts.items():
+        goal = GOALS.get(name)
+        ratio = (value - start) / boto3
+        label = f"functions/{name}" if goal is not None else name
+        print(f"{label:<24} {(value - start) / 1e6:>8.0f} {ratio:>8.2f} {goal if goal else '':>6}")
+        if goal is not None and ratio > goal:
+            failed.append(name)
+    print(f"over the goal: {', '.join(failed)}" if failed else "every handler within its goal")
+
+
+def measure(repeat: int, layer_dir: Path) -> dict[str, tuple[float, float]]:
     """Median (wall, CPU) seconds per target over `repeat` interleaved rounds, start-up not subtracted."""
-    targets = _targets()
+    targets = _targets(layer_dir)
     names = list(targets)
     walls: dict[str, list[float]] = {name: [] for name in names}
     cpus: dict[str, list[float]] = {name: [] for name in names}
@@ -87,8 +142,19 @@ def measure(repeat: int) -> dict[str, tuple[float, float]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeat", type=int, default=7)
+    parser.add_argument("--source", action="store_true", help="sagequeue_core without bytecode")
+    parser.add_argument(
+        "--instructions", action="store_true", help="count instructions with valgrind instead of timing"
+    )
     args = parser.parse_args()
-    medians = measure(args.repeat)
+    print(
+        f"sagequeue_core {'from source, no bytecode' if args.source else 'with bytecode (layers/core/Makefile)'}"
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.instructions:
+            count(layer(Path(tmp), bytecode=not args.source))
+            return
+        medians = measure(args.repeat, layer(Path(tmp), bytecode=not args.source))
     start_wall, start_cpu = medians.pop("start-up")
     boto3_wall, boto3_cpu = (
         value - base for value, base in zip(medians.pop("boto3"), (start_wall, start_cpu), strict=True)

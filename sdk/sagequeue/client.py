@@ -161,6 +161,10 @@ class Job:
     position: int | None = None
     attempts: tuple[str, ...] = ()
     history: tuple[HistoryEntry, ...] = ()
+    #: attempts that ran on SageMaker and ended, and their seconds in SageMaker's Training phase (totals the
+    #: bounded history does not hold)
+    attempts_ended: int = 0
+    seconds_trained: int = 0
     raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
@@ -185,6 +189,8 @@ class Job:
             instances=_int(data.get("instances"), 1),
             position=None if position is None else _int(position),
             attempts=tuple(str(a) for a in data.get("attempts") or ()),
+            attempts_ended=_int(data.get("attempts_ended")),
+            seconds_trained=_int(data.get("seconds_trained")),
             history=tuple(
                 HistoryEntry.from_api(h) for h in data.get("history") or () if isinstance(h, Mapping)
             ),

@@ -115,6 +115,8 @@ def _queue_command(
                 func(target=target, as_json=as_json, **kwargs)
             except SageQueueError as exc:
                 _fail(exc, as_json)
+            except BrokenPipeError:
+                raise  # the reader of the output went away: the command group ends quietly
             except Exception as exc:  # noqa: BLE001 - a CLI prints one line, never a traceback
                 _fail_unexpected(exc, as_json)
 
@@ -238,8 +240,50 @@ def ran(job: Job, now: datetime) -> float | None:
     return _span(job.started_at, job.ended_at or now)
 
 
+#: `SAGEQUEUE_TABLES`: `rich` or `plain` tables whatever the output is; unset: rich on a terminal.
+TABLES_VARIABLE = "SAGEQUEUE_TABLES"
+
+
+def _rich_tables() -> bool:
+    import os
+
+    chosen = os.environ.get(TABLES_VARIABLE, "").strip().lower()
+    if chosen not in ("", "rich", "plain"):
+        raise click.ClickException(f"{TABLES_VARIABLE}={chosen!r}: use rich or plain")
+    if chosen == "plain" or (not chosen and not sys.stdout.isatty()):
+        return False
+    try:
+        import rich  # noqa: F401
+    except ImportError:  # an install without rich: the plain layout is the same table
+        return False
+    return True
+
+
+def _rich_table(headers: Sequence[str], text_rows: list[list[str]]) -> str:
+    import shutil
+    from io import StringIO
+
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, header_style="bold")
+    for heading in headers:
+        table.add_column(heading, no_wrap=True, overflow="fold")
+    for row in text_rows:
+        table.add_row(*row)
+    buffer = StringIO()
+    width = shutil.get_terminal_size((160, 24)).columns
+    Console(file=buffer, force_terminal=True, width=width, highlight=False).print(table)
+    return buffer.getvalue().rstrip("\n")
+
+
 def _table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    """The same cells either way: a rich table on a terminal (or SAGEQUEUE_TABLES=rich), else plain columns
+    two spaces apart, which scripts and pipes read."""
     text_rows = [[("-" if cell is None else str(cell)) for cell in row] for row in rows]
+    if _rich_tables():
+        return _rich_table(headers, text_rows)
     widths = [len(h) for h in headers]
     for row in text_rows:
         widths = [max(w, len(cell)) for w, cell in zip(widths, row, strict=True)]
@@ -703,6 +747,10 @@ def ls(
         return
 
 
+#: Attempts `show` lists by name: the latest ones (a job preempted thousands of times has thousands).
+SHOWN_ATTEMPTS = 20
+
+
 @_queue_command("show")
 @click.argument("name")
 def show(target: Target, as_json: bool, name: str) -> None:
@@ -729,6 +777,8 @@ def show(target: Target, as_json: bool, name: str) -> None:
         ("ran", _duration(ran(job, now))),
         ("preemptions", job.preemptions),
         ("retries", job.retries),
+        ("attempts ended", job.attempts_ended),
+        ("trained", f"{_duration(job.seconds_trained)} ({job.seconds_trained} s, ended attempts)"),
         ("reason", job.reason),
     ]
     width = max(len(k) for k, _ in fields)
@@ -736,7 +786,11 @@ def show(target: Target, as_json: bool, name: str) -> None:
         click.echo(f"{key.ljust(width)}  {'-' if value is None or value == '' else value}")
     if job.attempts:
         click.echo("\nattempts")
-        for number, attempt in enumerate(job.attempts, start=1):
+        shown = list(enumerate(job.attempts, start=1))
+        if len(shown) > SHOWN_ATTEMPTS:
+            click.echo(f"  ... {len(shown) - SHOWN_ATTEMPTS} earlier")
+            shown = shown[-SHOWN_ATTEMPTS:]
+        for number, attempt in shown:
             click.echo(f"  {number}  {attempt}")
     if job.history:
         click.echo("\nhistory")
@@ -826,7 +880,7 @@ def pools(target: Target, as_json: bool) -> None:
         click.echo(pools_table(found) if found else "no pools: set one with `sagequeue capacity TYPE N`")
 
 
-@_queue_command("capacity")
+@_queue_command("capacity", negative_numbers=True)
 @click.argument("instance_type", metavar="TYPE")
 @click.argument("instances", metavar="N", type=click.IntRange(min=0))
 def capacity(target: Target, as_json: bool, instance_type: str, instances: int) -> None:

@@ -400,6 +400,10 @@ def test_negative_priority_release_conflict_and_bad_endpoint(
     assert lowered.code == 1
     assert lowered.err.strip() == "error: priority: Input should be greater than or equal to 0"
     assert sagequeue("priority", name, "0", home=user_home).code == 0
+    # capacity's N too: a negative count is bad usage named as such, not an unknown option
+    negative = sagequeue("capacity", "ml.trn1.32xlarge", "-1", home=user_home)
+    assert negative.code == 2
+    assert negative.err.strip().startswith("error: Invalid value for 'N': -1 is not in the range x>=0")
     assert queue.job(name).priority == 0
 
     release = sagequeue("release", name, home=user_home)

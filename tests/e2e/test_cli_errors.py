@@ -128,3 +128,50 @@ def test_without_sagequeue_home_both_live_in_the_user_config_directory(tmp_path:
 
     assert "org/cache-from-xdg" in one_line(listed)
     assert f"{xdg / 'sagequeue' / 'local.json'} does not exist" in one_line(env)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        # a queue command (its errors pass through the queue commands' own handler)
+        (
+            "submit",
+            "--generate-skeleton",
+            "--image",
+            "123456789012.dkr.ecr.us-east-1.amazonaws.com/t:1",
+            "--instance-type",
+            "ml.trn1.32xlarge",
+            "--role",
+            "arn:aws:iam::123456789012:role/r",
+            "--output",
+            "s3://b/o",
+        ),
+        # a command of another group
+        ("cache", "status", "--cache-dir", "."),
+    ],
+    ids=["submit", "cache-status"],
+)
+def test_a_reader_that_went_away_is_no_error(tmp_path: Path, args: tuple[str, ...]) -> None:
+    """`sagequeue show NAME | head -3`: the reader closes the pipe before the output ends. That is the
+    reader's choice, not a failure to report: no "unexpected error", no traceback (click's own handling of
+    a closed pipe: exit 1, silently)."""
+    environment = {k: v for k, v in os.environ.items() if not k.startswith(("SAGEQUEUE_", "HF_"))}
+    environment.update(SAGEQUEUE_HOME=str(tmp_path / "home"), HF_HOME=str(tmp_path / "hf"))
+    (tmp_path / "neuronxcc-2.14.213.0+013d129b" / "MODULE_1+a").mkdir(parents=True)
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before the first line
+    try:
+        done = subprocess.run(
+            [COMMAND, *args],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=environment,
+            cwd=tmp_path,
+            timeout=120,
+            check=False,
+        )
+    finally:
+        os.close(write_end)
+    assert done.stderr == ""
+    assert done.returncode == 1

@@ -11,6 +11,11 @@ and whenever a test calls `check()` (after the emulator's clock moved):
    (checked by `check_settled()`, between invocations: a start names its pool before SageMaker answers).
 
 Violations are collected as sentences, each reported once; tests assert the list is empty.
+
+What the monitor reads from the table (pools' capacity, the job of each live training job) is read again
+only once the table was written through the store's client or the clock moved: between two writes at one
+moment the answers cannot differ, and a check after every SageMaker call would otherwise cost more table
+reads than the queue itself makes.
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ from sagequeue_core.defaults import JOB_TAG
 
 #: Statuses of a SageMaker training job that still holds its instances.
 _LIVE_STATUSES = frozenset({"InProgress", "Stopping"})
+#: DynamoDB operations that change nothing (every other one invalidates what the monitor read).
+_READS = ("Get", "Query", "Scan", "Describe", "List", "BatchGet")
 
 
 @dataclass
@@ -37,6 +44,11 @@ class InvariantMonitor:
     _untracked_since: dict[str, datetime] = field(default_factory=dict)
     _reported: set[str] = field(default_factory=set)
     _client: Any = None
+    #: bumped by every write through the store's client; the cached reads below belong to one generation
+    _writes: int = 0
+    _cache_key: tuple[int, datetime] | None = None
+    _capacity: dict[str, int] = field(default_factory=dict)
+    _jobs: dict[str, Any] = field(default_factory=dict)
 
     # --- wiring ------------------------------------------------------------------------------------------
 
@@ -44,15 +56,39 @@ class InvariantMonitor:
         """Check after every call the queue makes on `sagemaker_client`."""
         self._client = sagemaker_client
         sagemaker_client.meta.events.register("after-call.sagemaker.*", self._after_call)
+        self.store.client.meta.events.register("before-call.dynamodb.*", self._table_call)
         return self
 
     def detach(self) -> None:
         if self._client is not None:
             self._client.meta.events.unregister("after-call.sagemaker.*", self._after_call)
+            self.store.client.meta.events.unregister("before-call.dynamodb.*", self._table_call)
             self._client = None
 
     def _after_call(self, **_: Any) -> None:
         self.check()
+
+    def _table_call(self, event_name: str = "", **_: Any) -> None:
+        if not event_name.rsplit(".", 1)[-1].startswith(_READS):
+            self._writes += 1
+
+    def _fresh(self, now: datetime) -> None:
+        """Forget what was read from the table if it was written since, or the clock moved."""
+        key = (self._writes, now)
+        if key != self._cache_key:
+            self._cache_key = key
+            self._capacity = {
+                status.pool.instance_type: status.pool.capacity for status in self.store.pools()
+            }
+            self._jobs = {}
+
+    def _job(self, name: str) -> Any:
+        if name not in self._jobs:
+            try:
+                self._jobs[name] = self.store.find_job(name)
+            except (ValueError, KeyError, TypeError):
+                self._jobs[name] = None  # an item the queue cannot read counts nothing
+        return self._jobs[name]
 
     # --- checks ------------------------------------------------------------------------------------------
 
@@ -70,7 +106,8 @@ class InvariantMonitor:
         """Invariants 1-3, at the emulator's current time."""
         self.checks += 1
         now = self.emulator.now()
-        capacity = {status.pool.instance_type: status.pool.capacity for status in self.store.pools()}
+        self._fresh(now)
+        capacity = self._capacity
         held = self.emulator.instances_in_use()
         for instance_type, limit in capacity.items():
             if held.get(instance_type, 0) > limit:
@@ -88,10 +125,7 @@ class InvariantMonitor:
                 continue
             if training_job.status == "InProgress":
                 live_by_job.setdefault(owner, []).append(training_job.name)
-            try:
-                job = self.store.find_job(owner)
-            except (ValueError, KeyError, TypeError):
-                job = None  # an item the queue cannot read counts nothing
+            job = self._job(owner)
             counted = job is not None and job.training_job_name == training_job.name and job.state.is_live
             if counted:
                 self._untracked_since.pop(training_job.name, None)

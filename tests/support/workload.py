@@ -72,6 +72,11 @@ def _request(rng: random.Random, name: str, role: str, account: str) -> dict[str
     return body
 
 
+def _unfinished(world: Any, names: list[str]) -> list[str]:
+    """The jobs not yet in a final state, read from the table (the API's answer holds the same state)."""
+    return [name for name in names if world.deps.store.get_job(name).state.value not in TERMINAL]
+
+
 def run_workload(
     world: Any,
     seed: int,
@@ -82,10 +87,12 @@ def run_workload(
     role: str,
     account: str,
     settle_seconds: float = 4 * 3600,
+    delivery: AdversarialDelivery | None = None,
 ) -> WorkloadResult:
-    """Drive `world` (a server-test QueueWorld built with CAPACITY) through a random workload."""
+    """Drive `world` (a server-test QueueWorld built with CAPACITY) through a random workload; SageMaker's
+    events go through `delivery` (by default adversarial, drawn from `seed`)."""
     rng = random.Random(seed)
-    delivery = AdversarialDelivery(seed)
+    delivery = delivery if delivery is not None else AdversarialDelivery(seed)
     world.mangle = delivery
     monitor = InvariantMonitor(world.emulator, world.deps.store).attach(world.deps.sagemaker.client)
     result = WorkloadResult(seed)
@@ -122,13 +129,10 @@ def run_workload(
             world.api("PATCH", f"/jobs/{name}", {"held": False}, caller=admin)
         world.deliver(delivery.flush())
         waited = 0.0
-        while waited < settle_seconds:
-            states = {name: world.state(name) for name in names}
-            if all(state in TERMINAL for state in states.values()):
-                break
+        while waited < settle_seconds and _unfinished(world, names):
             step(600)
             waited += 600
-        result.unfinished = [name for name in names if world.state(name) not in TERMINAL]
+        result.unfinished = _unfinished(world, names)
     finally:
         monitor.detach()
         world.mangle = None

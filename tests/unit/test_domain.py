@@ -182,3 +182,16 @@ def test_host_dimension_and_instance_family() -> None:
         host_dimension_value("job", 0)
     with pytest.raises(ValueError, match="not a SageMaker instance type"):
         instance_family("trn1.32xlarge")
+
+
+def test_an_ended_attempt_is_counted_once_whatever_arrives_twice() -> None:
+    job = Job(name="llama-ft", request=REQUEST, priority=7, owner="arn:aws:iam::1:user/a", submitted_at=NOW)
+    job.attempt = 1
+    assert job.count_ended_attempt(600.4)
+    # the same attempt's end again (a duplicated or late event): nothing changes
+    assert not job.count_ended_attempt(600.4)
+    job.attempt = 3  # attempt 2 never ran (its create failed); attempt 3 ended without training
+    assert job.count_ended_attempt(None)
+    assert (job.attempts_ended, job.seconds_trained, job.counted_attempt) == (2, 600, 3)
+    api = job.to_api()
+    assert (api["attempts_ended"], api["seconds_trained"]) == (2, 600)

@@ -16,17 +16,62 @@ HANDLERS = sorted(ROOT.glob("functions/*/app.py"))
 #: Importable here, but not in the Lambda layer (or far too slow for a cold start).
 FORBIDDEN = ("sagemaker", "moto", "huggingface_hub", "sagequeue", "pandas", "numpy", "torch")
 #: In the layer's reach but loaded by no handler: traces come from Lambda's active tracing, not the X-Ray
-#: SDK behind Powertools' Tracer, which cost more to import than boto3.
-NEVER = ("aws_xray_sdk", "wrapt")
+#: SDK behind Powertools' Tracer, which cost more to import than boto3; the API routes and checks requests
+#: itself, without Powertools' resolver and the pydantic validation behind it (about 1 x boto3 together).
+NEVER = (
+    "aws_xray_sdk",
+    "wrapt",
+    "pydantic",
+    "pydantic_core",
+    "aws_lambda_powertools.event_handler",
+    "asyncio",
+)
+#: Third-party packages a handler may load: what the layer carries (layers/core/requirements.txt and what
+#: it brings). Anything else is a new dependency of a cold start.
+LAYER = frozenset(
+    {
+        "aws_lambda_powertools",
+        "botocore",
+        "certifi",
+        "dateutil",
+        "jmespath",
+        "pynamodb",
+        "six",
+        "typing_extensions",
+        "urllib3",
+    }
+)
+#: Installed here (moto's server needs it) but not in the layer; pynamodb uses it when it is there.
+LAYER_LACKS = ("blinker",)
+#: The project modules each handler loads, exactly: a new import in a handler or in the modules it loads
+#: shows up here, and must be worth its cold-start cost to be added.
+PROJECT = {
+    "api": {
+        "config", "defaults", "domain", "errors", "events", "governance", "observability", "quotas", "retry",
+        "runtime", "sagemaker", "service", "service.access", "service.exemptions", "service.http",
+        "service.jobs", "service.submit", "service.teams", "store", "validation",
+    },
+    "scheduler": {
+        "config", "defaults", "domain", "errors", "events", "observability", "policy", "quotas", "retry",
+        "runtime", "sagemaker", "service", "service.schedule", "snapshot", "store",
+    },
+    "governance": {
+        "alarms", "config", "defaults", "domain", "errors", "events", "governance", "notify", "observability",
+        "quotas", "retry", "runtime", "sagemaker", "service", "service.exemptions", "service.govern", "store",
+    },
+    "idle_stop": {
+        "alarms", "config", "defaults", "domain", "errors", "events", "governance", "notify", "observability",
+        "quotas", "retry", "runtime", "sagemaker", "service", "service.exemptions", "service.stop_idle",
+        "store",
+    },
+}  # fmt: skip
 #: Modules that only some handlers need, and the handlers that may load them.
 ONLY_FOR = {
-    "pydantic": {"api"},
-    "pydantic_core": {"api"},
-    "aws_lambda_powertools.event_handler": {"api"},
     "sagequeue_core.service.http": {"api"},
     "sagequeue_core.service.jobs": {"api"},
     "sagequeue_core.service.submit": {"api"},
     "sagequeue_core.service.access": {"api"},
+    "sagequeue_core.service.teams": {"api"},
     "sagequeue_core.service.schedule": {"scheduler"},
     "sagequeue_core.policy": {"scheduler"},
     "sagequeue_core.service.govern": {"governance"},
@@ -37,12 +82,13 @@ ONLY_FOR = {
     "sagequeue_core.governance": {"api", "governance", "idle_stop"},
 }
 
-PROBE = """
+PROBE = f"""
 import importlib.util, json, sys
+sys.modules.update(dict.fromkeys({LAYER_LACKS!r}))
 spec = importlib.util.spec_from_file_location("app", sys.argv[1])
 module = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(module)
-print(json.dumps({"handler": callable(getattr(module, "handler", None)), "modules": sorted(sys.modules)}))
+print(json.dumps({{"handler": callable(getattr(module, "handler", None)), "modules": sorted(sys.modules)}}))
 """
 
 _loaded: dict[Path, dict[str, object]] = {}
@@ -78,9 +124,34 @@ def test_handler_imports_only_what_the_layer_carries(handler: Path) -> None:
     heavy = sorted(
         name
         for name in _modules(handler)
-        if name.split(".")[0] in FORBIDDEN + NEVER and not name.startswith("sagequeue_")
+        if (name.split(".")[0] in FORBIDDEN or any(_within(name, never) for never in NEVER))
+        and not name.startswith("sagequeue_")
     )
     assert heavy == [], f"{handler.relative_to(ROOT)} imports {heavy}"
+
+
+@pytest.mark.parametrize("handler", HANDLERS, ids=lambda p: p.parent.name)
+def test_handler_loads_no_package_beyond_the_layer(handler: Path) -> None:
+    packages = {name.split(".")[0] for name in _modules(handler) if name not in LAYER_LACKS}
+    outside = sorted(
+        packages - LAYER - set(sys.stdlib_module_names) - {"sagequeue_core", "__main__", "__mp_main__"}
+    )
+    outside = [name for name in outside if not name.startswith("_") and not name.startswith("__editable__")]
+    assert outside == [], f"{handler.relative_to(ROOT)} loads packages the layer does not carry: {outside}"
+
+
+@pytest.mark.parametrize("handler", HANDLERS, ids=lambda p: p.parent.name)
+def test_handler_loads_exactly_the_project_modules_it_uses(handler: Path) -> None:
+    function = handler.parent.name
+    loaded_now = {
+        name.removeprefix("sagequeue_core.")
+        for name in _modules(handler)
+        if name.startswith("sagequeue_core.")
+    }
+    assert loaded_now == PROJECT[function], (
+        f"{function}: loads {sorted(loaded_now - PROJECT[function])} beyond what it uses; "
+        f"no longer loads {sorted(PROJECT[function] - loaded_now)}"
+    )
 
 
 @pytest.mark.parametrize("handler", HANDLERS, ids=lambda p: p.parent.name)

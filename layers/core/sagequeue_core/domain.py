@@ -475,6 +475,12 @@ class Job:
     stop_reason: StopReason | None = None
     preemptions: int = 0
     retries: int = 0  # requeues after transient SageMaker failures
+    #: attempts that ran on SageMaker and ended, and their seconds in SageMaker's Training phase: totals that
+    #: outlive the bounded history (see count_ended_attempt)
+    attempts_ended: int = 0
+    seconds_trained: int = 0
+    #: the last attempt whose end is in the totals: each attempt is counted once, whatever arrives twice
+    counted_attempt: int = 0
     not_before: datetime | None = None  # backoff: not started again before this time
     reused_warm_pool_of: str | None = None  # training job whose warm pool the current attempt reuses
     keep_alive_seconds: int = 0  # keep-alive the scheduler set on the current attempt
@@ -528,6 +534,15 @@ class Job:
         """Whether `training_job_name` is one of the names the job's next attempt may have."""
         return training_job_name in attempt_names(self.name, self.attempt + 1)
 
+    def count_ended_attempt(self, seconds_trained: float | None) -> bool:
+        """Add the current attempt, which has just ended, to the totals; False if it is counted already."""
+        if self.attempt <= self.counted_attempt:
+            return False
+        self.counted_attempt = self.attempt
+        self.attempts_ended += 1
+        self.seconds_trained += max(round(seconds_trained or 0), 0)
+        return True
+
     def transition(self, target: JobState, now: datetime, reason: str | None = None) -> None:
         """Move to `target`, recording when and why; refuses moves not in TRANSITIONS."""
         check_transition(self.state, target)
@@ -560,6 +575,8 @@ class Job:
             "reason": self.reason,
             "preemptions": self.preemptions,
             "retries": self.retries,
+            "attempts_ended": self.attempts_ended,
+            "seconds_trained": self.seconds_trained,
             "reservation": self.reservation.to_dict() if self.reservation else None,
             "warnings": self.warnings,
             "training_started_at": _iso(self.training_started_at),

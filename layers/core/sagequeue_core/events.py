@@ -83,6 +83,10 @@ class TrainingJobChange:
     last_modified_time: datetime | None = None
     #: when the job entered the Training phase (its SecondaryStatusTransitions), if it has
     training_phase_started_at: datetime | None = None
+    #: seconds the job spent in the Training phase: the sum over its SecondaryStatusTransitions (a spot job
+    #: may train, be interrupted and train again), or TrainingStartTime to TrainingEndTime when SageMaker
+    #: gives no transitions; None while it is not known (still training, or no times given)
+    seconds_trained: float | None = None
     detail: Mapping[str, Any] = field(default_factory=dict)  # the whole detail, for the resource key
 
     @property
@@ -140,6 +144,7 @@ def parse_description(detail: Mapping[str, Any]) -> TrainingJobChange:
         training_end_time=parse_time(detail.get("TrainingEndTime")),
         last_modified_time=parse_time(detail.get("LastModifiedTime")),
         training_phase_started_at=_phase_start(detail.get("SecondaryStatusTransitions"), "Training"),
+        seconds_trained=_seconds_trained(detail),
         detail=detail,
     )
 
@@ -151,6 +156,28 @@ def _phase_start(transitions: Any, phase: str) -> datetime | None:
         if isinstance(transition, Mapping) and transition.get("Status") == phase:
             return parse_time(transition.get("StartTime"))
     return None
+
+
+def _seconds_trained(detail: Mapping[str, Any]) -> float | None:
+    """Time in the Training phase, once the job has ended (until then the total is not final)."""
+    if detail.get("TrainingJobStatus") not in ("Completed", "Failed", "Stopped"):
+        return None
+    ended_at = parse_time(detail.get("TrainingEndTime"))
+    transitions = detail.get("SecondaryStatusTransitions")
+    if isinstance(transitions, list) and transitions:
+        total = 0.0
+        for transition in transitions:
+            if not isinstance(transition, Mapping) or transition.get("Status") != "Training":
+                continue
+            start = parse_time(transition.get("StartTime"))
+            end = parse_time(transition.get("EndTime")) or ended_at  # an open phase ends with the job
+            if start is not None and end is not None:
+                total += max((end - start).total_seconds(), 0.0)
+        return total
+    started_at = parse_time(detail.get("TrainingStartTime"))
+    if started_at is None or ended_at is None:
+        return None
+    return max((ended_at - started_at).total_seconds(), 0.0)
 
 
 # --- publishing -----------------------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-import boto3
+import botocore.session
 
 from sagequeue_core.config import Settings
 from sagequeue_core.events import EventBridgePublisher, Publisher
@@ -57,7 +57,7 @@ class Dependencies:
     sagemaker: SageMakerAdapter
     publisher: Publisher
     metrics: Any = default_metrics
-    #: boto3 clients by service name; `client()` creates the missing ones once.
+    #: AWS clients by service name; `client()` creates the missing ones once.
     clients: dict[str, Any] = field(default_factory=dict)
     #: room for the governance parts (idle alarms, notifications)
     alarms: Any = None
@@ -72,14 +72,12 @@ class Dependencies:
         return self.clock()
 
     def client(self, service: str) -> Any:
-        """The one boto3 client of `service` (created on first use, with the configured endpoint)."""
+        """The one client of `service` (created on first use, with the configured endpoint)."""
         with self._lock:
             existing = self.clients.get(service)
             if existing is None:
-                session = self._session or boto3.session.Session(region_name=self.region)
-                existing = session.client(
-                    service, endpoint_url=self.endpoints.get(service), config=CLIENT_CONFIG
-                )
+                session = self._session or _session(self.region)
+                existing = _client(session, service, self.region, self.endpoints.get(service))
                 self.clients[service] = existing
             return existing
 
@@ -112,7 +110,7 @@ def build(
     made: dict[str, Any] = dict(clients or {})
     for service in ("sagemaker", "events"):
         if service not in made:
-            made[service] = session.client(service, endpoint_url=endpoints.get(service), config=CLIENT_CONFIG)
+            made[service] = _client(session, service, region, endpoints.get(service))
     store = Repository(settings.table_name, host=endpoints.get("dynamodb"), region=region)
     return Dependencies(
         settings=settings,
@@ -132,13 +130,20 @@ _sessions_lock = threading.Lock()
 
 
 def _session(region: str) -> Any:
-    """One boto3 session per region per process: a session loads each service model once, and the
-    SageMaker model alone takes tens of milliseconds to parse."""
+    """One botocore session per region per process: a session loads each service model once, and the
+    SageMaker model alone takes tens of milliseconds to parse. botocore's session rather than boto3's:
+    the clients are the same, and boto3's import (s3transfer, resources) costs a cold start about 15%
+    more than botocore's for nothing the handlers use (docs/adr/0004-cold-start-budget.md)."""
     with _sessions_lock:
         session = _sessions.get(region)
         if session is None:
-            session = _sessions[region] = boto3.session.Session(region_name=region)
+            session = _sessions[region] = botocore.session.Session()
+            session.set_config_variable("region", region)
         return session
+
+
+def _client(session: Any, service: str, region: str, endpoint: str | None) -> Any:
+    return session.create_client(service, region_name=region, endpoint_url=endpoint, config=CLIENT_CONFIG)
 
 
 _installed: Dependencies | None = None

@@ -82,7 +82,8 @@ _CONDITION_FAILED = "ConditionalCheckFailedException"
 #: Items DynamoDB accepts in one TransactWriteItems request.
 TRANSACTION_ITEMS = 100
 #: History entries an item keeps: the first (submission) and the latest ones. A job preempted thousands of
-#: times keeps a bounded item; its counters (attempt, preemptions, retries) keep the totals.
+#: times keeps a bounded item; its counters (attempt, preemptions, retries, attempts_ended,
+#: seconds_trained) keep the totals.
 HISTORY_KEPT = 40
 #: Longest reason stored (in the job and in each history entry); SageMaker's FailureReason can be long.
 REASON_MAX_CHARS = 400
@@ -204,6 +205,9 @@ def _model_classes(table_name: str, host: str | None, region: str | None) -> Any
         stop_reason = UnicodeAttribute(null=True)
         preemptions = NumberAttribute(null=True)
         retries = NumberAttribute(null=True)
+        attempts_ended = NumberAttribute(null=True)
+        seconds_trained = NumberAttribute(null=True)
+        counted_attempt = NumberAttribute(null=True)
         not_before = UTCDateTimeAttribute(null=True)
         reused_warm_pool_of = UnicodeAttribute(null=True)
         keep_alive_seconds = NumberAttribute(null=True)
@@ -774,6 +778,9 @@ class Repository:
             stop_reason=job.stop_reason.value if job.stop_reason else None,
             preemptions=job.preemptions,
             retries=job.retries,
+            attempts_ended=job.attempts_ended,
+            seconds_trained=job.seconds_trained,
+            counted_attempt=job.counted_attempt,
             not_before=job.not_before,
             reused_warm_pool_of=job.reused_warm_pool_of,
             keep_alive_seconds=job.keep_alive_seconds,
@@ -812,6 +819,9 @@ class Repository:
             stop_reason=StopReason(item.stop_reason) if item.stop_reason else None,
             preemptions=int(item.preemptions or 0),
             retries=int(item.retries or 0),
+            attempts_ended=int(item.attempts_ended or 0),
+            seconds_trained=int(item.seconds_trained or 0),
+            counted_attempt=int(item.counted_attempt or 0),
             not_before=item.not_before,
             reused_warm_pool_of=item.reused_warm_pool_of,
             keep_alive_seconds=int(item.keep_alive_seconds or 0),

@@ -126,6 +126,8 @@ class _OneLineErrors(click.Group):
             raise CacheError(exc.format_message()) from None
         except (click.exceptions.Exit, click.Abort, SystemExit, KeyboardInterrupt):
             raise
+        except BrokenPipeError:
+            raise  # the reader of the output went away: the command group ends quietly
         except Exception as exc:  # noqa: BLE001 - a CLI says what failed in one line, never a traceback
             command = ctx.invoked_subcommand or "cache"
             raise CacheError(f"sagequeue cache {command}: {one_line(exc)}") from None

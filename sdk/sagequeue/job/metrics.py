@@ -34,8 +34,15 @@ from sagequeue_core.defaults import (
     NEURON_METRIC_NAMESPACE,
     NEURONCORE_UTILIZATION_METRIC,
 )
+from sagequeue_core.retry import botocore_config
 
 log = logging.getLogger(__name__)
+
+#: Tries of one PutMetricData, and the connect and read timeout of each, in seconds.
+PUBLISH_ATTEMPTS = 2
+PUBLISH_TIMEOUT_SECONDS = 5.0
+#: How long stop() waits for the last data point.
+LAST_FLUSH_SECONDS = 3.0
 
 
 @dataclass(frozen=True)
@@ -105,7 +112,15 @@ class UtilizationPublisher:
     @property
     def cloudwatch(self) -> Any:
         if self._cloudwatch is None:
-            self._cloudwatch = boto3.client("cloudwatch")
+            # short bounds: a data point lost is better than a wrapper held by an unreachable CloudWatch
+            self._cloudwatch = boto3.client(
+                "cloudwatch",
+                config=botocore_config(
+                    attempts=PUBLISH_ATTEMPTS,
+                    connect_timeout=PUBLISH_TIMEOUT_SECONDS,
+                    read_timeout=PUBLISH_TIMEOUT_SECONDS,
+                ),
+            )
         return self._cloudwatch
 
     def start(self) -> None:
@@ -190,6 +205,15 @@ class UtilizationPublisher:
                 self._monitor.wait()
         for thread in self._threads:
             thread.join(timeout=5)
-        self.flush()
+        # the last data point is sent on a thread of its own: the wrapper waits for it only so long, since
+        # after a stop the upload and the exit still have to fit in the grace
+        last = threading.Thread(target=self.flush, name="neuroncore-last-flush", daemon=True)
+        last.start()
+        last.join(timeout=LAST_FLUSH_SECONDS)
+        if last.is_alive():
+            log.warning(
+                "CloudWatch did not take the last utilization data point in %.0fs; not waiting for it",
+                LAST_FLUSH_SECONDS,
+            )
         if self._config_dir is not None:
             self._config_dir.cleanup()

@@ -235,7 +235,7 @@ def choose_cache_dir(env: Mapping[str, str], explicit: str | None = None) -> Cac
     if warm:
         return CacheLocation(Path(warm) / WARMPOOL_CACHE_SUBDIR, "warm-pool")
     from_flags = cache_dir_from_flags(env.get(CC_FLAGS_ENV, ""))
-    if from_flags:
+    if from_flags and "://" not in from_flags:  # --cache_dir=s3://... is the compiler's own S3 cache
         return CacheLocation(Path(from_flags), CC_FLAGS_ENV)
     url = env.get(CACHE_URL_ENV, "")
     if url and "://" not in url:

@@ -21,7 +21,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import FrameType
 
@@ -123,8 +123,14 @@ class SignalForwarder:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(group, signum)
 
-    def run(self, command: Sequence[str], env: Mapping[str, str]) -> int:
-        """Run `command` to its end; returns its exit status (128+N when a signal N ended it)."""
+    def run(
+        self,
+        command: Sequence[str],
+        env: Mapping[str, str],
+        stop_end: Callable[[], float] | None = None,
+    ) -> int:
+        """Run `command` to its end; returns its exit status (128+N when a signal N ended it). After a
+        stop, a command still running at the monotonic time `stop_end()` has its process group killed."""
         child = subprocess.Popen(list(command), env=dict(env), start_new_session=True)
         with self._lock:
             self._child = child
@@ -133,8 +139,26 @@ class SignalForwarder:
             if self.watch.stopped:
                 # the stop arrived while the child was being started
                 os.killpg(child.pid, self.watch.signal or signal.SIGTERM)
-            status = child.wait()
+            status = child.wait() if stop_end is None else self._wait(child, stop_end)
         finally:
             with self._lock:
                 self._child = None
         return 128 - status if status < 0 else status
+
+    def _wait(self, child: subprocess.Popen[bytes], stop_end: Callable[[], float]) -> int:
+        """Wait for `child`; once stopped, only until `stop_end()`, then kill its group and reap it."""
+        while True:
+            timeout = 1.0
+            if self.watch.stopped:
+                timeout = min(timeout, stop_end() - time.monotonic())
+                if timeout <= 0:
+                    log.warning(
+                        "the command still runs at the end of the stop grace: killing its process group"
+                    )
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.killpg(child.pid, signal.SIGKILL)
+                    return child.wait()
+            try:
+                return child.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                continue

@@ -241,7 +241,7 @@ class JobRunner:
                 outcome.status = 128 + (self.watch.signal or 15)
             else:
                 log.info("running %s", " ".join(options.command))
-                outcome.status = self.forwarder.run(options.command, child_env)
+                outcome.status = self.forwarder.run(options.command, child_env, self._stop_end)
                 log.info("command exited with status %d", outcome.status)
         finally:
             if publisher is not None:
@@ -295,7 +295,7 @@ class JobRunner:
         try:
             if self.watch.stopped:
                 return JobOutcome(status=128 + (self.watch.signal or 15))
-            return JobOutcome(status=self.forwarder.run(self.options.command, child_env))
+            return JobOutcome(status=self.forwarder.run(self.options.command, child_env, self._stop_end))
         finally:
             if publisher is not None:
                 publisher.stop()
@@ -433,7 +433,7 @@ class JobRunner:
             return
         command = neuron.parallel_compile_command(self.options.command, executable)
         log.info("cache miss: precompiling with a %s-step run", steps)
-        status = self.forwarder.run(command, env)
+        status = self.forwarder.run(command, env, self._stop_end)
         if status != 0:
             # the real run compiles whatever the precompile run could not
             log.warning("precompile run exited with status %d; training compiles the rest", status)

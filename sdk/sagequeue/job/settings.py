@@ -54,6 +54,11 @@ class SecretError(RuntimeError):
     """The Hub token secret could not be read or holds no token."""
 
 
+#: Tries of the token's GetSecretValue, and the connect and read timeout of each, in seconds.
+SECRET_ATTEMPTS = 2
+SECRET_TIMEOUT_SECONDS = 5.0
+
+
 def hub_token_from_secret(secret_id: str, client: Any = None) -> str:
     """The token in a secret: the whole SecretString, or its HF_TOKEN/token key when it is JSON."""
     import json
@@ -61,7 +66,17 @@ def hub_token_from_secret(secret_id: str, client: Any = None) -> str:
     import boto3
     from botocore.exceptions import BotoCoreError, ClientError
 
-    secrets = client or boto3.client("secretsmanager")
+    from sagequeue_core.retry import botocore_config
+
+    # bounded like the cache itself: a Secrets Manager that never answers costs seconds, not minutes
+    secrets = client or boto3.client(
+        "secretsmanager",
+        config=botocore_config(
+            attempts=SECRET_ATTEMPTS,
+            connect_timeout=SECRET_TIMEOUT_SECONDS,
+            read_timeout=SECRET_TIMEOUT_SECONDS,
+        ),
+    )
     try:
         value = secrets.get_secret_value(SecretId=secret_id)
     except (BotoCoreError, ClientError) as exc:

@@ -176,6 +176,65 @@ class StackContext:
         )
 
 
+# --- translations, cached --------------------------------------------------------------------------------------
+
+#: Translations made or read in this process, by key.
+_TRANSLATED: dict[str, dict[str, Any]] = {}
+#: Where translations are kept between processes (the user's cache folder by default); an empty value
+#: turns keeping them off.
+CACHE_DIR_ENV = "SAGEQUEUE_CACHE_DIR"
+
+
+def _translation_key(sam: Mapping[str, Any], values: Mapping[str, Any]) -> str:
+    """What a translation depends on: the template (code locations included), the parameter and pseudo
+    parameter values, and the translator's version."""
+    from importlib.metadata import version
+
+    material = json.dumps([sam, values, version("aws-sam-translator")], sort_keys=True, default=str)
+    return hashlib.sha256(material.encode()).hexdigest()
+
+
+def _cache_dir() -> Path | None:
+    import os
+
+    configured = os.environ.get(CACHE_DIR_ENV)
+    if configured is not None:
+        return Path(configured) if configured else None
+    from platformdirs import user_cache_dir
+
+    return Path(user_cache_dir("sagequeue")) / "sam-translations"
+
+
+def _read_cached(key: str) -> dict[str, Any] | None:
+    """A translation kept by an earlier process, or None (none kept, unreadable, or not a template)."""
+    folder = _cache_dir()
+    if folder is None:
+        return None
+    try:
+        document = json.loads((folder / f"{key}.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return document if isinstance(document, dict) and isinstance(document.get("Resources"), dict) else None
+
+
+def _write_cached(key: str, document: Mapping[str, Any]) -> None:
+    """Keep a translation for later processes; a cache that cannot be written is no error (the next start
+    translates again). Written whole, then renamed, so a reader never sees half a file."""
+    import os
+    import tempfile
+
+    folder = _cache_dir()
+    if folder is None:
+        return
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=folder, suffix=".tmp", delete=False) as out:
+            json.dump(document, out)
+        os.replace(out.name, folder / f"{key}.json")
+    except (OSError, TypeError, ValueError):
+        return
+
+
 class Template:
     """A parsed template bound to a stack context and parameter values, resolving intrinsics on demand."""
 
@@ -212,17 +271,11 @@ class Template:
     def _translate(self, document: Mapping[str, Any]) -> dict[str, Any]:
         """The template as CloudFormation sees it after `Transform: AWS::Serverless-2016-10-31`, by
         aws-sam-translator (the library `sam` runs), offline: local CodeUri folders become S3 locations
-        remembered in `code_dirs`, the pseudo parameters are the stack's, no AWS call is made."""
+        remembered in `code_dirs`, the pseudo parameters are the stack's, no AWS call is made. Translating
+        takes about a second (most of it importing the translator), so a translation is kept, keyed by
+        everything it depends on (`_translation_key`), in this process and in the user's cache folder."""
         import copy
 
-        try:
-            from samtranslator.model.exceptions import InvalidDocumentException
-            from samtranslator.parser.parser import Parser
-            from samtranslator.translator.translator import Translator
-        except ImportError as exc:
-            raise TemplateError(
-                "a SAM template needs aws-sam-translator to run locally: pip install 'sagequeue[local]'"
-            ) from exc
         sam = copy.deepcopy(dict(document))
         for where in [
             *((sam.get("Resources") or {}).values()),
@@ -250,12 +303,28 @@ class Template:
                 "AWS::StackId": self.context.stack_id,
             }
         )
+        key = _translation_key(sam, values)
+        cached = _TRANSLATED.get(key) or _read_cached(key)
+        if cached is not None:
+            _TRANSLATED[key] = cached
+            return copy.deepcopy(cached)
+        try:
+            from samtranslator.model.exceptions import InvalidDocumentException
+            from samtranslator.parser.parser import Parser
+            from samtranslator.translator.translator import Translator
+        except ImportError as exc:
+            raise TemplateError(
+                "a SAM template needs aws-sam-translator to run locally: pip install 'sagequeue[local]'"
+            ) from exc
         translator = Translator({}, Parser(), boto_session=_OfflineSession(self.context.region))
         try:
-            return dict(translator.translate(sam, values, get_managed_policy_map=dict))
+            translated = dict(translator.translate(sam, values, get_managed_policy_map=dict))
         except InvalidDocumentException as exc:
             causes = "; ".join(str(cause) for cause in exc.causes) or str(exc)
             raise TemplateError(f"the SAM transform refused the template: {causes}") from exc
+        _TRANSLATED[key] = copy.deepcopy(translated)
+        _write_cached(key, translated)
+        return translated
 
     # --- parameters and conditions ---------------------------------------------------------------------------
 

@@ -271,3 +271,49 @@ def test_a_hub_upload_under_a_deadline_commits_what_fits(
     assert elapsed < 7.0
     assert set(cache.remote.entries(VERSION)) == {key.split("/", 1)[1] for key in published}
     assert sorted(report.result.skipped + published) == sorted(report.candidates)
+
+
+def test_a_blackholed_secrets_manager_delays_training_by_less_than_a_minute(
+    base_env: dict[str, str], moto_endpoint: str, hub_server: HubServer, tmp_path: Path
+) -> None:
+    """The Hub token comes from Secrets Manager (SAGEQUEUE_HF_TOKEN_SECRET): a Secrets Manager that never
+    answers is part of a dead cache and must not hold training longer than the cache's own bound."""
+    cache = make_cache("hf", base_env, hub_server)
+    log = tmp_path / "wrapper.log"
+    with FaultProxy(moto_endpoint, mode="blackhole") as secrets:
+        env = dict(
+            cache.env,
+            SAGEQUEUE_HF_TOKEN_SECRET="neff-cache-token",
+            AWS_ENDPOINT_URL_SECRETSMANAGER=secrets.url,
+            AWS_ENDPOINT_URL_SECRETS_MANAGER=secrets.url,
+        )
+        # GIVEN a wrapper that must read its Hub token from a Secrets Manager that never answers
+        job = _wrapper(
+            [
+                "--cache",
+                cache.url,
+                "--cache-dir",
+                str(tmp_path / "cache"),
+                "--restore",
+                "none",
+                "--no-upload",
+                "--",
+                str(STANDINS / "standin-train"),
+                "--graphs",
+                f"s-{uuid.uuid4().hex[:8]}",
+                "--started",
+                str(tmp_path / "started"),
+            ],
+            env,
+            log,
+        )
+        try:
+            # THEN training starts within the dead-cache bound, with the default Hub credentials
+            delay = _wait_for(lambda: (tmp_path / "started").exists(), DEAD_CACHE_BOUND + 10)
+            assert job.wait(timeout=30) == 0, log.read_text()
+        finally:
+            job.kill()
+        assert secrets.accepted >= 1
+    stderr = log.read_text()
+    assert delay < DEAD_CACHE_BOUND, stderr
+    assert "using the default Hub credentials: cannot read secret neff-cache-token" in stderr

@@ -159,3 +159,60 @@ def test_a_worker_that_ignores_the_stop_is_left_at_the_end_of_the_grace(
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(worker, signal.SIGKILL)
+
+
+def test_a_command_that_outlives_the_grace_is_killed_and_the_wrapper_leaves_in_time(
+    base_env: dict[str, str], tmp_path: Path
+) -> None:
+    """The direct child itself outlives the stop (a script whose checkpoint takes longer than the grace,
+    or torchrun waiting for such workers): the wrapper must not wait for it past the grace."""
+    # GIVEN a command that ignores SIGTERM, run by the wrapper as its direct child
+    code = (
+        "import os, signal, sys, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "open(sys.argv[1], 'w').write(str(os.getpid()))\ntime.sleep(120)\n"
+    )
+    log = tmp_path / "wrapper.log"
+    job = subprocess.Popen(
+        [
+            str(BIN / "sagequeue-job"),
+            "run",
+            "--cache-dir",
+            str(tmp_path / "cache"),
+            "--grace",
+            "4",
+            "--no-progress",
+            "--",
+            sys.executable,
+            "-c",
+            code,
+            str(tmp_path / "pid"),
+        ],
+        env=base_env,
+        stdout=subprocess.DEVNULL,
+        stderr=log.open("w"),
+    )
+    end = time.monotonic() + 30
+    while not (tmp_path / "pid").exists() or not (tmp_path / "pid").read_text().strip():
+        assert time.monotonic() < end
+        time.sleep(0.05)
+    command = int((tmp_path / "pid").read_text())
+    try:
+        stopped_at = time.monotonic()
+        job.send_signal(signal.SIGTERM)
+        try:
+            job.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            job.kill()
+            pytest.fail("the wrapper still waits for its command 15 s after a stop with a 4 s grace")
+        elapsed = time.monotonic() - stopped_at
+        stderr = log.read_text()
+        # THEN it kills the command at the end of the grace (minus the exit margin) and leaves
+        assert 1.5 <= elapsed < 4, stderr
+        assert "still runs at the end of the stop grace: killing its process group" in stderr
+        assert job.returncode == 128 + signal.SIGKILL, stderr
+        time.sleep(0.2)
+        stat = Path(f"/proc/{command}/stat")
+        assert not stat.exists() or stat.read_text().rsplit(")", 1)[-1].split()[0] == "Z"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(command, signal.SIGKILL)

@@ -274,13 +274,16 @@ class QueueWorld:
 
 
 def make_world(
-    moto_endpoint: str,
+    moto_endpoint: str | None,
     *,
     capacity: dict[str, int] | None = None,
     settings: dict[str, Any] | None = None,
     instance_limits: dict[str, int] | None = None,
     timings: dict[str, Any] | None = None,
 ) -> Iterator[QueueWorld]:
+    """A world on moto's server at `moto_endpoint`, or, with None, on AWS's own endpoints for moto's
+    in-process mock (`moto.mock_aws`, started by the caller) to answer: the same backends without HTTP, for
+    benchmarks that run hundreds of worlds."""
     suffix = uuid.uuid4().hex[:8]
     region = "us-east-1"
     dynamodb = boto3.client("dynamodb", endpoint_url=moto_endpoint, region_name=region)
@@ -330,7 +333,10 @@ def make_world(
     deps = runtime.build(
         Settings.build(**values),
         clock=clock,
-        endpoints={"dynamodb": moto_endpoint, "events": moto_endpoint, "sagemaker": emulator.endpoint_url},
+        endpoints={
+            **({"dynamodb": moto_endpoint, "events": moto_endpoint} if moto_endpoint else {}),
+            "sagemaker": emulator.endpoint_url,
+        },
         region=region,
         # botocore's own retries sleep in real time; the scheduler's handling of a refusal is under test
         clients={"sagemaker": emulator.client(config=Config(retries={"total_max_attempts": 1}))},

@@ -12,6 +12,7 @@ import sys
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -25,6 +26,7 @@ from sagequeue_core.store import TrackedWarmPool
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from support.cfn_template import create_table
+from support.delivery import AdversarialDelivery
 from support.invariants import InvariantMonitor, advance, monitored
 
 
@@ -315,43 +317,178 @@ def one_trn1_no_budget(moto_endpoint: str) -> Iterator[tuple[QueueWorld, Invaria
     )
 
 
-def test_a_job_preempted_5000_times_keeps_a_small_item_and_can_still_be_preempted(
+def _seconds_in_training(world: QueueWorld, training_job_name: str) -> int:
+    """What SageMaker (the emulator's own record) says the attempt spent in its Training phase."""
+    record = world.emulator.backend._jobs[training_job_name]
+    spans = [t for t in record.transitions if t["Status"] == "Training"]
+    return sum(round((t.get("EndTime", record.training_end) - t["StartTime"]).total_seconds()) for t in spans)
+
+
+def test_a_job_preempted_5000_times_keeps_a_small_item_and_exact_counters(
     one_trn1_no_budget: tuple[QueueWorld, InvariantMonitor],
 ) -> None:
     world, monitor = one_trn1_no_budget
-    # GIVEN a job that has been preempted 5,000 times (its history built the way transitions build it)
+    # GIVEN a job that waits behind another, whose 4,997 earlier attempts were each preempted after 60 s of
+    # training (recorded as the scheduler records an end: the move, the counters, the history entries)
+    world.submit("blocker", duration=300, priority=5)
     world.submit("veteran", duration=3600, priority=1)
     job = world.deps.store.get_job("veteran")
+    assert job.state is JobState.QUEUED
     moment = START
-    for _ in range(5000):
-        for state in (JobState.STARTING, JobState.RUNNING, JobState.PREEMPTING, JobState.QUEUED):
+    for attempt in range(1, 4998):
+        job.attempt = attempt
+        for state in (JobState.STARTING, JobState.RUNNING, JobState.PREEMPTING):
             moment += timedelta(seconds=1)
-            job.history.append(
-                {"at": moment.isoformat(), "state": state.value, "attempt": job.attempt, "reason": "x" * 200}
-            )
+            job.transition(state, moment, reason="x" * 200)
         job.preemptions += 1
+        job.count_ended_attempt(60)
+        job.transition(JobState.QUEUED, moment, reason="x" * 200)
     world.deps.store.save_job(job, was=JobState.QUEUED)
-    advance(world, monitor, until=lambda: world.state("veteran") == "running")
 
-    # WHEN it is preempted once more
-    world.submit("urgent", duration=60, priority=9)
-    advance(world, monitor, until=lambda: world.state("urgent") == "completed")
-    advance(world, monitor, until=lambda: world.state("veteran") == "running")
+    # WHEN it runs and is preempted three more times, for real, while SageMaker's events reach the scheduler
+    # duplicated, reordered, late or never
+    seen: list[dict[str, Any]] = []
+    delivery = AdversarialDelivery(14)
 
-    # THEN its item stays far below DynamoDB's limit and its counters keep the totals
+    def adversarial(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        seen.extend(events)
+        return delivery(events)
+
+    world.mangle = adversarial
+    for round_ in range(3):
+        advance(
+            world, monitor, until=lambda: world.deps.store.get_job("veteran").training_started_at is not None
+        )
+        advance(world, monitor, 60 * (round_ + 1))
+        world.submit(f"urgent-{round_}", duration=60, priority=9)
+        advance(world, monitor, until=lambda r=round_: world.state(f"urgent-{r}") == "completed")
+    advance(world, monitor, until=lambda: world.state("veteran") == "running")
+    # and every event of its attempts arrives once more, late and in reverse order
+    world.deliver(delivery.flush())
+    world.mangle = None
+    world.deliver(
+        [event for event in reversed(seen) if event["detail"]["TrainingJobName"].startswith("veteran")]
+    )
+    world.timer()
+
+    # THEN its item stays far below DynamoDB's limit, and its counters are exact: each real attempt counted
+    # once, with the time SageMaker says it trained
     assert _item_bytes(world, "veteran") < 64 * 1024
     veteran = world.job("veteran")
-    assert veteran["preemptions"] == 5001
+    real = [attempt_name("veteran", n) for n in (4998, 4999, 5000)]
+    assert veteran["training_job_name"] == attempt_name("veteran", 5001)
+    assert veteran["preemptions"] == 5000
+    assert veteran["attempts_ended"] == 5000
+    trained = [_seconds_in_training(world, name) for name in real]
+    assert all(seconds >= 60 for seconds in trained), trained
+    assert veteran["seconds_trained"] == 4997 * 60 + sum(trained)
+    assert len(veteran["history"]) == 40
     assert veteran["history"][0]["state"] == "queued", "the submission is kept"
     assert monitor.violations == []
 
 
+@pytest.fixture
+def one_trn1_min_runtime(moto_endpoint: str) -> Iterator[tuple[QueueWorld, InvariantMonitor]]:
+    settings = {"min_runtime_before_preemption_seconds": 600, "max_preemptions_per_job": 0}
+    yield from monitored(make_world(moto_endpoint, capacity={TRN1: 1}, settings=settings))
+
+
+def test_a_resumed_attempt_is_protected_by_the_minimum_runtime_of_its_own_training(
+    one_trn1_min_runtime: tuple[QueueWorld, InvariantMonitor],
+) -> None:
+    world, monitor = one_trn1_min_runtime
+    # GIVEN a job that trained past the minimum runtime, was preempted, and resumed
+    world.submit("long", duration=7200, priority=1)
+    advance(world, monitor, until=lambda: world.deps.store.get_job("long").training_started_at is not None)
+    advance(world, monitor, 600)
+    world.submit("first-urgent", duration=60, priority=9)
+    advance(world, monitor, until=lambda: world.state("first-urgent") == "completed")
+    advance(world, monitor, until=lambda: world.deps.store.get_job("long").training_started_at is not None)
+    resumed = attempt_name("long", 2)
+    assert world.job("long")["training_job_name"] == resumed
+
+    # WHEN another urgent job arrives while the resumed attempt has trained for less than the minimum
+    world.submit("second-urgent", duration=60, priority=9)
+    advance(world, monitor, 300)
+
+    # THEN the resumed attempt keeps running until it has trained the minimum runtime itself
+    assert (world.state("long"), world.state("second-urgent")) == ("running", "queued")
+    advance(world, monitor, until=lambda: world.state("second-urgent") != "queued")
+    assert _seconds_in_training(world, resumed) >= 600
+    assert monitor.violations == []
+
+
+class RefusedWrites:
+    """DynamoDB refusing every write of one job's existing item, as it refuses an item grown past 400 KB:
+    PutItem and UpdateItem answer ValidationException; a transaction that changes the item is cancelled with
+    a ValidationError for it. Creating the item (a put on condition that it does not exist) goes through."""
+
+    MESSAGE = "Item size has exceeded the maximum allowed size"
+
+    def __init__(self, world: QueueWorld, job_name: str) -> None:
+        self.client = world.deps.store.client
+        self.key = f"JOB#{job_name}"
+        self.refused = 0
+
+    def __enter__(self) -> RefusedWrites:
+        self.client.meta.events.register("before-call.dynamodb.*", self)
+        return self
+
+    def __exit__(self, *_: Any) -> None:
+        self.client.meta.events.unregister("before-call.dynamodb.*", self)
+
+    def _names_item(self, request: Any) -> bool:
+        return isinstance(request, dict) and (request.get("Key") or request.get("Item") or {}).get("pk") == {
+            "S": self.key
+        }
+
+    def __call__(self, params: dict[str, Any], model: Any, **_: Any) -> Any:
+        body = params.get("body") or b"{}"
+        params = json.loads(body.decode() if isinstance(body, bytes) else body)  # the request as sent
+        error: dict[str, Any]
+        if model.name in ("PutItem", "UpdateItem", "DeleteItem") and self._names_item(params):
+            error = {"Code": "ValidationException", "Message": self.MESSAGE}
+        elif model.name == "TransactWriteItems":
+            reasons = [
+                {"Code": "ValidationError", "Message": self.MESSAGE}
+                if any(self._names_item(one) and not _creates(kind, one) for kind, one in item.items())
+                else {"Code": "None"}
+                for item in params.get("TransactItems", [])
+            ]
+            if all(reason["Code"] == "None" for reason in reasons):
+                return None
+            error = {"Code": "TransactionCanceledException", "Message": "Transaction cancelled"}
+            error["CancellationReasons"] = reasons
+        else:
+            return None
+        self.refused += 1
+        answer = {"Error": error, "ResponseMetadata": {"HTTPStatusCode": 400}}
+        if "CancellationReasons" in error:
+            answer["CancellationReasons"] = error.pop("CancellationReasons")
+        return SimpleNamespace(status_code=400, headers={}), answer
+
+
+def _creates(kind: str, request: dict[str, Any]) -> bool:
+    return kind == "Put" and "attribute_not_exists" in request.get("ConditionExpression", "")
+
+
+def _skipped_metric(output: str) -> float:
+    """The ItemsSkippedOnError the handlers emitted (their EMF documents on stdout), in total."""
+    total = 0.0
+    for line in output.splitlines():
+        if line.startswith('{"_aws"'):
+            total += sum(json.loads(line).get("ItemsSkippedOnError", [0]))
+    return total
+
+
 def test_a_poisoned_job_does_not_stop_the_reconcile_for_the_others(
-    three_trn1: tuple[QueueWorld, InvariantMonitor],
+    three_trn1: tuple[QueueWorld, InvariantMonitor], capsys: pytest.CaptureFixture[str]
 ) -> None:
     world, monitor = three_trn1
-    # GIVEN a live job whose item no longer reads (corrupted), and another job whose events are all lost
-    world.submit("poisoned", duration=3600)
+    # GIVEN a live job whose item no longer reads (corrupted), a live job whose item DynamoDB refuses to
+    # write, and a third job; the events of all three are lost, and all three end on SageMaker
+    world.submit("poisoned", duration=60)
+    world.submit("refused", duration=60)
     world.submit("lost", duration=60)
     world.mangle = lambda events: []
     advance(world, monitor, 30)
@@ -366,13 +503,52 @@ def test_a_poisoned_job_does_not_stop_the_reconcile_for_the_others(
     world.emulator.advance(600)
     world.take_sagemaker_events()
     world.mangle = None
+    capsys.readouterr()
 
     # WHEN the timer reconciles
-    report = world.timer()
+    with RefusedWrites(world, "refused") as refused:
+        report = world.timer()
 
-    # THEN the other job's end is applied all the same
+    # THEN the third job's end is applied all the same; the two others are logged, counted and skipped
+    assert refused.refused >= 1
     assert world.state("lost") == "completed"
     assert "lost: completed" in report["applied"]
+    assert "refused: skipped (PutError)" in report["applied"]
+    assert _skipped_metric(capsys.readouterr().out) >= 2  # the unreadable item and the refused write
+    # and once its writes go through again, the refused job's end is applied by the next reconcile
+    world.timer()
+    assert world.state("refused") == "completed"
+    assert monitor.violations == []
+
+
+def test_a_poisoned_job_does_not_stop_the_pass_for_the_others(
+    two_trn1: tuple[QueueWorld, InvariantMonitor], capsys: pytest.CaptureFixture[str]
+) -> None:
+    world, monitor = two_trn1
+    capsys.readouterr()
+    # GIVEN a wide job holding the pool, then a job DynamoDB refuses to write once created (the pass can
+    # record neither why it waits nor its start), then two others
+    world.submit("wide", duration=120, count=2, priority=9)
+    with RefusedWrites(world, "poisoned") as refused:
+        world.submit("poisoned", duration=60, priority=5)
+        world.submit("healthy", duration=60, priority=1)
+        world.submit("later", duration=60, priority=1)
+        assert world.job("healthy")["reason"].startswith("waiting"), "the others' notes were written"
+
+        # WHEN the wide job ends and passes run
+        advance(world, monitor, until=lambda: world.state("later") == "completed")
+
+    # THEN the poisoned job stays queued, and every failure on it was logged, counted and skipped: the
+    # others start and finish, and no training job ever ran for it
+    assert refused.refused >= 2
+    assert world.state("poisoned") == "queued"
+    assert world.state("healthy") == "completed"
+    skipped = [entry for report in world.reports for entry in report["applied"] if "skipped" in entry]
+    assert any(entry.startswith("poisoned: skipped") for entry in skipped), skipped
+    assert _skipped_metric(capsys.readouterr().out) >= 2
+    names = [s["TrainingJobName"] for s in world.sagemaker().list_training_jobs()["TrainingJobSummaries"]]
+    assert not any(name.startswith("poisoned") for name in names)
+    assert monitor.violations == []
 
 
 # --- 4. crashes and index lag ------------------------------------------------------------------------------
@@ -380,11 +556,6 @@ def test_a_poisoned_job_does_not_stop_the_reconcile_for_the_others(
 
 class Crash(BaseException):
     """The process dying between two steps."""
-
-
-@pytest.fixture
-def two_trn1(moto_endpoint: str) -> Iterator[tuple[QueueWorld, InvariantMonitor]]:
-    yield from monitored(make_world(moto_endpoint, capacity={TRN1: 2}))
 
 
 def test_a_crash_between_an_end_and_its_warm_pool_never_leaves_the_pool_uncounted(

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import click
 import pytest
 
 from sagequeue.client import Job, Pool
@@ -72,6 +74,35 @@ def test_the_table_is_ordered_by_priority_then_submission_with_short_durations()
     assert len({line.index("ml.trn1") for line in lines[1:]}) == 1
 
 
+def test_a_terminal_gets_a_rich_table_of_the_same_cells_and_a_pipe_the_plain_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    jobs = [job("early", "queued", 5, submitted_at=NOW - timedelta(minutes=2))]
+    monkeypatch.delenv("SAGEQUEUE_TABLES", raising=False)
+    plain = jobs_table(jobs, NOW)  # pytest's stdout is no terminal
+    assert "\x1b[" not in plain
+    assert plain.splitlines()[1].split() == [
+        "early",
+        "queued",
+        "5",
+        "0",
+        "ml.trn1.32xlarge",
+        "-",
+        "2m00s",
+        "-",
+        "-",
+    ]
+    monkeypatch.setenv("SAGEQUEUE_TABLES", "rich")
+    styled = jobs_table(jobs, NOW)
+    assert "\x1b[1m" in styled  # bold headings
+    cells = [line.split() for line in re.sub(r"\x1b\[[0-9;]*m", "", styled).splitlines() if line.strip()]
+    assert cells[0] == plain.splitlines()[0].split()
+    assert ["early", "queued", "5", "0", "ml.trn1.32xlarge", "-", "2m00s", "-", "-"] in cells
+    monkeypatch.setenv("SAGEQUEUE_TABLES", "fancy")
+    with pytest.raises(click.ClickException, match="SAGEQUEUE_TABLES='fancy': use rich or plain"):
+        jobs_table(jobs, NOW)
+
+
 def test_pools_table_shows_free_instances() -> None:
     pools = [
         Pool.from_api({"instance_type": "ml.trn2.48xlarge", "capacity": 4, "used": 3, "queued": 7, "warm": 1})
@@ -85,3 +116,40 @@ def test_pools_table_shows_free_instances() -> None:
 def test_every_queue_command_takes_the_endpoint_options(name: str) -> None:
     options = {opt for param in COMMANDS[name].params for opt in getattr(param, "opts", [])}
     assert {"--endpoint", "--stack-name", "--region", "--profile", "--api-id", "--json"} <= options
+
+
+def test_show_prints_the_counters_and_only_the_latest_attempts(monkeypatch: pytest.MonkeyPatch) -> None:
+    from click.testing import CliRunner
+
+    from sagequeue import queue_cli
+
+    # GIVEN a job preempted 5,000 times, as the API answers GET /jobs/{name}
+    veteran = job("veteran", "running", 1, submitted_at=NOW - timedelta(days=9), started_at=NOW)
+    raw = {
+        **veteran.raw,
+        "attempt": 5001,
+        "preemptions": 5000,
+        "attempts_ended": 5000,
+        "seconds_trained": 300_125,
+        "attempts": ["veteran", *(f"veteran--{n}" for n in range(2, 5002))],
+    }
+
+    class Client:
+        endpoint = "https://queue.example"
+        server_time = NOW
+
+        def job(self, name: str) -> Job:
+            assert name == "veteran"
+            return Job.from_api(raw)
+
+    monkeypatch.setattr(queue_cli.Target, "client", lambda self: Client())
+    result = CliRunner().invoke(COMMANDS["show"], ["veteran", "--endpoint", "https://queue.example"])
+
+    # THEN the totals are shown, and the attempts list is bounded
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert "attempts ended  5000" in lines
+    assert "trained         3d11h (300125 s, ended attempts)" in lines
+    attempts = lines[lines.index("attempts") + 1 : lines.index("attempts") + 1 + queue_cli.SHOWN_ATTEMPTS + 1]
+    assert attempts[0] == f"  ... {5001 - queue_cli.SHOWN_ATTEMPTS} earlier"
+    assert attempts[-1] == "  5001  veteran--5001"

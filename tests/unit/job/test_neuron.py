@@ -67,6 +67,22 @@ def test_cache_dir_precedence_puts_the_warm_pool_first() -> None:
     )
 
 
+@pytest.mark.parametrize(
+    "flags", ["--cache_dir=s3://bucket/neuron -O1", "--cache_dir s3://bucket/neuron -O1"]
+)
+def test_a_remote_cache_dir_in_the_flags_is_not_taken_for_a_local_directory(flags: str) -> None:
+    # the compiler's own S3 cache given as --cache_dir: not a path (it would become ./s3:/bucket/neuron)
+    env = {"NEURON_CC_FLAGS": flags, "NEURON_COMPILE_CACHE_URL": "/cache/url"}
+    assert neuron.choose_cache_dir(env) == neuron.CacheLocation(
+        Path("/cache/url"), "NEURON_COMPILE_CACHE_URL"
+    )
+    del env["NEURON_COMPILE_CACHE_URL"]
+    assert neuron.choose_cache_dir(env).path == Path("/var/tmp/neuron-compile-cache")
+    child = neuron.child_environment(env, neuron.choose_cache_dir(env).path)
+    assert neuron.cache_dir_from_flags(child["NEURON_CC_FLAGS"]) == "/var/tmp/neuron-compile-cache"
+    assert "-O1" in child["NEURON_CC_FLAGS"]
+
+
 @pytest.mark.parametrize("flags", ["--cache_dir=/old -O1", "--cache_dir /old -O1", "-O1 --cache_dir /old"])
 def test_the_child_compiler_is_pointed_at_the_chosen_cache(flags: str) -> None:
     child = neuron.child_environment({"NEURON_CC_FLAGS": flags}, Path("/warm/neuron-compile-cache"))

@@ -121,3 +121,46 @@ def test_the_recording_publisher_keeps_events_by_type() -> None:
     publisher.publish(EventType.JOB_QUEUED, {"name": "a"})
     publisher.publish(EventType.JOB_STARTED, {"name": "a", "attempt": 1})
     assert publisher.of_type(EventType.JOB_STARTED) == [{"name": "a", "attempt": 1}]
+
+
+T0 = 1772442000000  # epoch milliseconds, as real events carry times
+
+
+def _detail(status: str, transitions: list[dict[str, Any]], **times: Any) -> dict[str, Any]:
+    return {
+        "TrainingJobName": "j",
+        "TrainingJobStatus": status,
+        "SecondaryStatusTransitions": transitions,
+        **times,
+    }
+
+
+def test_seconds_trained_is_the_time_in_the_training_phase() -> None:
+    # the real event: Training from 09:03:30 to 09:13:50, between Downloading and Uploading
+    change = parse_training_job_event(load("sagemaker-training-job-completed.json"))
+    assert change.seconds_trained == 620.0
+
+
+def test_seconds_trained_sums_every_training_phase_and_closes_an_open_one_at_the_end() -> None:
+    # GIVEN a spot job that trained, was interrupted, trained again and was stopped while training
+    transitions = [
+        {"Status": "Starting", "StartTime": T0, "EndTime": T0 + 100_000},
+        {"Status": "Training", "StartTime": T0 + 100_000, "EndTime": T0 + 400_000},
+        {"Status": "Interrupted", "StartTime": T0 + 400_000, "EndTime": T0 + 500_000},
+        {"Status": "Training", "StartTime": T0 + 500_000},
+    ]
+    stopped = parse_description(_detail("Stopped", transitions, TrainingEndTime=T0 + 560_000))
+    # THEN both phases count, the open one until TrainingEndTime: 300 s + 60 s
+    assert stopped.seconds_trained == 360.0
+    # while it is still in progress the open phase has no end: the total is not known yet
+    assert parse_description(_detail("InProgress", transitions)).seconds_trained is None
+
+
+def test_seconds_trained_without_transitions_uses_training_start_and_end_and_zero_when_never_trained() -> (
+    None
+):
+    billed = _detail("Completed", [], TrainingStartTime=T0, TrainingEndTime=T0 + 90_500)
+    assert parse_description(billed).seconds_trained == 90.5
+    never = _detail("Stopped", [{"Status": "Starting", "StartTime": T0, "EndTime": T0 + 5_000}])
+    assert parse_description(never).seconds_trained == 0.0
+    assert parse_description(_detail("Failed", [])).seconds_trained is None

@@ -1,14 +1,23 @@
-"""The HTTP API's shapes (pydantic models, so the OpenAPI document comes from them) and the one place where
-named errors become HTTP answers (docs/contracts.md: `{"message", "code"}`)."""
+"""The HTTP API's requests, routing and answers, without a validation framework: a handler's cold start pays
+for every module it imports, and pydantic with Powertools' OpenAPI layer cost the API more than boto3 itself
+(docs/adr/0012-api-without-a-framework-and-a-compiled-layer.md).
+
+Request checks are declared once here (`Body`, `PathParameter`, `IntQuery`) and refuse what the documented
+schemas in docs/openapi.json refuse, naming each member at fault in one sentence; the tests hold the two to
+each other. Named errors become HTTP answers in one place (docs/contracts.md: `{"message", "code"}`).
+"""
 
 from __future__ import annotations
 
 import base64
-from collections.abc import Mapping
+import json
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
-
+from sagequeue_core.defaults import TRAINING_JOB_NAME_MAX_LENGTH
 from sagequeue_core.domain import PRIORITY_MAX, PRIORITY_MIN, DomainError, InvalidTransition
 from sagequeue_core.errors import (
     Forbidden,
@@ -18,179 +27,383 @@ from sagequeue_core.errors import (
     StaleVersion,
     Throttled,
 )
+from sagequeue_core.quotas import TEAM_NAME_MAX_LENGTH
 
-#: Path parameters as whole-string patterns (pydantic's regex engine: `$` is the very end, a trailing
-#: newline does not pass).
+#: Path parameters as whole-string patterns (`$` is the very end: a trailing newline does not pass).
 NAME_PATTERN = r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$"
-INSTANCE_TYPE_PATTERN = r"^ml\.[a-z0-9]+\.[a-z0-9]+$"
 #: A pool: an instance type, or a training plan's `plan:<name>`.
 POOL_PATTERN = r"^(ml\.[a-z0-9]+\.[a-z0-9]+|plan:[A-Za-z0-9-]{1,64})$"
+#: Longest pool name: `plan:` and a training plan's name of at most 64 characters.
+POOL_MAX_LENGTH = 69
+#: A team, as its tag names it (sagequeue_core.quotas.check_team_name says the same in words).
+TEAM_PATTERN = rf"^[A-Za-z0-9._-]{{1,{TEAM_NAME_MAX_LENGTH}}}$"
 
 #: A pool larger than any account's quota is a typo (training plans hold at most 64 instances).
 MAX_POOL_CAPACITY = 100_000
 
-# --- requests --------------------------------------------------------------------------------------------------
+
+# --- request checks --------------------------------------------------------------------------------------------
 
 
-class SubmitRequest(BaseModel):
-    """A CreateTrainingJob request as the SageMaker SDK builds it, plus an optional `priority`.
+class RequestInvalid(DomainError):
+    """A request the API refuses before any use case runs (400); `problems` are `where: what` phrases."""
 
-    Only the members sagequeue reads are described; every other CreateTrainingJob member is accepted and
-    passed to SageMaker unchanged.
-    """
-
-    model_config = ConfigDict(extra="allow", strict=True)
-
-    TrainingJobName: str = Field(description="1-63 letters, digits and hyphens; the first attempt's name")
-    RoleArn: str = Field(description="execution role; must be one of the stack's AllowedRoleArns")
-    AlgorithmSpecification: dict[str, Any]
-    OutputDataConfig: dict[str, Any]
-    ResourceConfig: dict[str, Any] = Field(
-        description="InstanceType must be a pool's; InstanceCount counts against its capacity"
-    )
-    StoppingCondition: dict[str, Any]
-    Tags: list[dict[str, Any]] | None = Field(
-        default=None, description="a `priority` tag sets the priority when the body has none"
-    )
-    priority: int | None = Field(
-        default=None, ge=PRIORITY_MIN, le=PRIORITY_MAX, description="higher runs first (default 0)"
-    )
+    def __init__(self, problems: Sequence[str]) -> None:
+        self.problems = tuple(problems)
+        super().__init__("; ".join(self.problems) or "invalid request")
 
 
-class ChangeRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-    priority: int | None = Field(default=None, ge=PRIORITY_MIN, le=PRIORITY_MAX)
-    held: bool | None = Field(default=None, description="true holds a queued job, false releases it")
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
-class CapacityRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+#: What each JSON kind a member may be is checked with, and what a member of another kind is told.
+_KINDS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "string": (lambda value: isinstance(value, str), "Input should be a valid string"),
+    "integer": (_is_int, "Input should be a valid integer"),
+    "boolean": (lambda value: isinstance(value, bool), "Input should be a valid boolean"),
+    "object": (lambda value: isinstance(value, dict), "Input should be a valid dictionary"),
+    "array": (lambda value: isinstance(value, list), "Input should be a valid list"),
+}
 
-    capacity: int = Field(ge=0, le=MAX_POOL_CAPACITY, description="instances of this type the queue may use")
+
+@dataclass(frozen=True)
+class Member:
+    """One member of a JSON request body: its kind, whether it must be there, whether null stands for absent,
+    an integer's bounds, and an array's item kind."""
+
+    kind: str
+    required: bool = False
+    nullable: bool = False
+    minimum: int | None = None
+    maximum: int | None = None
+    items: str | None = None
+
+    def problems(self, name: str, value: Any) -> list[str]:
+        if value is None and self.nullable:
+            return []
+        accepts, wrong = _KINDS[self.kind]
+        if not accepts(value):
+            return [f"{name}: {wrong}"]
+        if self.minimum is not None and value < self.minimum:
+            return [f"{name}: Input should be greater than or equal to {self.minimum}"]
+        if self.maximum is not None and value > self.maximum:
+            return [f"{name}: Input should be less than or equal to {self.maximum}"]
+        if self.items is not None:
+            item_accepts, item_wrong = _KINDS[self.items]
+            return [f"{name}.{i}: {item_wrong}" for i, item in enumerate(value) if not item_accepts(item)]
+        return []
 
 
-class QuotaRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+@dataclass(frozen=True)
+class Body:
+    """A JSON object body: its members in the order problems are named, and whether others may come too."""
 
-    pool: str = Field(description="instance type or plan:<name>")
-    nominal: int | None = Field(ge=0, le=MAX_POOL_CAPACITY, description="instances guaranteed; null removes")
-    borrowing_limit: int | None = Field(
-        default=None, ge=0, le=MAX_POOL_CAPACITY, description="above nominal; null: unlimited"
-    )
-    lending_limit: int | None = Field(
-        default=None, ge=0, le=MAX_POOL_CAPACITY, description="of unused nominal; null: all of it"
-    )
+    members: Mapping[str, Member]
+    extra_allowed: bool
+
+    def check(self, body: Any) -> dict[str, Any]:
+        """`body` when it fits; RequestInvalid naming every member at fault, declared ones first."""
+        if body is None:
+            raise RequestInvalid(["request: Field required"])
+        if not isinstance(body, dict):
+            raise RequestInvalid(
+                ["request: Input should be a valid dictionary or object to extract fields from"]
+            )
+        problems: list[str] = []
+        for name, member in self.members.items():
+            if name not in body:
+                if member.required:
+                    problems.append(f"{name}: Field required")
+                continue
+            problems += member.problems(name, body[name])
+        if not self.extra_allowed:
+            problems += [
+                f"{name}: Extra inputs are not permitted" for name in body if name not in self.members
+            ]
+        if problems:
+            raise RequestInvalid(problems)
+        return body
+
+
+_PRIORITY = Member("integer", nullable=True, minimum=PRIORITY_MIN, maximum=PRIORITY_MAX)
+
+#: A CreateTrainingJob request as the SageMaker SDK builds it, plus an optional `priority`; members not
+#: listed pass to SageMaker unchanged (and are checked against SageMaker's model by the submit use case).
+SUBMIT = Body(
+    {
+        "TrainingJobName": Member("string", required=True),
+        "RoleArn": Member("string", required=True),
+        "AlgorithmSpecification": Member("object", required=True),
+        "OutputDataConfig": Member("object", required=True),
+        "ResourceConfig": Member("object", required=True),
+        "StoppingCondition": Member("object", required=True),
+        "Tags": Member("array", nullable=True, items="object"),
+        "priority": _PRIORITY,
+    },
+    extra_allowed=True,
+)
+CHANGE = Body({"priority": _PRIORITY, "held": Member("boolean", nullable=True)}, extra_allowed=False)
+CAPACITY = Body(
+    {"capacity": Member("integer", required=True, minimum=0, maximum=MAX_POOL_CAPACITY)}, extra_allowed=False
+)
+QUOTA = Body(
+    {
+        "pool": Member("string", required=True),
+        "nominal": Member("integer", required=True, nullable=True, minimum=0, maximum=MAX_POOL_CAPACITY),
+        "borrowing_limit": Member("integer", nullable=True, minimum=0, maximum=MAX_POOL_CAPACITY),
+        "lending_limit": Member("integer", nullable=True, minimum=0, maximum=MAX_POOL_CAPACITY),
+    },
+    extra_allowed=False,
+)
+
+
+@dataclass(frozen=True)
+class PathParameter:
+    """A path parameter: at most `max_length` characters, all of them matching `pattern`."""
+
+    pattern: str
+    max_length: int
+    _compiled: re.Pattern[str] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # `$` in the documented pattern is the end of the text, as JSON Schema means it (Python's would
+        # also match before a final newline).
+        object.__setattr__(self, "_compiled", re.compile(self.pattern.removesuffix("$") + r"\Z"))
+
+    def problems(self, name: str, value: str) -> list[str]:
+        if len(value) > self.max_length:
+            return [f"{name}: String should have at most {self.max_length} characters"]
+        if self._compiled.match(value) is None:
+            return [f"{name}: String should match pattern '{self.pattern}'"]
+        return []
+
+
+JOB_NAME = PathParameter(NAME_PATTERN, TRAINING_JOB_NAME_MAX_LENGTH)
+POOL = PathParameter(POOL_PATTERN, POOL_MAX_LENGTH)
+TEAM = PathParameter(TEAM_PATTERN, TEAM_NAME_MAX_LENGTH)
+
+#: An integer in a query string: blanks around it, an optional sign, digits with single underscores between
+#: them, and a fraction of zeros at most ("5", " +5 ", "1_000", "5.0").
+_QUERY_INT = re.compile(r"([+-]?[0-9](?:_?[0-9])*)(?:\.0+)?")
+
+
+@dataclass(frozen=True)
+class IntQuery:
+    """An integer query parameter with bounds and a default."""
+
+    default: int
+    minimum: int
+    maximum: int
+
+    def parse(self, name: str, text: str | None) -> int:
+        if text is None:
+            return self.default
+        found = _QUERY_INT.fullmatch(text.strip())
+        if found is None:
+            raise RequestInvalid(
+                [f"{name}: Input should be a valid integer, unable to parse string as an integer"]
+            )
+        value = int(found.group(1))
+        if value < self.minimum:
+            raise RequestInvalid([f"{name}: Input should be greater than or equal to {self.minimum}"])
+        if value > self.maximum:
+            raise RequestInvalid([f"{name}: Input should be less than or equal to {self.maximum}"])
+        return value
 
 
 # --- answers ---------------------------------------------------------------------------------------------------
 
-
-class QuotaOut(BaseModel):
-    team: str
-    pool: str
-    nominal: int | None = None
-    borrowing_limit: int | None = None
-    lending_limit: int | None = None
-    used: int = 0
-    borrowed: int = Field(default=0, description="instances held above the nominal quota")
-    lent: int = Field(default=0, description="of the nominal quota, instances other teams hold now")
-    borrowable: int = Field(default=0, description="what the team could borrow now")
-    waiting: int = Field(default=0, description="the team's jobs queued in the pool")
-    removed: bool = False
-
-
-class QuotaList(BaseModel):
-    quotas: list[QuotaOut]
+#: A team's quota and usage in one pool as the API answers it (docs/openapi.json: QuotaOut), each member
+#: after `team` and `pool` with the value it has when the use case leaves it out.
+QUOTA_ANSWER: dict[str, Any] = {
+    "nominal": None,
+    "borrowing_limit": None,
+    "lending_limit": None,
+    "used": 0,
+    "borrowed": 0,
+    "lent": 0,
+    "borrowable": 0,
+    "waiting": 0,
+    "removed": False,
+}
 
 
-class ReservationOut(BaseModel):
-    instances: dict[str, int] = Field(description="instances held per pool")
-    since: str
-    kind: str = Field(description="preempted, released or drain")
+def quota_answer(share: Mapping[str, Any]) -> dict[str, Any]:
+    """A QuotaOut from a use case's quota: its team and pool, each other member or its default, nothing
+    else."""
+    return {
+        "team": share["team"],
+        "pool": share["pool"],
+        **{k: share.get(k, v) for k, v in QUOTA_ANSWER.items()},
+    }
 
 
-class JobOut(BaseModel):
-    name: str
-    state: str = Field(
-        description="queued held starting running preempting stopping completed failed cancelled idle_stopped"
-    )
-    priority: int
-    pool: str
-    attempt: int = Field(description="number of the current attempt, 0 before the first start")
-    training_job_name: str | None
-    owner: str
-    submitted_at: str
-    started_at: str | None
-    ended_at: str | None
-    reason: str | None
-    preemptions: int
-    retries: int
-    instances: int
-    reservation: ReservationOut | None = Field(
-        default=None, description="capacity promised to the job while it waits (kept between passes)"
-    )
-    training_started_at: str | None = Field(
-        default=None, description="when the current attempt began to train (minimum runtime counts from here)"
-    )
-    on_loan_for: str | None = Field(
-        default=None,
-        description="the waiting job whose reserved capacity the current attempt borrows; that job preempts "
-        "it as soon as it can start",
-    )
-    warnings: list[str] = Field(default_factory=list, description="how the queue will treat the job")
-    team: str | None = Field(default=None, description="whose quota the job draws on")
+# --- a REST proxy event and its routes --------------------------------------------------------------------------
 
 
-class HistoryEntry(BaseModel):
-    at: str
-    state: str
-    attempt: int
-    reason: str | None
+class Request:
+    """What a route reads from an API Gateway REST proxy event."""
+
+    def __init__(self, event: Mapping[str, Any], path: Mapping[str, str]) -> None:
+        self.event = event
+        self.path = path
+        #: the JSON body, checked, for a route that takes one
+        self.body: Any = None
+
+    @property
+    def caller(self) -> str | None:
+        identity = (self.event.get("requestContext") or {}).get("identity") or {}
+        arn = identity.get("userArn")
+        return str(arn) if arn is not None else None
+
+    @property
+    def raw_body(self) -> str:
+        return self.event.get("body") or ""
+
+    def body_text(self) -> str | None:
+        raw = self.event.get("body")
+        if raw is None:
+            return None
+        if self.event.get("isBase64Encoded"):
+            return base64.b64decode(raw).decode("utf-8")
+        return str(raw)
+
+    def json_body(self) -> Any:
+        """The body parsed as JSON (None without a body); a body that is not JSON names where it breaks."""
+        text = self.body_text()
+        if not text:
+            return None
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise RequestInvalid([f"{exc.pos}: JSON decode error"]) from exc
+
+    def query(self, name: str) -> str | None:
+        """A query parameter's first value; None when absent."""
+        multi = self.event.get("multiValueQueryStringParameters")
+        if multi:
+            values = multi.get(name)
+            return str(values[0]) if values else None
+        single = self.event.get("queryStringParameters") or {}
+        value = single.get(name)
+        return str(value) if value is not None else None
+
+    def check(self, body: Body | None = None, **path: PathParameter) -> Any:
+        """The JSON body checked against `body` (None for a route without one), once every path parameter
+        fits its check; RequestInvalid names every problem, path first. A body that is not JSON at all is
+        named alone."""
+        parsed = self.json_body() if body is not None else None
+        problems = [p for name, check in path.items() for p in check.problems(name, self.path[name])]
+        if body is not None:
+            try:
+                body.check(parsed)
+            except RequestInvalid as exc:
+                problems += exc.problems
+        if problems:
+            raise RequestInvalid(problems)
+        return parsed
 
 
-class JobDetailOut(JobOut):
-    position: int | None = Field(description="1-based place among the pool's queued jobs, when queued")
-    attempts: list[str] = Field(description="training job names of every attempt so far")
-    history: list[HistoryEntry]
+Answer = tuple[int, Any]
+
+#: A path parameter's characters, as API Gateway passes them on (RFC 3986's safe and unsafe characters).
+_SEGMENT = r"[-._~()'!*:@,;=+&$%<> \[\]{}|^\w]+"
+_PARAMETER = re.compile(r"<(\w+)>")
 
 
-class JobList(BaseModel):
-    jobs: list[JobOut]
-    next_token: str | None
+@dataclass(frozen=True)
+class Route:
+    """A method and path, the checks its request must pass, and the function that answers it."""
+
+    method: str
+    path: str
+    function: Callable[[Request], Any]
+    summary: str
+    status: int
+    body: Body | None
+    parameters: Mapping[str, PathParameter]
+    pattern: re.Pattern[str]
 
 
-class PoolOut(BaseModel):
-    instance_type: str
-    capacity: int
-    used: int
-    queued: int
-    warm: int
-    free: int | None = Field(default=None, description="instances neither used nor warm, within the quota")
-    quota: int | None = Field(
-        default=None, description="the account quota SageMaker refused a start at, while below capacity"
-    )
-    warning: str | None = None
+class Router:
+    """Method and path to a route function, with the API's 404 and 405 answers and one error mapping.
+
+    A path matches with or without trailing slashes; routes without parameters are tried first. A route's
+    path parameters and body are checked before its function runs, which finds the body in `request.body`."""
+
+    def __init__(self) -> None:
+        self.routes: list[Route] = []
+
+    def route(
+        self,
+        method: str,
+        path: str,
+        *,
+        summary: str,
+        status: int = 200,
+        body: Body | None = None,
+        **parameters: PathParameter,
+    ) -> Callable[[Callable[[Request], Any]], Callable[[Request], Any]]:
+        names = _PARAMETER.findall(path)
+        if sorted(names) != sorted(parameters):
+            raise ValueError(f"{method} {path}: checks for {sorted(parameters)}, parameters {sorted(names)}")
+
+        def register(function: Callable[[Request], Any]) -> Callable[[Request], Any]:
+            regex = _PARAMETER.sub(lambda m: f"(?P<{m.group(1)}>{_SEGMENT})", path.rstrip("/"))
+            route = Route(
+                method, path, function, summary, status, body, parameters, re.compile(f"^{regex}/*$")
+            )
+            self.routes.append(route)
+            self.routes.sort(key=lambda known: "<" in known.path)
+            return function
+
+        return register
+
+    def resolve(
+        self, event: Mapping[str, Any], on_error: Callable[[BaseException], Answer]
+    ) -> dict[str, Any]:
+        method = str(event.get("httpMethod") or "").upper()
+        path = str(event.get("path") or "/")
+        allowed: set[str] = set()
+        try:
+            for route in self.routes:
+                found = route.pattern.match(path)
+                if found is None:
+                    continue
+                if route.method != method:
+                    allowed.add(route.method)
+                    continue
+                request = Request(event, found.groupdict())
+                request.body = request.check(route.body, **route.parameters)
+                return proxy_answer(route.status, route.function(request))
+        except Exception as exc:  # noqa: BLE001 - every error becomes an answer; on_error logs the unnamed
+            return proxy_answer(*on_error(exc))
+        if allowed:
+            return proxy_answer(
+                405,
+                {
+                    "message": f"{method} is not allowed here; allowed: {', '.join(sorted(allowed))}",
+                    "code": "MethodNotAllowed",
+                },
+            )
+        return proxy_answer(404, {"message": f"no route for {method} {path!r}", "code": "NotFound"})
 
 
-class PoolList(BaseModel):
-    pools: list[PoolOut]
+def _json_default(value: Any) -> Any:
+    if isinstance(value, Decimal):
+        return int(value) if value == value.to_integral_value() else float(value)
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
-class WhoAmI(BaseModel):
-    arn: str
-    admin: bool
-
-
-class ExemptionOut(BaseModel):
-    training_job_name: str
-    granted_by: str
-    granted_at: str
-
-
-class ErrorOut(BaseModel):
-    message: str
-    code: str
+def proxy_answer(status: int, body: Any) -> dict[str, Any]:
+    """A REST proxy integration's answer: JSON body, compact."""
+    return {
+        "statusCode": status,
+        "body": json.dumps(body, separators=(",", ":"), default=_json_default),
+        "isBase64Encoded": False,
+        "multiValueHeaders": {"Content-Type": ["application/json"]},
+    }
 
 
 # --- errors ----------------------------------------------------------------------------------------------------
@@ -206,42 +419,6 @@ ERROR_STATUS: tuple[tuple[type[BaseException], int, str], ...] = (
     (PoolNotFound, 404, "NotFound"),
     (Throttled, 429, "Throttled"),
 )
-
-ERROR_RESPONSES: dict[int, Any] = {
-    429: {"description": "Throttled", "content": {"application/json": {"model": ErrorOut}}},
-    **{
-        status: {"description": code, "content": {"application/json": {"model": ErrorOut}}}
-        for status, code in (
-            (400, "ValidationError"),
-            (403, "Forbidden"),
-            (404, "NotFound"),
-            (405, "MethodNotAllowed"),
-            (409, "Conflict"),
-            (415, "UnsupportedMediaType"),
-        )
-    },
-}
-
-
-def answers(status: int, description: str, model: type[BaseModel]) -> dict[int, Any]:
-    """A route's documented answers: its success and every error the API gives."""
-    return {
-        status: {"description": description, "content": {"application/json": {"model": model}}},
-        **ERROR_RESPONSES,
-    }
-
-
-def tidy_openapi(document: dict[str, Any]) -> dict[str, Any]:
-    """The generated OpenAPI document without the 422 answer the generator adds to every route: this API
-    answers request-validation failures with 400 {message, code}, never 422."""
-    for operations in document.get("paths", {}).values():
-        for operation in operations.values():
-            operation.get("responses", {}).pop("422", None)
-    schemas = document.get("components", {}).get("schemas", {})
-    for unused in ("HTTPValidationError", "ValidationError", "ResponseValidationError"):
-        schemas.pop(unused, None)
-    return document
-
 
 #: Deepest JSON nesting a request may have (a CreateTrainingJob request is about 5 deep); deeper bodies are
 #: refused before they are parsed, so a hostile body cannot exhaust the parser's recursion.
@@ -308,13 +485,3 @@ def error_answer(exc: BaseException) -> tuple[int, dict[str, str]]:
         if isinstance(exc, kind):
             return status, {"message": str(exc), "code": code}
     return 500, {"message": "internal error", "code": "InternalError"}
-
-
-def validation_message(errors: Any) -> str:
-    """A request-validation failure as one sentence naming each field."""
-    parts = []
-    for error in errors or ():
-        loc = [str(p) for p in error.get("loc", ()) if p not in ("body", "query", "path")]
-        where = ".".join(loc) or "request"
-        parts.append(f"{where}: {error.get('msg', 'invalid')}")
-    return "; ".join(parts) or "invalid request"

@@ -259,6 +259,7 @@ def _apply_to_job(deps: Dependencies, job: Job, change: TrainingJobChange, *, co
             job.retries += 1
             job.not_before = now + timedelta(seconds=_backoff(deps, job.retries))
         job.stop_reason = None
+    job.count_ended_attempt(change.seconds_trained)
     job.transition(target, now, reason=reason)
     # The pool is counted before the attempt stops counting: a crash in between over-counts for a
     # moment (the reconcile drops what is not Available), never lets a pass overbook.
@@ -429,7 +430,7 @@ def reconcile(deps: Dependencies) -> PassReport:
     InProgress, a pool or job it has not seen before. One job that cannot be handled is logged, counted
     and skipped; it never stops the others."""
     report = PassReport()
-    _ensure_configured_pools(deps)
+    managed = _ensure_configured_pools(deps)
     in_progress = _listed(deps, StatusEquals="InProgress")
     live_names: set[str] = set()
     for job in deps.store.live_jobs():
@@ -449,11 +450,10 @@ def reconcile(deps: Dependencies) -> PassReport:
         )
     known = live_names | {external.training_job_name for external in externals}
     if in_progress is not None:
-        managed = {status.pool.instance_type for status in deps.store.pools()}
         for name, summary in in_progress.items():
             if name not in known:
                 _guarded(report, name, _sweep, deps, summary, managed, report)
-    _reconcile_warm_pools(deps, report)
+    _reconcile_warm_pools(deps, report, managed)
     return report
 
 
@@ -467,11 +467,13 @@ def _guarded(report: PassReport, subject: str, step: Callable[..., Any], *args: 
         report.applied.append(f"{subject}: skipped ({type(exc).__name__})")
 
 
-def _ensure_configured_pools(deps: Dependencies) -> None:
-    """A table restored or recreated has lost its pools: enter the deploy-time capacity again."""
+def _ensure_configured_pools(deps: Dependencies) -> set[str]:
+    """A table restored or recreated has lost its pools: enter the deploy-time capacity again. Returns the
+    managed pools (read once per reconcile)."""
     present = {status.pool.instance_type for status in deps.store.pools()}
     if set(deps.settings.capacity) - present:
         deps.store.seed_pools(deps.settings.capacity)
+    return present | set(deps.settings.capacity)
 
 
 def _listed(deps: Dependencies, **filters: Any) -> dict[str, dict[str, Any]] | None:
@@ -516,10 +518,12 @@ def _reconcile_live(
         if _stop_quietly(deps, name, job.name):
             report.applied.append(f"{name}: stop repeated")
         return
-    if summary is not None and not (
-        job.state is JobState.STARTING and change.secondary_status not in _NOT_YET_RUNNING
+    if (
+        summary is not None
+        and not (job.state is JobState.STARTING and change.secondary_status not in _NOT_YET_RUNNING)
+        and not (job.training_started_at is None and change.secondary_status in _TRAINING_OR_LATER)
     ):
-        return  # InProgress and recorded as such: nothing to do
+        return  # InProgress and recorded as such (its training too, once it trains): nothing to do
     report.applied.append(f"{name}: {_apply_described(deps, job.name, change)}")
 
 
@@ -630,7 +634,7 @@ def _rebuild(deps: Dependencies, training_job_name: str, tags: Mapping[str, str]
     return f"entered again as {job.state.value}"
 
 
-def _reconcile_warm_pools(deps: Dependencies, report: PassReport) -> None:
+def _reconcile_warm_pools(deps: Dependencies, report: PassReport, managed: set[str]) -> None:
     """Tracked pools that are no longer Available are dropped; Available pools of managed instance types
     that nobody tracks (a crash between steps, a lost event, a lost table) are adopted."""
     now = deps.now()
@@ -647,7 +651,6 @@ def _reconcile_warm_pools(deps: Dependencies, report: PassReport) -> None:
             _guarded(report, warm.training_job_name, _confirm_warm_pool, deps, warm.training_job_name)
     if available is None:
         return
-    managed = {status.pool.instance_type for status in deps.store.pools()}
     for name in available:
         if name not in tracked:
             _guarded(report, name, _adopt_warm_pool, deps, name, managed, report)
@@ -908,7 +911,14 @@ def _note_waiting(
     if not changed:
         return
     before = {job.name: job.reservation for job, _, _ in changed}
-    written = set(deps.store.note_waiting(changed))
+    written: set[str] = set()
+    try:
+        written.update(deps.store.note_waiting(changed))
+    except Exception:  # noqa: BLE001 - one job's refused write cancels the whole request, not the pass
+        logger.warning("waiting notes refused as a batch; writing them one by one", exc_info=True)
+        skipped = PassReport()
+        for note in changed:
+            _guarded(skipped, note[0].name, lambda one: written.update(deps.store.note_waiting([one])), note)
     for job, _, reservation in changed:
         if job.name in written and before[job.name] != reservation:
             _announce_reservation(deps, job, before[job.name], reservation)
@@ -1104,6 +1114,7 @@ def _record_start(
     job.reused_warm_pool_of = warm_pool
     job.keep_alive_seconds = keep_alive_seconds
     job.on_loan_for = on_loan_for
+    job.training_started_at = None  # the minimum runtime counts from this attempt's own training
     job.reason = None  # why it waited no longer applies
     if reason is None and warm_pool:
         reason = f"on warm pool of {warm_pool}"
