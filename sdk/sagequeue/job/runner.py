@@ -77,7 +77,8 @@ class JobOptions:
     restore: str = "auto"
     upload: bool = True
     precompile_steps: int | None = None
-    #: auto (when neuron-monitor is on PATH and the host is known), on, off
+    #: auto (when neuron-monitor is on PATH and the host is known), on (the same, with a warning when they
+    #: are not: the command runs regardless), off
     metrics: str = "auto"
     metrics_period: float = METRIC_PERIOD_SECONDS
     grace_seconds: float = SAGEMAKER_STOP_GRACE_SECONDS
@@ -439,18 +440,16 @@ class JobRunner:
         mode = self.options.metrics
         if mode == "off":
             return None
+        # metrics never cost the job: asked for ("on") and impossible here, they are a warning, not an error
+        say = log.warning if mode == "on" else log.info
         executable = shutil.which(neuron.MONITOR_EXECUTABLE, path=self.env.get("PATH"))
         try:
             identity = resolve_host(self.env)
         except HostIdentityError as exc:
-            if mode == "on":
-                raise
-            log.info("not publishing NeuronCore utilization: %s", exc)
+            say("not publishing NeuronCore utilization: %s", exc)
             return None
         if executable is None:
-            if mode == "on":
-                raise FileNotFoundError(f"{neuron.MONITOR_EXECUTABLE} is not on PATH")
-            log.info("not publishing NeuronCore utilization: %s is not on PATH", neuron.MONITOR_EXECUTABLE)
+            say("not publishing NeuronCore utilization: %s is not on PATH", neuron.MONITOR_EXECUTABLE)
             return None
         # boto3 is imported only when there is something to publish
         from sagequeue.job.metrics import UtilizationPublisher
