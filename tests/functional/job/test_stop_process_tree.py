@@ -252,6 +252,25 @@ def test_a_stop_uploads_the_complete_entries_while_the_workers_still_checkpoint(
         ]
         for name in "ab"
     ]
+    # a third worker whose compile in flight at the stop finishes during its checkpoint
+    late = (
+        "import os, pathlib, signal, sys, time\n"
+        f"sys.path.insert(0, {str(STANDINS)!r})\n"
+        "from _standin_neuron import compile_into_cache, graph_bytes\n"
+        "def on_term(*_):\n"
+        "    time.sleep(1.0)\n"
+        f"    compile_into_cache(graph_bytes('late-{tmp_path.name}'))\n"
+        "    time.sleep(3.0)\n"
+        "    pathlib.Path(sys.argv[1]).write_text('{\"signal\": 15}')\n"
+        "    sys.exit(143)\n"
+        "signal.signal(signal.SIGTERM, on_term)\n"
+        "pathlib.Path(sys.argv[2]).write_text(str(os.getpid()))\n"
+        "while True:\n"
+        "    time.sleep(0.1)\n"
+    )
+    workers.append(
+        [sys.executable, "-c", late, str(tmp_path / "checkpoint-c.json"), str(tmp_path / "started-c")]
+    )
     # a launcher that, like torchrun, waits for its workers when stopped and exits after them
     code = (
         "import json, signal, subprocess, sys\n"
@@ -271,6 +290,8 @@ def test_a_stop_uploads_the_complete_entries_while_the_workers_still_checkpoint(
             str(local),
             "--grace",
             str(int(grace)),
+            "--model",
+            "org/stop-test",
             "--no-progress",
             "--",
             sys.executable,
@@ -285,7 +306,7 @@ def test_a_stop_uploads_the_complete_entries_while_the_workers_still_checkpoint(
     try:
         # GIVEN both workers train, their graphs compiled into the local cache
         end = time.monotonic() + 60
-        while not all((tmp_path / f"started-{n}").exists() for n in "ab") or (
+        while not all((tmp_path / f"started-{n}").exists() for n in "abc") or (
             len([e for e in neuron.scan(local, VERSION) if e.state is neuron.EntryState.COMPLETE]) < 2
         ):
             assert job.poll() is None, log.read_text()
@@ -314,7 +335,7 @@ def test_a_stop_uploads_the_complete_entries_while_the_workers_still_checkpoint(
                 break
             time.sleep(0.1)
         assert uploaded_at is not None, log.read_text()
-        checkpoints = [tmp_path / f"checkpoint-{n}.json" for n in "ab"]
+        checkpoints = [tmp_path / f"checkpoint-{n}.json" for n in "abc"]
         assert not any(c.exists() for c in checkpoints), (
             f"the upload finished {uploaded_at - stopped_at:.1f}s after the stop, after the checkpoints\n"
             + log.read_text()
@@ -326,9 +347,17 @@ def test_a_stop_uploads_the_complete_entries_while_the_workers_still_checkpoint(
         for checkpoint in checkpoints:
             assert json.loads(checkpoint.read_text())["signal"] == signal.SIGTERM, stderr
         assert SLOW_CHECKPOINT_SECONDS <= elapsed < grace, stderr
-        # AND nothing still being written was published
+        # AND the entry completed during the checkpoints went up after them, and the registry record of
+        # the job names it too
+        final = {e.module for e in neuron.scan(local, VERSION) if e.state is neuron.EntryState.COMPLETE}
+        assert len(final - complete) == 1, stderr
+        assert "1 entries completed during the stop: uploading them too" in stderr
         remote = set(cache.remote.entries(VERSION))  # type: ignore[attr-defined]
-        assert remote == complete, stderr
+        assert remote == final, stderr
+        records = cache.remote.records("org/stop-test")  # type: ignore[attr-defined]
+        assert [sorted(r.entries) for r in records] == [sorted(final)], stderr
+        # AND nothing still being written was published
+        assert not {locked.name, undone.name} & remote
     finally:
         if job.poll() is None:
             job.kill()
