@@ -558,7 +558,12 @@ class _StopUploads:
         if not self.enabled or self._early is not None:
             return
         log.info("stopping: uploading the complete entries while the command finishes")
-        self._seen = self._complete()
+        try:
+            self._seen = self._complete()
+        except OSError as exc:
+            # called while the command is waited for: nothing here may cost its exit status
+            log.warning("cannot read the local cache at the stop; uploading when the command exits: %s", exc)
+            return
         self._abandoned_before = self.outcome.abandoned
         self._early = threading.Thread(
             target=self._pass, args=(self._seen,), name="neff-cache-stop-upload", daemon=True
