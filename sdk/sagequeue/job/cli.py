@@ -110,7 +110,8 @@ def main(verbose: bool) -> None:
     type=click.Choice(["auto", "on", "off"]),
     default="auto",
     show_default=True,
-    help="Publish NeuronCore utilization to CloudWatch.",
+    help="Publish NeuronCore utilization to CloudWatch (auto: where neuron-monitor and the SageMaker host "
+    "are found; on: the same, with a warning where they are not; the command runs either way).",
 )
 @click.option(
     "--metrics-period",

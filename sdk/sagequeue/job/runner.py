@@ -15,6 +15,7 @@ never the job. The exit status is the training command's.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import shutil
@@ -76,7 +77,8 @@ class JobOptions:
     restore: str = "auto"
     upload: bool = True
     precompile_steps: int | None = None
-    #: auto (when neuron-monitor is on PATH and the host is known), on, off
+    #: auto (when neuron-monitor is on PATH and the host is known), on (the same, with a warning when they
+    #: are not: the command runs regardless), off
     metrics: str = "auto"
     metrics_period: float = METRIC_PERIOD_SECONDS
     grace_seconds: float = SAGEMAKER_STOP_GRACE_SECONDS
@@ -232,16 +234,17 @@ class JobRunner:
         hit = registry_entries <= present if registry_entries else (record is None and bool(present))
         child_env = neuron.child_environment(self.env, root)
         child_env[CACHE_DIR_ENV] = str(root)
+        uploads = _StopUploads(self, remote, root, version, before, registry_entries, record, outcome)
         publisher = self._start_metrics()
         try:
             if options.precompile_steps and not hit and not self.watch.stopped:
                 outcome.precompiled = True
-                self._precompile(child_env)
+                self._precompile(child_env, uploads.start)
             if self.watch.stopped:
                 outcome.status = 128 + (self.watch.signal or 15)
             else:
                 log.info("running %s", " ".join(options.command))
-                outcome.status = self.forwarder.run(options.command, child_env, self._stop_end)
+                outcome.status = self.forwarder.run(options.command, child_env, self._stop_end, uploads.start)
                 log.info("command exited with status %d", outcome.status)
         finally:
             if publisher is not None:
@@ -250,12 +253,7 @@ class JobRunner:
         # they checkpoint while the upload runs, and the wrapper leaves only when they are gone
         group = self._group_waiter()
         try:
-            if remote is not None and options.upload:
-                new = {e.module for e in sync.shareable(root, version)} - before
-                if record is not None:
-                    # a run that compiled nothing has nothing to add to what the registry already says
-                    record.entries = sorted(registry_entries | new) if new else []
-                self._upload(remote, root, version, record if record and record.entries else None, outcome)
+            uploads.finish()
         finally:
             if group is not None:
                 group.join()
@@ -422,7 +420,7 @@ class JobRunner:
             )
         return known
 
-    def _precompile(self, child_env: dict[str, str]) -> None:
+    def _precompile(self, child_env: dict[str, str], on_stop: Callable[[], None] | None = None) -> None:
         steps = self.options.precompile_steps
         env = dict(child_env)
         env[PRECOMPILE_STEPS_ENV] = str(steps)
@@ -433,7 +431,7 @@ class JobRunner:
             return
         command = neuron.parallel_compile_command(self.options.command, executable)
         log.info("cache miss: precompiling with a %s-step run", steps)
-        status = self.forwarder.run(command, env, self._stop_end)
+        status = self.forwarder.run(command, env, self._stop_end, on_stop)
         if status != 0:
             # the real run compiles whatever the precompile run could not
             log.warning("precompile run exited with status %d; training compiles the rest", status)
@@ -442,18 +440,16 @@ class JobRunner:
         mode = self.options.metrics
         if mode == "off":
             return None
+        # metrics never cost the job: asked for ("on") and impossible here, they are a warning, not an error
+        say = log.warning if mode == "on" else log.info
         executable = shutil.which(neuron.MONITOR_EXECUTABLE, path=self.env.get("PATH"))
         try:
             identity = resolve_host(self.env)
         except HostIdentityError as exc:
-            if mode == "on":
-                raise
-            log.info("not publishing NeuronCore utilization: %s", exc)
+            say("not publishing NeuronCore utilization: %s", exc)
             return None
         if executable is None:
-            if mode == "on":
-                raise FileNotFoundError(f"{neuron.MONITOR_EXECUTABLE} is not on PATH")
-            log.info("not publishing NeuronCore utilization: %s is not on PATH", neuron.MONITOR_EXECUTABLE)
+            say("not publishing NeuronCore utilization: %s is not on PATH", neuron.MONITOR_EXECUTABLE)
             return None
         # boto3 is imported only when there is something to publish
         from sagequeue.job.metrics import UtilizationPublisher
@@ -508,7 +504,7 @@ class JobRunner:
                 time.monotonic() - started,
             )
             return
-        outcome.published = report.result.published
+        outcome.published = sorted(set(outcome.published) | set(report.result.published))
         log.info(
             "uploaded %d entries in %.1fs (%d already there, %d left for later, %d failed entries cleaned)",
             len(report.result.published),
@@ -517,3 +513,88 @@ class JobRunner:
             len(report.result.skipped),
             len(report.cleaned_failed),
         )
+
+
+class _StopUploads:
+    """The final upload, started as soon as a stop is seen rather than when the command exits.
+
+    A launcher that waits for its workers' checkpoints (torchrun) outlives the stop by as long as they take;
+    uploading only after it would leave the upload what remains of the grace. Started at the stop, the
+    upload takes the complete entries of that moment (an entry a compiler still writes holds its lock or
+    lacks its done marker, and is left alone) while the command checkpoints; once the command has exited, a
+    second pass takes the entries that were completed meanwhile, if the grace leaves time.
+    """
+
+    def __init__(
+        self,
+        runner: JobRunner,
+        remote: RemoteCache | None,
+        root: Path,
+        version: str,
+        before: set[str],
+        registry_entries: set[str],
+        record: RegistryRecord | None,
+        outcome: JobOutcome,
+    ) -> None:
+        self.runner = runner
+        self.remote = remote
+        self.root = root
+        self.version = version
+        self.before = before
+        self.registry_entries = registry_entries
+        self.record = record
+        self.outcome = outcome
+        self._early: threading.Thread | None = None
+        #: The complete entries the early pass saw.
+        self._seen: set[str] = set()
+        self._abandoned_before = False
+
+    @property
+    def enabled(self) -> bool:
+        return self.remote is not None and self.runner.options.upload
+
+    def start(self) -> None:
+        """On a stop while the command runs: upload what is complete now, in a thread."""
+        if not self.enabled or self._early is not None:
+            return
+        log.info("stopping: uploading the complete entries while the command finishes")
+        try:
+            self._seen = self._complete()
+        except OSError as exc:
+            # called while the command is waited for: nothing here may cost its exit status
+            log.warning("cannot read the local cache at the stop; uploading when the command exits: %s", exc)
+            return
+        self._abandoned_before = self.outcome.abandoned
+        self._early = threading.Thread(
+            target=self._pass, args=(self._seen,), name="neff-cache-stop-upload", daemon=True
+        )
+        self._early.start()
+
+    def finish(self) -> None:
+        """After the command: the whole upload, or what the early pass could not have seen."""
+        if not self.enabled:
+            return
+        if self._early is None:
+            self._pass(self._complete())
+            return
+        # the early pass is bounded by the stop's grace itself
+        self._early.join()
+        complete = self._complete()
+        early_abandoned = self.outcome.abandoned and not self._abandoned_before
+        if complete - self._seen and not early_abandoned:
+            log.info("%d entries completed during the stop: uploading them too", len(complete - self._seen))
+            self._pass(complete)
+
+    def _complete(self) -> set[str]:
+        return {e.module for e in sync.shareable(self.root, self.version)}
+
+    def _pass(self, complete: set[str]) -> None:
+        assert self.remote is not None
+        record = None
+        if self.record is not None:
+            new = complete - self.before
+            # a run that compiled nothing has nothing to add to what the registry already says; a second
+            # pass rewrites the same record (same writer, same path) with the longer list
+            entries = sorted(self.registry_entries | new) if new else []
+            record = dataclasses.replace(self.record, entries=entries) if entries else None
+        self.runner._upload(self.remote, self.root, self.version, record, self.outcome)

@@ -305,6 +305,7 @@ class S3Cache:
         prefix: str | None = None,
         sizes: Mapping[str, Mapping[str, Any]] | None = None,
         only_missing: bool = False,
+        replace_wrong_size: bool = False,
     ) -> list[str]:
         """Copy a published entry's files (server-side) from the prefix its manifest names to
         `neuronxcc-<version>/MODULE_.../<name>`, where the Neuron compiler's own S3 cache reads them.
@@ -312,7 +313,9 @@ class S3Cache:
         `model.done` goes last, so a compiler that finds it finds the NEFF too. Each object is whole, and
         every copy at these paths, whichever writer it came from, holds a complete compile of the same graph
         with the same flags (the entry's name hashes both): a reader cannot mix halves of two compiles the way
-        a manifest over another writer's files could. Returns the names copied."""
+        a manifest over another writer's files could. With `only_missing`, what is already there stays,
+        unless `replace_wrong_size` and its size is not the manifest's (a file cut short). Returns the names
+        copied."""
         key = neuron.entry_key(version, module)
         if prefix is None or sizes is None:
             try:
@@ -323,19 +326,27 @@ class S3Cache:
             sizes = manifest["files"]
         if prefix == key:
             return []  # written before writer prefixes: the files are already there
-        present = set()
+        #: path -> size of what is already where the compiler reads
+        present: dict[str, int] = {}
         if only_missing:
             present = {
-                self._relative(item["Key"]) for item in self._list(f"{key}/", delimiter="/") if "Key" in item
+                self._relative(item["Key"]): int(item.get("Size", -1))
+                for item in self._list(f"{key}/", delimiter="/")
+                if "Key" in item
             }
         names = sorted(sizes, key=lambda name: (name == neuron.DONE_FILE, name))
         copied = []
         for name in names:
-            if f"{key}/{name}" in present:
+            size = int(sizes[name]["size"])
+            there = present.get(f"{key}/{name}")
+            if there is not None and (there == size or not replace_wrong_size):
                 continue
             source = {"Bucket": self.bucket, "Key": self._key(f"{prefix}/{name}")}
             try:
-                if int(sizes[name]["size"]) < _COPY_LIMIT:
+                if there is not None:
+                    # of the wrong size (cut short): the published file, whole, replaces it
+                    self._client.copy(source, self.bucket, self._key(f"{key}/{name}"), Config=self._transfer)
+                elif size < _COPY_LIMIT:
                     # a file another writer (or the compiler itself) put there first stays
                     self._client.copy_object(
                         Bucket=self.bucket, Key=self._key(f"{key}/{name}"), CopySource=source, IfNoneMatch="*"
@@ -366,26 +377,40 @@ class S3Cache:
 
     def compiler_layout_problems(self, version: str) -> dict[str, str]:
         vdir = neuron.version_dir(version)
-        canonical: dict[str, set[str]] = {}
+        #: module -> file name -> size of the object where the compiler reads it
+        canonical: dict[str, dict[str, int]] = {}
         for item in self._list(f"{vdir}/"):
             parts = self._relative(item.get("Key", "")).split("/")
             if len(parts) == 3 and neuron.is_entry_dir(parts[1]):
-                canonical.setdefault(parts[1], set()).add(parts[2])
+                canonical.setdefault(parts[1], {})[parts[2]] = int(item.get("Size", -1))
         problems: dict[str, str] = {}
         modules = sorted(self.entries(version))
         with ThreadPoolExecutor(max_workers=self.max_workers) as pool:
             manifests = list(pool.map(lambda m: self._manifest(version, m), modules))
         for module, manifest in zip(modules, manifests, strict=True):
-            missing = sorted(set(manifest["files"]) - canonical.get(module, set()))
+            present = canonical.get(module, {})
+            found = []
+            missing = sorted(set(manifest["files"]) - set(present))
             if missing:
-                problems[neuron.entry_key(version, module)] = (
-                    f"{', '.join(missing)} missing where the Neuron compiler reads the entry"
-                )
+                found.append(f"{', '.join(missing)} missing where the Neuron compiler reads the entry")
+            # a file cut short there (an interrupted writer) is present all the same: its size tells
+            found += [
+                f"{name}: {present[name]} bytes, the manifest says {info['size']}"
+                for name, info in sorted(manifest["files"].items())
+                if name in present and present[name] != int(info["size"])
+            ]
+            if found:
+                problems[neuron.entry_key(version, module)] = "; ".join(found)
         return problems
 
     def repair_compiler_layout(self, version: str, modules: Sequence[str]) -> None:
         with ThreadPoolExecutor(max_workers=self.max_workers) as pool:
-            list(pool.map(lambda m: self._copy_for_compiler(version, m, only_missing=True), modules))
+            list(
+                pool.map(
+                    lambda m: self._copy_for_compiler(version, m, only_missing=True, replace_wrong_size=True),
+                    modules,
+                )
+            )
 
     def _delete_prefix(self, relative_prefix: str) -> None:
         keys = [item["Key"] for item in self._list(relative_prefix)]

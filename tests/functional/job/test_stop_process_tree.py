@@ -216,3 +216,149 @@ def test_a_command_that_outlives_the_grace_is_killed_and_the_wrapper_leaves_in_t
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(command, signal.SIGKILL)
+
+
+SLOW_CHECKPOINT_SECONDS = 6.0
+
+
+def test_a_stop_uploads_the_complete_entries_while_the_workers_still_checkpoint(
+    base_env: dict[str, str], hub_server: HubServer, tmp_path: Path
+) -> None:
+    """torchrun-like: the direct child handles SIGTERM by waiting for its workers, so it outlives their
+    checkpoints; the upload must not wait for it, and must leave alone an entry still being written."""
+    from conftest import VERSION
+
+    from sagequeue.job import neuron
+
+    cache = make_cache("s3", base_env, hub_server)
+    local = tmp_path / "cache"
+    workers = [
+        [
+            str(STANDINS / "standin-train"),
+            "--graphs",
+            f"g-{name}-{tmp_path.name}",
+            "--steps",
+            "600",
+            "--step-seconds",
+            "0.1",
+            "--checkpoint",
+            str(tmp_path / f"checkpoint-{name}.json"),
+            "--checkpoint-seconds",
+            str(SLOW_CHECKPOINT_SECONDS),
+            "--started",
+            str(tmp_path / f"started-{name}"),
+            "--term-status",
+            "143",
+        ]
+        for name in "ab"
+    ]
+    # a third worker whose compile in flight at the stop finishes during its checkpoint
+    late = (
+        "import os, pathlib, signal, sys, time\n"
+        f"sys.path.insert(0, {str(STANDINS)!r})\n"
+        "from _standin_neuron import compile_into_cache, graph_bytes\n"
+        "def on_term(*_):\n"
+        "    time.sleep(1.0)\n"
+        f"    compile_into_cache(graph_bytes('late-{tmp_path.name}'))\n"
+        "    time.sleep(3.0)\n"
+        "    pathlib.Path(sys.argv[1]).write_text('{\"signal\": 15}')\n"
+        "    sys.exit(143)\n"
+        "signal.signal(signal.SIGTERM, on_term)\n"
+        "pathlib.Path(sys.argv[2]).write_text(str(os.getpid()))\n"
+        "while True:\n"
+        "    time.sleep(0.1)\n"
+    )
+    workers.append(
+        [sys.executable, "-c", late, str(tmp_path / "checkpoint-c.json"), str(tmp_path / "started-c")]
+    )
+    # a launcher that, like torchrun, waits for its workers when stopped and exits after them
+    code = (
+        "import json, signal, subprocess, sys\n"
+        "signal.signal(signal.SIGTERM, lambda *_: None)\n"
+        "workers = [subprocess.Popen(w) for w in json.loads(sys.argv[1])]\n"
+        "raise SystemExit(max(w.wait() for w in workers))\n"
+    )
+    grace = 20.0
+    log = tmp_path / "wrapper.log"
+    job = subprocess.Popen(
+        [
+            str(BIN / "sagequeue-job"),
+            "run",
+            "--cache",
+            cache.url,
+            "--cache-dir",
+            str(local),
+            "--grace",
+            str(int(grace)),
+            "--model",
+            "org/stop-test",
+            "--no-progress",
+            "--",
+            sys.executable,
+            "-c",
+            code,
+            json.dumps(workers),
+        ],
+        env=cache.env,
+        stdout=subprocess.DEVNULL,
+        stderr=log.open("w"),
+    )
+    try:
+        # GIVEN both workers train, their graphs compiled into the local cache
+        end = time.monotonic() + 60
+        while not all((tmp_path / f"started-{n}").exists() for n in "abc") or (
+            len([e for e in neuron.scan(local, VERSION) if e.state is neuron.EntryState.COMPLETE]) < 2
+        ):
+            assert job.poll() is None, log.read_text()
+            assert time.monotonic() < end, log.read_text()
+            time.sleep(0.05)
+        complete = {e.module for e in neuron.scan(local, VERSION) if e.state is neuron.EntryState.COMPLETE}
+        # AND two entries a compiler is still writing: one holding its lock, one without its done marker
+        version_dir = local / neuron.version_dir(VERSION)
+        locked = version_dir / "MODULE_beingwritten1+abc123"
+        locked.mkdir()
+        (locked / neuron.NEFF_FILE).write_bytes(b"half a neff")
+        (locked / neuron.DONE_FILE).write_text("")
+        (locked / "model.hlo_module.pb.lock").write_text("")
+        undone = version_dir / "MODULE_beingwritten2+abc123"
+        undone.mkdir()
+        (undone / neuron.NEFF_FILE).write_bytes(b"a neff without its done marker")
+        time.sleep(0.3)
+        # WHEN SageMaker stops the job
+        stopped_at = time.monotonic()
+        job.send_signal(signal.SIGTERM)
+        # THEN the complete entries reach the remote while the workers are still writing checkpoints
+        uploaded_at = None
+        while time.monotonic() - stopped_at < grace:
+            if complete <= set(cache.remote.entries(VERSION)):  # type: ignore[attr-defined]
+                uploaded_at = time.monotonic()
+                break
+            time.sleep(0.1)
+        assert uploaded_at is not None, log.read_text()
+        checkpoints = [tmp_path / f"checkpoint-{n}.json" for n in "abc"]
+        assert not any(c.exists() for c in checkpoints), (
+            f"the upload finished {uploaded_at - stopped_at:.1f}s after the stop, after the checkpoints\n"
+            + log.read_text()
+        )
+        job.wait(timeout=grace + 10)
+        elapsed = time.monotonic() - stopped_at
+        stderr = log.read_text()
+        # AND the workers still checkpointed, and the wrapper left within the grace
+        for checkpoint in checkpoints:
+            assert json.loads(checkpoint.read_text())["signal"] == signal.SIGTERM, stderr
+        assert SLOW_CHECKPOINT_SECONDS <= elapsed < grace, stderr
+        # AND the entry completed during the checkpoints went up after them, and the registry record of
+        # the job names it too
+        final = {e.module for e in neuron.scan(local, VERSION) if e.state is neuron.EntryState.COMPLETE}
+        assert len(final - complete) == 1, stderr
+        assert "1 entries completed during the stop: uploading them too" in stderr
+        remote = set(cache.remote.entries(VERSION))  # type: ignore[attr-defined]
+        assert remote == final, stderr
+        records = cache.remote.records("org/stop-test")  # type: ignore[attr-defined]
+        assert [sorted(r.entries) for r in records] == [sorted(final)], stderr
+        # AND nothing still being written was published
+        assert not {locked.name, undone.name} & remote
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()

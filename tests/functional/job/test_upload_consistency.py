@@ -290,3 +290,54 @@ def test_the_neuron_compilers_own_s3_cache_reads_what_the_wrapper_published(
     assert direct.returncode == 0, direct.stderr
     assert json.loads(report.read_text()) == {"hit": graphs.split(","), "compiled": [], "extracted": []}
     assert run_cli(["cache", "verify", "--cache", cache.url], base_env).returncode == 0
+
+
+def test_verify_finds_a_truncated_file_where_the_neuron_compiler_reads_and_repair_replaces_it(
+    base_env: dict[str, str], hub_server: HubServer, tmp_path: Path
+) -> None:
+    cache = make_cache("s3", base_env, hub_server)
+    local = tmp_path / "host-1"
+    # GIVEN two entries published through the wrapper
+    first = run_wrapper(
+        [
+            "run",
+            "--cache",
+            cache.url,
+            "--cache-dir",
+            str(local),
+            "--no-progress",
+            "--",
+            str(STANDINS / "standin-train"),
+            "--graphs",
+            "forward,backward",
+        ],
+        base_env,
+    )
+    assert first.returncode == 0, first.stderr
+    modules = sorted(cache.remote.entries(VERSION))  # type: ignore[attr-defined]
+    assert len(modules) == 2
+    neff = local / neuron.entry_key(VERSION, modules[0]) / neuron.NEFF_FILE
+    size = neff.stat().st_size
+    # AND the compiler's copy of one NEFF cut short (an interrupted writer at the compiler's own path):
+    # present, so a presence check passes it
+    bucket, _, prefix = cache.url[len("s3://") :].partition("/")
+    s3 = boto3.client("s3")
+    key = f"{prefix}/{neuron.entry_key(VERSION, modules[0])}/{neuron.NEFF_FILE}"
+    s3.put_object(Bucket=bucket, Key=key, Body=neff.read_bytes()[: size // 2])
+    # THEN verify names the file and both sizes, and fails
+    found = run_cli(["cache", "verify", "--cache", cache.url], base_env)
+    assert found.returncode == 1, found.stdout + found.stderr
+    assert (
+        f"not readable by the Neuron compiler {neuron.entry_key(VERSION, modules[0])}: "
+        f"model.neff: {size // 2} bytes, the manifest says {size}"
+    ) in found.stdout
+    assert "2 entries checked, 0 broken, 1 not readable by the Neuron compiler" in found.stdout
+    # WHEN repaired
+    repaired = run_cli(["cache", "verify", "--cache", cache.url, "--repair"], base_env)
+    assert repaired.returncode == 0, repaired.stderr
+    assert "copied 1 entries to where the Neuron compiler reads them" in repaired.stdout
+    # THEN the compiler's copy is the published NEFF again, byte for byte
+    assert s3.get_object(Bucket=bucket, Key=key)["Body"].read() == neff.read_bytes()
+    again = run_cli(["cache", "verify", "--cache", cache.url], base_env)
+    assert again.returncode == 0, again.stdout
+    assert "2 entries checked, 0 broken, 0 not readable by the Neuron compiler" in again.stdout

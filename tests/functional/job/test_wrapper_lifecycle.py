@@ -322,3 +322,53 @@ def test_a_stop_during_the_final_upload_cuts_it_to_the_grace(
     assert elapsed < 5, stderr
     assert job.returncode == 0, stderr
     assert "upload abandoned" in stderr
+
+
+@pytest.mark.parametrize("where", ["no training job name", "no resource config", "no neuron-monitor"])
+def test_metrics_on_outside_sagemaker_runs_the_command_with_a_one_line_warning(
+    where: str, base_env: dict[str, str], tmp_path: Path
+) -> None:
+    env = dict(base_env)
+    env.pop("SAGEQUEUE_RESOURCE_CONFIG", None)
+    if where != "no training job name":
+        env["TRAINING_JOB_NAME"] = f"sq-metrics-{uuid.uuid4().hex[:8]}"
+    if where == "no resource config":
+        # /opt/ml/input/config/resourceconfig.json is read unless this names another file
+        env["SAGEQUEUE_RESOURCE_CONFIG"] = str(tmp_path / "missing" / "resourceconfig.json")
+    if where == "no neuron-monitor":
+        config = tmp_path / "resourceconfig.json"
+        config.write_text(json.dumps({"current_host": "algo-1", "hosts": ["algo-1"]}))
+        env["SAGEQUEUE_RESOURCE_CONFIG"] = str(config)
+        # the stand-ins without neuron-monitor
+        bare = tmp_path / "bin"
+        bare.mkdir()
+        for tool in ("neuronx-cc", "_standin_neuron.py"):
+            (bare / tool).symlink_to(STANDINS / tool)
+        env["PATH"] = os.pathsep.join([str(bare), str(BIN), "/usr/bin", "/bin"])
+    result = run_wrapper(
+        [
+            "run",
+            "--metrics",
+            "on",
+            "--cache-dir",
+            str(tmp_path / "cache"),
+            "--no-progress",
+            "--",
+            str(STANDINS / "standin-train"),
+            "--report",
+            str(tmp_path / "report.json"),
+        ],
+        env,
+    )
+    # the command ran and its status is the wrapper's
+    assert result.returncode == 0, result.stderr
+    assert json.loads((tmp_path / "report.json").read_text())["compiled"]
+    assert "Traceback" not in result.stderr
+    warnings = [line for line in result.stderr.splitlines() if " WARNING " in line and "utilization" in line]
+    assert len(warnings) == 1, result.stderr
+    expected = {
+        "no training job name": "TRAINING_JOB_NAME",
+        "no resource config": "resourceconfig.json",
+        "no neuron-monitor": "neuron-monitor",
+    }[where]
+    assert expected in warnings[0]

@@ -98,6 +98,50 @@ def test_sigterm_to_the_wrapper_reaches_the_child_and_its_status_is_kept(tmp_pat
     assert watch.signal == signal.SIGTERM
 
 
+SLOW_CHECKPOINT = """
+import signal, sys, time, pathlib
+def on(sig, frame):
+    time.sleep(1.5)
+    pathlib.Path(sys.argv[1]).write_text(str(sig))
+    sys.exit(7)
+signal.signal(signal.SIGTERM, on)
+pathlib.Path(sys.argv[2]).touch()
+time.sleep(30)
+"""
+
+
+def test_the_stop_hook_runs_once_while_the_child_still_checkpoints(tmp_path: Path) -> None:
+    watch = StopWatch()
+    forwarder = SignalForwarder(watch)
+    got, ready = tmp_path / "got", tmp_path / "ready"
+    calls: list[tuple[float, bool]] = []
+    forwarder.install()
+    try:
+
+        def stop_when_ready() -> None:
+            while not ready.exists():
+                time.sleep(0.02)
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.3)
+            os.kill(os.getpid(), signal.SIGTERM)  # a second stop signal calls nothing again
+
+        threading.Thread(target=stop_when_ready, daemon=True).start()
+        status = forwarder.run(
+            [sys.executable, "-c", SLOW_CHECKPOINT, str(got), str(ready)],
+            {},
+            stop_end=lambda: time.monotonic() + 60,
+            on_stop=lambda: calls.append((watch.seconds_since(), got.exists())),
+        )
+    finally:
+        forwarder.restore()
+    assert status == 7
+    # called once, within a fifth of a second of the stop, before the checkpoint was written
+    assert len(calls) == 1
+    since, checkpointed = calls[0]
+    assert since < 0.5
+    assert not checkpointed
+
+
 def test_a_child_killed_by_a_signal_reports_128_plus_the_signal() -> None:
     forwarder = SignalForwarder(StopWatch())
     assert (
