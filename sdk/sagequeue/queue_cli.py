@@ -234,8 +234,9 @@ def waited(job: Job, now: datetime) -> float | None:
 
 
 def ran(job: Job, now: datetime) -> float | None:
-    """Time the current (or last) attempt has run."""
-    if job.started_at is None or job.waiting:
+    """Time the current (or last) attempt has run: none while it waits or is still starting (SageMaker
+    has not begun running it), counted from its start once it runs."""
+    if job.started_at is None or job.waiting or job.state == "starting":
         return None
     return _span(job.started_at, job.ended_at or now)
 

@@ -20,6 +20,7 @@ This is the only sagequeue module that imports the SageMaker SDK (`pip install '
 
 from __future__ import annotations
 
+import copy
 import logging
 import threading
 import time
@@ -62,6 +63,20 @@ _QUEUE_OUTAGE_SECONDS = 300.0
 _QUEUE_LAG_SECONDS = 600.0
 #: The longest pause between two reads of a queue that does not answer, in seconds.
 _OUTAGE_PAUSE_SECONDS = 30.0
+
+
+def _telemetry_off(config: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The SDK defaults config (given, or what SDK v2 loaded from its config files) with the SDK's usage
+    telemetry turned off, unless it chooses itself (`SageMaker.PythonSDK.Modules.TelemetryOptOut`, the only
+    switch SDK v2 reads). Otherwise every `fit()` sends a request naming the account to an AWS bucket (even
+    when the job goes to a local stack), and prints a long traceback where AWS cannot be reached. Copied,
+    so the caller's dictionary is left as it was. (Costs a schema validation per config lookup in SDK v2,
+    as any SageMaker config does: about 0.1 s each, a second or two of CPU a fit.)"""
+    merged: dict[str, Any] = copy.deepcopy(dict(config or {}))
+    merged.setdefault("SchemaVersion", "1.0")
+    modules = merged.setdefault("SageMaker", {}).setdefault("PythonSDK", {}).setdefault("Modules", {})
+    modules.setdefault("TelemetryOptOut", True)
+    return merged
 
 
 class _CourtesyLogs:
@@ -160,6 +175,8 @@ if SDK_MAJOR == 2:
             #: what was last printed about each job's place in the queue, so a wait does not repeat it
             self._announced: dict[str, tuple[Any, ...]] = {}
             super().__init__(boto_session, sagemaker_client, *args, **kwargs)
+            # the SDK's usage telemetry off: the config it set up (given, or loaded from its files) + opt-out
+            self.sagemaker_config: dict[str, Any] = _telemetry_off(getattr(self, "sagemaker_config", None))
             boto = self.boto_session
 
             def logs() -> Any:

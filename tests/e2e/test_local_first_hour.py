@@ -237,7 +237,7 @@ def test_local_env_points_plain_boto3_at_the_emulator(served: Served) -> None:
     assert listed.stdout.strip() == saved["sagemaker_endpoint"]
 
     unknown = served.run("local", "env", "--identity", "nobody")
-    assert unknown.returncode == 1
+    assert unknown.returncode == 2  # bad usage, as docs/client.md's table has it
     assert unknown.stderr.strip() == "error: no local identity named 'nobody'; known: admin, other, user"
 
 
@@ -265,8 +265,13 @@ def test_local_env_without_a_stack_says_so(tmp_path: Path) -> None:
         timeout=60,
         check=False,
     )
-    assert ran.returncode == 1
+    # exit 3 (the queue cannot be located), as `sagequeue ls` answers the same home, and one line
+    listed = subprocess.run(
+        [COMMAND, "ls"], capture_output=True, text=True, env=clean_environment(home), timeout=60, check=False
+    )
+    assert (ran.returncode, listed.returncode) == (3, 3)
     assert ran.stderr.startswith(f"error: no local stack runs on this home: {home}/local.json does not exist")
+    assert len(ran.stderr.splitlines()) == 1
 
 
 @pytest.mark.slow

@@ -50,12 +50,40 @@ def stack() -> Iterator[Any]:
 
 
 @pytest.fixture(autouse=True)
-def no_telemetry(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The SDK calls home after fit(); not from tests. (Its opt-out setting would do it too, but a
-    SageMaker config makes SDK v2 validate it against its JSON schema at every lookup: 12 s a fit.)"""
+def no_telemetry(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """`QueueSession` opts out of the SDK's usage telemetry: a fit through it must not send any (the SDK
+    would GET an S3 URL naming the account, and print a traceback where it cannot reach it). Any request
+    the SDK tries is caught here, kept from the network, and fails the test."""
     from sagemaker.telemetry import telemetry_logging
 
-    monkeypatch.setattr(telemetry_logging, "_requests_helper", lambda url, timeout: None)
+    sent: list[str] = []
+    monkeypatch.setattr(telemetry_logging, "_requests_helper", lambda url, timeout: sent.append(url))
+    yield
+    assert sent == [], f"the SageMaker SDK sent telemetry: {sent[:1]}"
+
+
+def test_the_session_opts_out_of_the_sdks_telemetry_and_keeps_the_users_config(stack: Any) -> None:
+    from sagemaker.config.config_schema import SESSION_DEFAULT_S3_BUCKET_PATH, TELEMETRY_OPT_OUT_PATH
+    from sagemaker.utils import get_sagemaker_config_value
+
+    # GIVEN no SageMaker config of the user's, then one that sets a default bucket, then one that opts in
+    bare = QueueSession(queue_client=stack.client())
+    own = {
+        "SchemaVersion": "1.0",
+        "SageMaker": {"PythonSDK": {"Modules": {"Session": {"DefaultS3Bucket": "my-bucket"}}}},
+    }
+    kept = QueueSession(queue_client=stack.client(), sagemaker_config=own)
+    opted_in = {"SchemaVersion": "1.0", "SageMaker": {"PythonSDK": {"Modules": {"TelemetryOptOut": False}}}}
+    chosen = QueueSession(queue_client=stack.client(), sagemaker_config=opted_in)
+
+    # THEN telemetry is off unless the user's config says otherwise, and the user's settings stay
+    assert get_sagemaker_config_value(bare, TELEMETRY_OPT_OUT_PATH) is True
+    assert get_sagemaker_config_value(kept, TELEMETRY_OPT_OUT_PATH) is True
+    assert get_sagemaker_config_value(kept, SESSION_DEFAULT_S3_BUCKET_PATH) == "my-bucket"
+    assert get_sagemaker_config_value(chosen, TELEMETRY_OPT_OUT_PATH) is False
+    assert own["SageMaker"]["PythonSDK"]["Modules"] == {
+        "Session": {"DefaultS3Bucket": "my-bucket"}
+    }  # not mutated
 
 
 @pytest.fixture(autouse=True)
@@ -475,8 +503,10 @@ print(estimator.latest_training_job.describe()["SecondaryStatus"])
         check=False,
     )
 
-    # THEN the job is queued with the estimator's priority, said once, and describes as SageMaker would
+    # THEN the job is queued with the estimator's priority, said once, and describes as SageMaker would;
+    # no traceback (the SDK's telemetry, were it on, would print one where it cannot reach AWS)
     assert ran.returncode == 0, ran.stderr[-2000:]
+    assert "Traceback" not in ran.stderr + ran.stdout, ran.stderr[-3000:]
     printed = re.sub(r'\{"_aws".*\n', "", ran.stdout)
     assert printed.count(f"queued training job {name} for {POOL} with priority 321") == 1
     assert printed.rstrip().splitlines()[-1] in ("Pending", "Starting")  # queued, or started since

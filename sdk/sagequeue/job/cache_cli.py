@@ -243,10 +243,14 @@ def sync_cmd(
     deadline = Deadline(timeout)
     try:
         chosen = list(versions) or neuron.local_versions(root)
+        # the bar counts complete local entries (what sync uploads, or finds there), a version's at a time:
+        # a backend publishes a version's entries together (the Hub in one commit)
+        counts = {version: len(sync.shareable(root, version)) for version in chosen}
         reports = []
-        with _bar(chosen, f"sync to {remote.url}") as bar:
-            for version in bar:
+        with _bar(None, f"sync to {remote.url}", length=sum(counts.values())) as bar:
+            for version in chosen:
                 reports.append((version, sync.upload(remote, root, version, deadline=deadline)))
+                bar.update(counts[version])
         for version, report in reports:
             result = report.result
             click.echo(
@@ -292,7 +296,9 @@ def restore(
         if model:
             records = remote.records(model) + remote.optimum_records(model, resolved)
             modules = {m for r in records if r.compiler_version == resolved for m in r.entries}
-        report = sync.restore(remote, root, resolved, modules, workers=workers, progress=progress)
+        # like the other commands' bars, only on a terminal (the job wrapper's restore logs its own)
+        shown = progress and sys.stderr.isatty()
+        report = sync.restore(remote, root, resolved, modules, workers=workers, progress=shown)
     except RemoteCacheError as exc:
         raise click.ClickException(str(exc)) from exc
     click.echo(

@@ -13,6 +13,8 @@ from typing import Any, NoReturn
 
 import click
 
+from sagequeue.queue_cli import EXIT_REFUSED, EXIT_UNREACHABLE, EXIT_USAGE
+
 _CAPACITY_HELP = "Instances of a pool, TYPE=N (repeatable), e.g. --capacity ml.trn1.32xlarge=2."
 
 
@@ -56,9 +58,10 @@ def _write_private(path: Path, text: str) -> None:
     path.chmod(0o600)
 
 
-def _fail(message: str) -> NoReturn:
+def _fail(message: str, code: int = EXIT_REFUSED) -> NoReturn:
+    """One line on stderr, and the exit code of docs/client.md's table (the queue commands' own)."""
     click.echo(f"error: {message}", err=True)
-    sys.exit(1)
+    sys.exit(code)
 
 
 class _StackLock:
@@ -263,12 +266,17 @@ def local_env(identity: str) -> None:
     try:
         saved = load_local_connection(path)
     except ConfigurationError as exc:
-        _fail(str(exc))
+        _fail(str(exc), EXIT_UNREACHABLE)
+    # no stack to export is the queue that cannot be located: exit 3, as `sagequeue ls` says it
     if saved is None:
-        _fail(f"no local stack runs on this home: {path} does not exist (start one with `sagequeue local`)")
+        _fail(
+            f"no local stack runs on this home: {path} does not exist (start one with `sagequeue local`)",
+            EXIT_UNREACHABLE,
+        )
     if saved.pid is not None and not _alive(saved.pid):
         _fail(
-            f"the local stack that saved {path} (PID {saved.pid}) is gone; start one with `sagequeue local`"
+            f"the local stack that saved {path} (PID {saved.pid}) is gone; start one with `sagequeue local`",
+            EXIT_UNREACHABLE,
         )
     key, secret = saved.access_key_id, saved.secret_access_key
     if identity != "user":
@@ -303,13 +311,13 @@ def _identity_keys(path: Path, name: str) -> tuple[str, str]:
     try:
         document = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
-        _fail(f"cannot read the local identities in {path}: {exc}")
+        _fail(f"cannot read the local identities in {path}: {exc}", EXIT_UNREACHABLE)
     entries = document if isinstance(document, dict) else {}
     entry = entries.get(name)
     if isinstance(entry, dict) and entry.get("access_key_id") and entry.get("secret_access_key"):
         return str(entry["access_key_id"]), str(entry["secret_access_key"])
     found = sorted(str(n) for n in entries)
-    _fail(f"no local identity named {name!r}; known: {', '.join(found) or 'none'}")
+    _fail(f"no local identity named {name!r}; known: {', '.join(found) or 'none'}", EXIT_USAGE)
 
 
 def _banner(stack: Any, saved: Path, identities_file: Path) -> str:

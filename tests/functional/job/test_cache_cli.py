@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -114,6 +115,42 @@ def test_create_sync_list_lookup_prune_and_status(cache: Cache, cli: CliRunner, 
     assert by_size.exit_code == 0, by_size.output
     assert "removing 1 entries" in by_size.output
     assert len(cache.remote.entries(VERSION)) == 1
+
+
+def test_sync_counts_entries_and_restore_draws_no_bar_on_a_pipe(
+    cache: Cache, cli: CliRunner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GIVEN a local cache of three complete entries over two compiler versions, and a failed one
+    root = tmp_path / "local"
+    _entry(root, VERSION, "MODULE_1+aaaaaaaa")
+    _entry(root, VERSION, "MODULE_2+aaaaaaaa")
+    _entry(root, VERSION, "MODULE_3+aaaaaaaa", state="failed")
+    _entry(root, OLD_VERSION, "MODULE_9+bbbbbbbb")
+    assert cli.invoke(main, ["cache", "create", cache.url]).exit_code == 0
+
+    # WHEN it is synced with stderr taken for a terminal
+    import click._termui_impl
+
+    with monkeypatch.context() as terminal:
+        terminal.setattr(click._termui_impl, "isatty", lambda stream: True)
+        synced = cli.invoke(main, ["cache", "sync", "--cache-dir", str(root)])
+
+    # THEN the bar counted the three complete entries, not the two versions
+    assert synced.exit_code == 0, synced.output
+    drawn = re.findall(rf"sync to {re.escape(cache.url)}\s+\[[#-]+\]\s+(\d+)/(\d+)", synced.stderr)
+    assert drawn[-1] == ("3", "3")
+    assert {total for _, total in drawn} == {"3"}
+
+    # WHEN they are restored with stderr on a pipe (progress left on, its default)
+    fresh = tmp_path / "fresh"
+    restored = cli.invoke(
+        main, ["cache", "restore", "--cache-dir", str(fresh), "--compiler-version", VERSION]
+    )
+
+    # THEN the entries arrived and no bar was drawn into the pipe, as prune and sync draw none there
+    assert restored.exit_code == 0, restored.output
+    assert f"neuronxcc-{VERSION}: restored 2 entries" in restored.stdout
+    assert restored.stderr == ""
 
 
 def test_prune_local_by_age_keeps_entries_being_compiled(cli: CliRunner, tmp_path: Path) -> None:

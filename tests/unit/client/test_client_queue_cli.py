@@ -51,6 +51,22 @@ def test_waited_and_ran_follow_the_jobs_life() -> None:
     assert (waited(done, NOW), ran(done, NOW)) == (3600.0, 23 * 3600.0)
 
 
+def test_a_starting_job_has_waited_but_not_yet_run() -> None:
+    # GIVEN a job the scheduler started 3 minutes ago whose attempt is still starting on SageMaker
+    starting = job(
+        "s",
+        "starting",
+        5,
+        submitted_at=NOW - timedelta(minutes=10),
+        started_at=NOW - timedelta(minutes=3),
+    )
+
+    # THEN it waited until it was started, has run for no time yet, and the table says '-' under RAN
+    assert (waited(starting, NOW), ran(starting, NOW)) == (420.0, None)
+    header, row = jobs_table([starting], NOW).splitlines()[:2]
+    assert row.split()[header.split().index("RAN")] == "-"
+
+
 def test_the_table_is_ordered_by_priority_then_submission_with_short_durations() -> None:
     jobs = [
         job("late-low", "queued", 1, submitted_at=NOW - timedelta(seconds=40)),
