@@ -321,7 +321,9 @@ if SDK_MAJOR == 2:
                     return self._describe_attempt(job, attempt)
                 ran = job
                 job = self._after(job, attempt, poll)
-                if job.terminal or (job.training_job_name == attempt and not job.waiting):
+                # the job ended with this attempt (or runs it still); a later attempt, even one that already
+                # ended while this one was being followed, is followed in its turn
+                if job.training_job_name == attempt and (job.terminal or not job.waiting):
                     if failure is not None:
                         raise failure
                     if job.state in ("cancelled", "idle_stopped"):

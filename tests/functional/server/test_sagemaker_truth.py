@@ -85,6 +85,11 @@ def test_a_late_stopped_event_does_not_bring_back_a_reused_warm_pool(
     assert monitor.violations == []
 
 
+@pytest.fixture
+def two_trn1(moto_endpoint: str) -> Iterator[tuple[QueueWorld, InvariantMonitor]]:
+    yield from monitored(make_world(moto_endpoint, capacity={TRN1: 2}))
+
+
 def test_a_start_planned_on_a_pool_that_is_gone_is_deferred_not_made_cold(
     two_trn1: tuple[QueueWorld, InvariantMonitor],
 ) -> None:

@@ -977,7 +977,7 @@ def _start(
     (a reserved form no submission can take), never fails it. `held` counts the instances SageMaker holds
     per pool (live attempts and warm pools, updated here); `quotas` the pools, with the account quota each
     last met."""
-    if action.warm_pool is not None and not _warm_pool_still_available(deps, action.warm_pool):
+    if action.warm_pool is not None and not _warm_start_is_safe(deps, job, action.warm_pool, held, quotas):
         # The plan counted the pool's instances as the job's: started cold, it would take instances the
         # ledger does not have. The job keeps its place; the next pass plans with what is really there.
         report.waiting[job.name] = f"waiting: warm pool {action.warm_pool} is no longer available"
@@ -1053,11 +1053,19 @@ def _start(
         announce(deps.publisher, EventType.WARM_POOL_REUSED, {**detail, "warm_pool_of": donor})
 
 
-def _warm_pool_still_available(deps: Dependencies, training_job_name: str) -> bool:
-    """Whether the pool a start is planned on is Available on SageMaker now. A tracked pool can be a
-    phantom: a late event re-tracks a pool another start already took, while DescribeTrainingJob still
-    leaves WarmPoolStatus out (right after a job ends); two passes would then plan cold starts as warm ones
-    and run the pool over its capacity. Unknown (status left out, or SageMaker not answering) counts as no."""
+def _warm_start_is_safe(
+    deps: Dependencies,
+    job: Job,
+    training_job_name: str,
+    held: Mapping[str, int],
+    statuses: Mapping[str, PoolStatus],
+) -> bool:
+    """Whether a start planned on a tracked warm pool may go ahead. A tracked pool can be a phantom: a late
+    event re-tracks a pool another start already took, while DescribeTrainingJob still leaves WarmPoolStatus
+    out (right after a job ends); two passes would then plan cold starts as warm ones and run the pool over
+    its capacity. Available: go. Reused, InUse, Terminated or gone: no (and it is forgotten). Unknown (the
+    status left out, or SageMaker not answering): go only if a cold start would fit too, that is if what
+    the pool holds counting this pool (which a cold start would not use) is within its limit."""
     try:
         status = (deps.sagemaker.describe(training_job_name).get("WarmPoolStatus") or {}).get("Status")
     except TrainingJobNotFound:
@@ -1065,12 +1073,21 @@ def _warm_pool_still_available(deps: Dependencies, training_job_name: str) -> bo
         return False
     except SageMakerError as exc:
         logger.warning("warm pool not checked", extra={"warm_pool": training_job_name, "error": str(exc)})
-        return False
+        status = None
     if status == "Available":
         return True
     if status is not None:
         deps.store.forget_warm_pool(training_job_name)  # Reused, InUse or Terminated: gone for good
-    return False
+        return False
+    for pool in job.demand:
+        found = statuses.get(pool)
+        if found is None:
+            return False
+        quota = found.quota_at(deps.now())
+        limit = found.pool.capacity if quota is None else min(found.pool.capacity, quota)
+        if held.get(pool, 0) > limit:
+            return False
+    return True
 
 
 def _intent(deps: Dependencies, job: Job, *, name: str, action: Start) -> str:
