@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import boto3
-from conftest import STANDINS, run_wrapper
+from conftest import BIN, STANDINS, run_wrapper
 
 from sagequeue_core.defaults import HOST_DIMENSION, NEURON_COMPILING_METRIC, NEURON_METRIC_NAMESPACE
 
@@ -83,7 +83,6 @@ def test_a_dead_cloudwatch_does_not_hold_the_wrapper_past_the_stop_grace(
     import subprocess
     import time
 
-    from conftest import BIN
     from fault_proxy import FaultProxy
 
     resource_config = tmp_path / "resourceconfig.json"

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import BIN, STANDINS, make_cache
+from conftest import BIN, STANDINS, VERSION, make_cache
 from support.hub_server import HubServer
 
 CHECKPOINT_SECONDS = 2.0
@@ -226,8 +226,6 @@ def test_a_stop_uploads_the_complete_entries_while_the_workers_still_checkpoint(
 ) -> None:
     """torchrun-like: the direct child handles SIGTERM by waiting for its workers, so it outlives their
     checkpoints; the upload must not wait for it, and must leave alone an entry still being written."""
-    from conftest import VERSION
-
     from sagequeue.job import neuron
 
     cache = make_cache("s3", base_env, hub_server)

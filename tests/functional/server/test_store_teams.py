@@ -10,7 +10,7 @@ from datetime import timedelta
 
 import boto3
 import pytest
-from conftest import START, SUBMITTER, TRN1, TRN2, training_request
+from conftest import START, SUBMITTER, TRN1, TRN2, make_world, training_request
 from support.cfn_template import create_table
 
 from sagequeue_core.domain import Job, JobState
@@ -86,7 +86,6 @@ def test_each_team_has_a_queue_window_of_its_own(store: Repository) -> None:
 
 
 def test_a_pass_with_quotas_reads_one_more_window_per_team_and_nothing_else(moto_endpoint: str) -> None:
-    from conftest import make_world
     from test_pass_cost import measure_pass
 
     for world in make_world(moto_endpoint, capacity={TRN1: 2, TRN2: 1}, settings={"queue_lookahead": 20}):
@@ -105,8 +104,6 @@ def test_borrow_and_reclaim_are_announced_and_measured_per_team_and_pool(
     moto_endpoint: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     import json
-
-    from conftest import make_world
 
     settings = {"min_runtime_before_preemption_seconds": 0, "default_keep_alive_seconds": 0}
     for world in make_world(moto_endpoint, capacity={TRN1: 2}, settings=settings):
