@@ -411,14 +411,22 @@ class _Pass:
             return False
         return (self.snapshot.now - job.waiting_since).total_seconds() >= after
 
-    def _start(self, job: QueuedJob, warm_pool: str | None = None) -> None:
+    def _start(self, job: QueuedJob, warm_pool: str | None = None, on_loan_for: str | None = None) -> None:
         self.started.add(job.name)
         self.teams.take(job.team, job.demand)  # team quotas hook
         if job.resource_key:
             self.open_keys[job.resource_key] -= 1
+        # a loan gets no keep-alive of the scheduler's: it usually ends by being taken back, and a pool it
+        # left would only stand in its lender's way
+        keep_alive = None if on_loan_for else self._keep_alive_for(job)
         self.result.actions.append(
-            Start(job.name, warm_pool=warm_pool, keep_alive_seconds=self._keep_alive_for(job))
+            Start(job.name, warm_pool=warm_pool, keep_alive_seconds=keep_alive, on_loan_for=on_loan_for)
         )
+
+    def _budget_spent(self, preemptions: int) -> bool:
+        """Preempted enough (`max_preemptions_per_job`, 0: no limit): not preempted again until it ends."""
+        budget = self.settings.max_preemptions_per_job
+        return budget > 0 and preemptions >= budget
 
     # the ledger
     def _cover(self, job: QueuedJob, deficit: Mapping[str, int], releasable: Sequence[WarmPool]) -> _Cover:
@@ -455,7 +463,6 @@ class _Pass:
         return cover
 
     def _candidates(self, job: QueuedJob, remaining: Mapping[str, int]) -> list[RunningAttempt]:
-        budget = self.settings.max_preemptions_per_job
         candidates: dict[str, RunningAttempt] = {}
         for pool in remaining:
             for attempt in self.preemptible_by_pool.get(pool, ()):
@@ -463,7 +470,7 @@ class _Pass:
                     break  # nothing is preempted for equal or lower priority; the rest are at least as important
                 if attempt.training_job_name in self.victims:
                     continue
-                if budget > 0 and attempt.preemptions >= budget:
+                if self._budget_spent(attempt.preemptions):
                     continue  # preempted enough: it runs to its end
                 if self.teams.same_team_only(job.team, attempt):
                     continue  # team quotas hook: other teams' work is reclaimed, not preempted by priority
@@ -475,9 +482,7 @@ class _Pass:
             job.team,
             job.demand,
             itertools.chain.from_iterable(self.preemptible_by_pool.get(pool, ()) for pool in remaining),
-            lambda a: (
-                a.training_job_name not in self.victims and not (budget > 0 and a.preemptions >= budget)
-            ),
+            lambda a: a.training_job_name not in self.victims and not self._budget_spent(a.preemptions),
         ):
             candidates[attempt.training_job_name] = attempt
         return list(candidates.values())
@@ -574,13 +579,12 @@ class _Pass:
         (preempts them) as soon as that completes its cover."""
         if job.reservation is None:
             return []
-        budget = self.settings.max_preemptions_per_job
         return [
             a
             for a in self.loans.get(job.name, ())
             if a.started_at >= job.reservation.since
             and a.training_job_name not in self.victims
-            and (budget <= 0 or a.preemptions < budget)
+            and not self._budget_spent(a.preemptions)
         ]
 
     def _lent_by_less_important(self, attempt: RunningAttempt, job: QueuedJob) -> bool:
@@ -595,7 +599,6 @@ class _Pass:
         checkpoints and have a preemption left in their budget may run on them, lent by a reservation of at
         least their priority; the lender preempts them the moment it can start (they lose at most the work
         since their last checkpoint), so the reservation is never delayed by more than a stop."""
-        budget = self.settings.max_preemptions_per_job
         holders = [j for j in self.eligible if j.name in self.lendable]
         for job in self.eligible:
             if (
@@ -604,7 +607,7 @@ class _Pass:
                 or job.name in self.result.held
             ):
                 continue
-            if not job.checkpointed or (budget > 0 and job.preemptions >= budget):
+            if not job.checkpointed or self._budget_spent(job.preemptions):
                 continue
             if self._never_fits(job) is not None:
                 continue
@@ -616,14 +619,8 @@ class _Pass:
                 spare = self.lendable[holder.name]
                 if all(spare[pool] >= need for pool, need in job.demand.items()):
                     spare.subtract(job.demand)
-                    self.started.add(job.name)
-                    self.teams.take(job.team, job.demand)  # team quotas hook
                     self.result.waiting.pop(job.name, None)
-                    if job.resource_key:
-                        self.open_keys[job.resource_key] -= 1
-                    # no keep-alive of the scheduler's: a loan usually ends by being taken back, and a pool
-                    # it left would only stand in its lender's way
-                    self.result.actions.append(Start(job.name, on_loan_for=holder.name))
+                    self._start(job, on_loan_for=holder.name)
                     break
 
     def _coverable_later(self, job: QueuedJob, cover: _Cover) -> bool:
