@@ -48,6 +48,11 @@ def one_trn1(moto_endpoint: str) -> Iterator[tuple[QueueWorld, InvariantMonitor]
 
 
 @pytest.fixture
+def two_trn1(moto_endpoint: str) -> Iterator[tuple[QueueWorld, InvariantMonitor]]:
+    yield from monitored(make_world(moto_endpoint, capacity={TRN1: 2}))
+
+
+@pytest.fixture
 def three_trn1(moto_endpoint: str) -> Iterator[tuple[QueueWorld, InvariantMonitor]]:
     yield from monitored(make_world(moto_endpoint, capacity={TRN1: 3}))
 
@@ -83,11 +88,6 @@ def test_a_late_stopped_event_does_not_bring_back_a_reused_warm_pool(
     assert monitor.violations == []
     advance(world, monitor, until=lambda: world.state("third") == "completed")
     assert monitor.violations == []
-
-
-@pytest.fixture
-def two_trn1(moto_endpoint: str) -> Iterator[tuple[QueueWorld, InvariantMonitor]]:
-    yield from monitored(make_world(moto_endpoint, capacity={TRN1: 2}))
 
 
 def test_a_start_planned_on_a_pool_that_is_gone_is_deferred_not_made_cold(
