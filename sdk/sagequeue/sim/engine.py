@@ -148,7 +148,9 @@ class Simulation:
         self._events: list[tuple[float, int, int, Callable[[], None]]] = []
         self._seq = itertools.count()
         self._progress = progress
-        self.recorder = Recorder(settings.capacity, timeline=timeline)
+        self.recorder = Recorder(
+            settings.capacity, timeline=timeline, preemption_budget=settings.max_preemptions_per_job
+        )
         self.sagemaker = ModelledSageMaker(
             self.timings,
             settings.limits,

@@ -9,9 +9,15 @@ Definitions (docs/simulator.md repeats them):
 - idle while a waiting job fits: of the same capacity-time, the share left free while a queued job (not
   backing off) would have fitted in the free instances. The rest of the free share is idle that no start
   could fill: only jobs wider than what is free wait (a drain, or a gang behind more important work).
+  It is split by the most startable of the jobs that fit: one that resumes from a checkpoint with a
+  preemption left in its budget (a loan could have run it), one whose budget is spent (it may not be
+  stopped again, so it may not borrow), or only jobs without a CheckpointConfig (a loan taken back would
+  restart them from zero).
 - training share, warm idle share: of the pool's capacity over the whole run (first submission to the end).
 - warm reuse: attempts created on a warm pool, of all attempts.
-- work lost: training time discarded by preemptions (since the last checkpoint), in instance-hours.
+- preemptions: stops of a job's attempt for another job, all counted in its preemption budget; of them,
+  loans taken back: stops of an attempt that ran on loan, to give the capacity back.
+- work lost: training time discarded by preemptions and loans taken back (since the last checkpoint), in instance-hours.
 - top-priority p95 wait ÷ (stop grace + provisioning): provisioning is creation to Training on a cold start.
 - makespan ÷ lower bound: (end of the last job - first submission) over the largest per-pool bound, that
   pool's instance-seconds of training over its capacity, or a job's submission plus provisioning and training.
@@ -27,9 +33,11 @@ from typing import TYPE_CHECKING, Any
 from sagequeue.sim.sagemaker import OCCUPANCY, Attempt, Outcome
 
 if TYPE_CHECKING:
-    from sagequeue.sim.engine import JobRun, Simulation
+    from sagequeue.sim.engine import JobRun, SimJob, Simulation
 
 STATES = ("training", "starting", "stopping", "warm", "free")
+#: why a queued job that fits the free instances may still wait, most startable first
+FITTING = ("resumable", "budget spent", "no checkpoint")
 
 
 @dataclass
@@ -47,6 +55,7 @@ class JobRecord:
     attempts: int = 0
     warm_starts: int = 0
     preemptions: int = 0
+    loans_taken_back: int = 0
     work_lost: float = 0.0  # training seconds lost (per instance)
     team: str | None = None
 
@@ -61,13 +70,17 @@ class PoolRecord:
     backlog_fitting_free: float = 0.0
     state: dict[str, int] = field(default_factory=dict)
     backlog: bool = False
-    fitting: bool = False  # a queued job not backing off fits in the free instances
+    fitting: str | None = None  # the kind (FITTING) of the most startable queued job that fits, if any
+    backlog_fitting_by: dict[str, float] = field(default_factory=dict)
     since: float = 0.0
     timeline: list[tuple[float, int, int, int, int, int]] = field(default_factory=list)
 
 
 class Recorder:
-    def __init__(self, capacity: Mapping[str, int], *, timeline: bool = True) -> None:
+    def __init__(
+        self, capacity: Mapping[str, int], *, timeline: bool = True, preemption_budget: int | None = None
+    ) -> None:
+        self.preemption_budget = preemption_budget
         self.jobs: dict[str, JobRecord] = {}
         self.pools = {
             pool: PoolRecord(cap, state={**dict.fromkeys(STATES, 0), "free": cap})
@@ -114,7 +127,10 @@ class Recorder:
             record.first_start = at
 
     def preempted(self, run: JobRun, at: float) -> None:
-        self.jobs[run.spec.name].preemptions += 1
+        record = self.jobs[run.spec.name]
+        record.preemptions += 1
+        if run.job.on_loan_for is not None:
+            record.loans_taken_back += 1
 
     def ended(self, run: JobRun, attempt: Attempt, lost: float, at: float) -> None:
         record = self.jobs[run.spec.name]
@@ -139,16 +155,27 @@ class Recorder:
         record.state = state
         record.backlog = bool(sim.queued[pool])
         now = sim.now_dt
-        record.fitting = state["free"] > 0 and any(
-            job.demand.get(pool, 0) <= state["free"] and (job.not_before is None or job.not_before <= now)
+        kinds = {
+            self._fitting_kind(job)
             for job in sim.queued[pool].values()
-        )
+            if state["free"] > 0
+            and job.demand.get(pool, 0) <= state["free"]
+            and (job.not_before is None or job.not_before <= now)
+        }
+        record.fitting = next((kind for kind in FITTING if kind in kinds), None)
         if self.keep_timeline:
             row = (at, state["training"], state["starting"], state["stopping"], state["warm"], state["free"])
             if record.timeline and record.timeline[-1][0] == at:
                 record.timeline[-1] = row
             elif not record.timeline or record.timeline[-1][1:] != row[1:]:
                 record.timeline.append(row)
+
+    def _fitting_kind(self, job: SimJob) -> str:
+        if not job.checkpointed:
+            return "no checkpoint"
+        if self.preemption_budget and job.preemptions >= self.preemption_budget:
+            return "budget spent"
+        return "resumable"
 
     def _teams(self, sim: Simulation, at: float) -> None:
         if not self.has_teams:
@@ -176,8 +203,10 @@ class Recorder:
                 record.backlog_seconds += dt
                 record.backlog_free += record.state["free"] * dt
                 record.backlog_training += record.state["training"] * dt
-                if record.fitting:
+                if record.fitting is not None:
                     record.backlog_fitting_free += record.state["free"] * dt
+                    by = record.backlog_fitting_by
+                    by[record.fitting] = by.get(record.fitting, 0.0) + record.state["free"] * dt
         record.since = at
 
     def close(self, at: float, sim: Simulation) -> None:
@@ -286,6 +315,12 @@ def summarize(
         "unfinished": len(unfinished),
         "failed": sum(1 for j in jobs if j.outcome == "failed"),
         "held_in_use_while_backlog": 1 - backlog_free / backlog_capacity if backlog_capacity else None,
+        "idle_while_a_waiting_job_fits_by_kind": {
+            kind: sum(r.backlog_fitting_by.get(kind, 0.0) for r in recorder.pools.values()) / backlog_capacity
+            if backlog_capacity
+            else None
+            for kind in FITTING
+        },
         "training_while_backlog": backlog_training / backlog_capacity if backlog_capacity else None,
         "idle_while_a_waiting_job_fits": backlog_fitting_free / backlog_capacity
         if backlog_capacity
@@ -296,6 +331,8 @@ def summarize(
         "attempts": attempts,
         "preemptions_total": sum(preemptions),
         "preemptions_max_per_job": max(preemptions, default=0),
+        "loans_taken_back_total": sum(j.loans_taken_back for j in jobs),
+        "loans_taken_back_max_per_job": max((j.loans_taken_back for j in jobs), default=0),
         "work_lost_instance_hours": sum(j.work_lost * j.instances for j in jobs) / 3600,
         "wait_by_priority": by_priority,
         "wait_gang": _wait_stats(gang),

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from sagequeue.sim.metrics import FITTING
 from sagequeue.sim.run import Result
 
 
@@ -42,6 +43,10 @@ ROWS: list[Row] = [
     ("jobs completed", lambda s: _count(s["completed"])),
     ("held in use while backlog", lambda s: _share(s["held_in_use_while_backlog"])),
     ("idle while a waiting job fits", lambda s: _share(s["idle_while_a_waiting_job_fits"])),
+    (
+        "  of it: resumable / budget spent / no checkpoint",
+        lambda s: " / ".join(_share(s["idle_while_a_waiting_job_fits_by_kind"][k]) for k in FITTING),
+    ),
     ("training while backlog", lambda s: _share(s["training_while_backlog"])),
     ("training share", lambda s: _share(s["training_share"])),
     ("warm idle share", lambda s: _share(s["warm_idle_share"])),
@@ -49,6 +54,10 @@ ROWS: list[Row] = [
     ("attempts", lambda s: _count(s["attempts"])),
     ("preemptions total", lambda s: _count(s["preemptions_total"])),
     ("preemptions max per job", lambda s: _count(s["preemptions_max_per_job"])),
+    (
+        "  of them loans taken back: total / max per job",
+        lambda s: f"{_count(s['loans_taken_back_total'])} / {_count(s['loans_taken_back_max_per_job'])}",
+    ),
     ("work lost (instance-hours)", lambda s: _count(s["work_lost_instance_hours"])),
     ("wait gang (>=4) mean / p95", lambda s: _wait(s["wait_gang"])),
     ("wait small mean / p95", lambda s: _wait(s["wait_small"])),

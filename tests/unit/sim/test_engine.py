@@ -235,3 +235,37 @@ def test_sagequeue_scheduler_uses_the_lookahead_window() -> None:
         sim._submit(spec)
     # j0 started on submission; the window is the next two in queue order
     assert [j.name for j in sim.window(POOL)] == ["j1", "j2"]
+
+
+def _drain_with_a_small_job(checkpoint_minutes: float | None, **changes: object) -> dict[str, object]:
+    # a runs alone on one of two instances; wide (same priority, both instances) drains behind it from
+    # its submission on, holding the free instance; small fits that instance and waits behind wide
+    trace = Trace(
+        (
+            TraceJob("a", 0, 5, POOL, 1, 5000, checkpoint_minutes=10),
+            TraceJob("wide", 10, 5, POOL, 2, 100),
+            TraceJob("small", 20, 1, POOL, 1, 100, checkpoint_minutes=checkpoint_minutes),
+        )
+    )
+    return run(trace, reserve_after_seconds=5, **changes)["summary"]  # type: ignore[return-value]
+
+
+def test_idle_beside_a_fitting_job_is_split_by_what_kept_that_job_waiting() -> None:
+    without_checkpoint = _drain_with_a_small_job(None)
+    lending_off = _drain_with_a_small_job(10, lend_reserved_capacity=False)
+    lending_on = _drain_with_a_small_job(10)
+    kinds = ("resumable", "budget spent", "no checkpoint")
+
+    def split(summary: dict[str, object]) -> tuple[float, ...]:
+        by_kind = summary["idle_while_a_waiting_job_fits_by_kind"]
+        return tuple(by_kind[kind] for kind in kinds)  # type: ignore[index]
+
+    # small may not borrow without a checkpoint: the free instance idles beside it, and says why
+    idle = without_checkpoint["idle_while_a_waiting_job_fits"]
+    assert idle > 0.3  # type: ignore[operator]
+    assert split(without_checkpoint) == (0, 0, idle)
+    # with one, only lending kept it waiting: the idle share is the same, as "resumable"
+    assert split(lending_off) == (lending_off["idle_while_a_waiting_job_fits"], 0, 0)
+    assert split(lending_off)[0] == idle
+    # and with lending on it borrows the instance: nothing fitting idles
+    assert lending_on["idle_while_a_waiting_job_fits"] == 0
