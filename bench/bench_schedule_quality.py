@@ -17,6 +17,7 @@ on one trace; the wall time of each and the peak memory of the whole run are pri
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import resource
 import sys
 import time
@@ -47,6 +48,18 @@ def run(title: str, spec: WorkloadSpec, seed: int, markdown: bool, drain_days: f
         f"\n### {title}, seed {seed}: {len(trace.jobs)} jobs, offered load {offered_load(trace, CAPACITY):.2f}"
     )
     print(table(results, markdown=markdown))
+    # What the top priority's p95 wait would be with no other work at all: its own jobs queue behind each
+    # other when they arrive together, and no scheduler can start them sooner than this.
+    top = max(job.priority for job in trace.jobs)
+    alone = dataclasses.replace(trace, jobs=tuple(job for job in trace.jobs if job.priority == top))
+    (by_itself,) = simulate(
+        alone, [Variant("alone", "sagequeue", settings)], horizon_seconds=horizon, timeline=False
+    )
+    ratio = by_itself.summary["top_p95_wait_over_grace_and_provisioning"]
+    print(
+        f"\ntop priority ({top}, {len(alone.jobs)} jobs) alone on the pools: p95 wait / (grace + provisioning)"
+        f" {ratio:.2f}"
+    )
     walls = ", ".join(f"{r.variant.label} {r.wall_seconds:.1f} s" for r in results)
     print(f"\nwall time: {time.perf_counter() - began:.1f} s ({walls})")
     sys.stdout.flush()
