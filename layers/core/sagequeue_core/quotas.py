@@ -27,13 +27,14 @@ attempts is named by small protocols, so it imports nothing of the policy.
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 #: The team of a job that names none (no tag, no mapped role).
 NO_TEAM = ""
@@ -126,6 +127,19 @@ class Holding(Protocol):
 
 
 H = TypeVar("H", bound=Holding)
+
+
+class Waiting(Protocol):
+    """A queued job as far as quotas care (`policy.QueuedJob`)."""
+
+    @property
+    def demand(self) -> Mapping[str, int]: ...
+
+    @property
+    def team(self) -> str | None: ...
+
+
+W = TypeVar("W", bound=Waiting)
 
 
 def by_pool(quotas: Iterable[TeamQuota]) -> dict[str, dict[str, TeamQuota]]:
@@ -267,6 +281,59 @@ class TeamLedger:
         if mine.borrowing_limit is not None:
             lent = min(lent, mine.borrowing_limit)
         return min(mine.nominal + lent, self.capacity.get(pool, 0))
+
+    def admission_order(
+        self,
+        jobs: Iterable[W],
+        key: Callable[[W], tuple[Any, ...]],
+        counted: Callable[[W], bool] = lambda job: True,
+    ) -> list[W]:
+        """The order a pass admits `jobs` in, as Kueue orders the heads of its cluster queues.
+
+        Each team's jobs form a queue in `key` order (priority, then submission). Across teams only the
+        heads compete: a head whose team stays within its nominal quota with it goes before a head that
+        would borrow, then `key` decides (priority, fair share, submission). Whether a head would borrow
+        counts the team's usage plus the jobs ahead of it in its team's queue, those `counted` (jobs that
+        may start in this pass). So a team's less important job never goes before its more important one,
+        and a team's nominal share is offered to its own jobs before other teams borrow it. Jobs needing no
+        governed pool form one queue of their own, in `key` order, as without quotas.
+
+        `key` must be unique per job and, for two jobs of one team, order them as the team's queue should;
+        a merge of the queues' heads costs O(n log teams) beyond sorting each queue.
+        """
+        queues: dict[str | None, list[tuple[tuple[Any, ...], W]]] = {}
+        for job in jobs:
+            governed = any(pool in self.quotas for pool in job.demand)
+            queues.setdefault((job.team or NO_TEAM) if governed else None, []).append((key(job), job))
+        flagged: list[list[tuple[bool, tuple[Any, ...], W]]] = []
+        for team, queue in queues.items():
+            queue.sort(key=lambda entry: entry[0])
+            ahead: Counter[str] = Counter()  # demand of the team's counted jobs so far, per governed pool
+            entries = []
+            for rank, job in queue:
+                borrows = False
+                if team is not None:
+                    mine = {pool: n for pool, n in job.demand.items() if pool in self.quotas}
+                    borrows = any(
+                        self.used[pool][team] + ahead[pool] + n > self.quota(team, pool).nominal
+                        for pool, n in mine.items()
+                    )
+                    if counted(job):
+                        ahead.update(mine)
+                entries.append((borrows, rank, job))
+            flagged.append(entries)
+        # the heads' merge: one entry per team in the heap, the next of a team's queue when its head is taken
+        # (whether a team's head borrows need not grow along its queue, so this is not a merge of sorted runs)
+        heads = [(entries[0][0], entries[0][1], i, 0) for i, entries in enumerate(flagged)]
+        heapq.heapify(heads)
+        order: list[W] = []
+        while heads:
+            _, _, i, at = heapq.heappop(heads)
+            order.append(flagged[i][at][2])
+            if at + 1 < len(flagged[i]):
+                borrows, rank, _ = flagged[i][at + 1]
+                heapq.heappush(heads, (borrows, rank, i, at + 1))
+        return order
 
     def reason(self, team: str | None, demand: Mapping[str, int], free: Mapping[str, int]) -> str:
         """Why a job waits for its team's quota, naming it."""
@@ -467,6 +534,7 @@ __all__ = [
     "TeamLedger",
     "TeamQuota",
     "UsageCounter",
+    "Waiting",
     "borrowed",
     "by_pool",
     "check_team_name",
