@@ -8,6 +8,7 @@ over time and not only for one pass.
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from copy import deepcopy
 from dataclasses import dataclass, field, replace
@@ -27,12 +28,16 @@ from sagequeue_core.policy import (
     plan,
 )
 from sagequeue_core.quotas import (
+    TEAM_NAME_PATTERN,
     QuotaError,
     TeamLedger,
     TeamQuota,
     UsageCounter,
+    check_team_name,
     decay,
     fair_share_factors,
+    oversubscription,
+    team_label,
 )
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -133,6 +138,60 @@ def test_quota_input_is_checked() -> None:
         TeamQuota("a", POOL, 1, borrowing_limit=-2)
     with pytest.raises(QuotaError, match="team name"):
         TeamQuota("a b", POOL, 1)
+    with pytest.raises(QuotaError, match="reserved"):
+        TeamQuota("none", POOL, 1)
+
+
+@pytest.mark.parametrize(
+    ("name", "problem"),
+    [
+        ("", "a team name is 1 to 64 characters, got ''"),
+        ("t" * 65, "a team name is 1 to 64 characters"),
+        (".", "team name '.' must start with a letter or a digit"),
+        ("..", "team name '..' must start with a letter or a digit"),
+        ("-f", "team name '-f' must start with a letter or a digit"),
+        ("_x", "team name '_x' must start with a letter or a digit"),
+        ("none", "team name 'none' is reserved: 'none' stands for jobs without a team"),
+        ("NONE", "team name 'NONE' is reserved"),
+        ("a b", "team name 'a b' may hold only ASCII letters, digits, '-', '_' and '.'"),
+        ("a#b", "may hold only"),  # the table's key separator
+        ("a~usage", "may hold only"),
+        ("a/b", "may hold only"),  # a URL path segment, the CLI's TEAM/TYPE
+        ("a\tb", "may hold only"),  # a table's column
+        ("équipe", "may hold only"),
+        ("٣", "may hold only"),  # a digit, but not an ASCII one
+        (None, "a team name is 1 to 64 characters, got None"),
+    ],
+)
+def test_a_team_name_that_would_break_keys_paths_or_tables_is_refused_naming_the_rule(
+    name: object, problem: str
+) -> None:
+    with pytest.raises(QuotaError) as refused:
+        check_team_name(name)
+    assert problem in str(refused.value)
+
+
+@given(st.text(alphabet=st.characters(codec="utf-8"), max_size=70) | st.from_regex(TEAM_NAME_PATTERN))
+def test_the_team_name_pattern_and_the_check_agree(name: str) -> None:
+    # the pattern is what the API's path check and document use; the check is what everything else uses
+    try:
+        check_team_name(name)
+        accepted = True
+    except QuotaError:
+        accepted = False
+    assert accepted is (re.fullmatch(TEAM_NAME_PATTERN.removesuffix("$") + r"\Z", name) is not None)
+    if accepted:
+        assert team_label(name) == name
+    assert team_label(None) == team_label("") == "none"
+
+
+def test_quotas_above_the_pools_capacity_are_said_so() -> None:
+    assert oversubscription(quotas(a=2, b=2), POOL, 4) is None
+    assert oversubscription(quotas(a=3, b=2), POOL, 4) == (
+        f"the nominal quotas of all teams in {POOL} sum to 5, above its capacity of 4: "
+        "not every team can hold its nominal quota at once"
+    )
+    assert oversubscription(quotas(a=3, b=2), "ml.trn2.48xlarge", 0) is None  # another pool's quotas
 
 
 def test_usage_decays_with_the_half_life_and_fair_share_favours_the_lighter_team() -> None:

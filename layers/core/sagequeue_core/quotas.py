@@ -38,8 +38,15 @@ from typing import Any, Protocol, TypeVar
 
 #: The team of a job that names none (no tag, no mapped role).
 NO_TEAM = ""
+#: How reasons, answers, tables, metrics and reports name the team of jobs without one; no team may take it.
+NO_TEAM_LABEL = "none"
 #: Longest team name; team names are tag values and URL path segments.
 TEAM_NAME_MAX_LENGTH = 64
+#: The team name rule as one pattern, for the API's path check and its document (check_team_name says it in
+#: words; a test holds the two to each other): ASCII letters, digits, '-', '_' and '.', starting with a
+#: letter or a digit (no '.', '..', or name a command line would read as an option), and not "none".
+TEAM_NAME_PATTERN = rf"^(?![Nn][Oo][Nn][Ee]$)[A-Za-z0-9][A-Za-z0-9._-]{{0,{TEAM_NAME_MAX_LENGTH - 1}}}$"
+_TEAM_CHARACTERS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_.")
 
 
 class QuotaError(ValueError):
@@ -47,11 +54,22 @@ class QuotaError(ValueError):
 
 
 def check_team_name(team: object) -> str:
+    """`team` if it may name a team, else QuotaError naming the rule it breaks. The one rule for team names,
+    wherever they come from: a job's tag, a role mapping, the API's path, the CLI, the simulator."""
     if not isinstance(team, str) or not team or len(team) > TEAM_NAME_MAX_LENGTH:
         raise QuotaError(f"a team name is 1 to {TEAM_NAME_MAX_LENGTH} characters, got {team!r}")
-    if not all(c.isalnum() or c in "-_." for c in team):
-        raise QuotaError(f"team name {team!r} may hold only letters, digits, '-', '_' and '.'")
+    if not _TEAM_CHARACTERS.issuperset(team):
+        raise QuotaError(f"team name {team!r} may hold only ASCII letters, digits, '-', '_' and '.'")
+    if not team[0].isascii() or not team[0].isalnum():
+        raise QuotaError(f"team name {team!r} must start with a letter or a digit")
+    if team.lower() == NO_TEAM_LABEL:
+        raise QuotaError(f"team name {team!r} is reserved: {NO_TEAM_LABEL!r} stands for jobs without a team")
     return team
+
+
+def team_label(team: str | None) -> str:
+    """The team as reasons, answers and tables show it: its name, or "none" for jobs without one."""
+    return team or NO_TEAM_LABEL
 
 
 def _limit(value: object, what: str) -> int | None:
@@ -64,7 +82,8 @@ def _limit(value: object, what: str) -> int | None:
 
 @dataclass(frozen=True)
 class TeamQuota:
-    """What one team may use of one pool."""
+    """What one team may use of one pool. `team` is a name check_team_name accepts, or NO_TEAM only for
+    the open quota of jobs without a team (never configured: the API and the simulator check names first)."""
 
     team: str
     pool: str
@@ -73,7 +92,8 @@ class TeamQuota:
     lending_limit: int | None = None  # instances of its unused nominal others may borrow; None: all
 
     def __post_init__(self) -> None:
-        check_team_name(self.team)
+        if self.team != NO_TEAM:  # NO_TEAM: the open quota of jobs without a team (`_open_quota`)
+            check_team_name(self.team)
         if isinstance(self.nominal, bool) or not isinstance(self.nominal, int) or self.nominal < 0:
             raise QuotaError(
                 f"nominal quota of team {self.team} in {self.pool} must be a non-negative integer"
@@ -98,7 +118,7 @@ class TeamQuota:
 
 def _open_quota(team: str, pool: str) -> TeamQuota:
     """The quota of a team that has none in a governed pool: nothing guaranteed, borrowing unlimited."""
-    return TeamQuota(team=team or "none", pool=pool, nominal=0)
+    return TeamQuota(team=team, pool=pool, nominal=0)
 
 
 # --- what the ledger reads -------------------------------------------------------------------------------------
@@ -162,6 +182,19 @@ def lendable(quota: TeamQuota, used: int) -> int:
     """Instances of the team's unused nominal quota that other teams may borrow."""
     unused = max(quota.nominal - used, 0)
     return unused if quota.lending_limit is None else min(unused, quota.lending_limit)
+
+
+def oversubscription(quotas: Iterable[TeamQuota], pool: str, capacity: int) -> str | None:
+    """A warning when the nominal quotas of all teams in `pool` sum to more than its capacity: they are
+    accepted (capacity may grow back), but not every team can hold its nominal quota at once, and a team
+    under its quota may wait for another that is too; None when they fit."""
+    total = sum(quota.nominal for quota in quotas if quota.pool == pool)
+    if total <= capacity:
+        return None
+    return (
+        f"the nominal quotas of all teams in {pool} sum to {total}, above its capacity of {capacity}: "
+        "not every team can hold its nominal quota at once"
+    )
 
 
 @dataclass(frozen=True)
@@ -342,7 +375,7 @@ class TeamLedger:
             quota = self.quota(team, pool)
             if demand[pool] > self.most(team, pool):
                 parts.append(
-                    f"can never fit: needs {demand[pool]} {pool}; team {team or 'none'} may hold at most "
+                    f"can never fit: needs {demand[pool]} {pool}; team {team_label(team)} may hold at most "
                     f"{self.most(team, pool)} (quota {quota.nominal} and what others may lend it)"
                 )
                 continue
@@ -353,7 +386,7 @@ class TeamLedger:
                 else f"has {left} of its quota of {quota.nominal} {pool} left, needs {demand[pool]}"
             )
             parts.append(
-                f"team {team or 'none'} {where}; "
+                f"team {team_label(team)} {where}; "
                 f"{self.borrowable(team, pool)} borrowable, {max(free.get(pool, 0), 0)} free"
             )
         return "; ".join(parts)
@@ -529,6 +562,9 @@ def fair_share_key(team: str | None, factors: Mapping[str, float]) -> float:
 __all__ = [
     "DEFAULT_HALF_LIFE_SECONDS",
     "NO_TEAM",
+    "NO_TEAM_LABEL",
+    "TEAM_NAME_MAX_LENGTH",
+    "TEAM_NAME_PATTERN",
     "PoolShare",
     "QuotaError",
     "TeamLedger",
@@ -543,4 +579,6 @@ __all__ = [
     "fair_share_key",
     "holding_by_team",
     "lendable",
+    "oversubscription",
+    "team_label",
 ]
