@@ -222,3 +222,8 @@ def test_team_names_that_would_break_keys_paths_or_tables_are_refused(
         with pytest.raises(ValidationError, match="^" + re.escape(f"tag 'team': {rule}")):
             s.queue.submit(body)
     assert s.queue.jobs() == []
+    # AND a job without a team holding the governed pool is the team "none" in the answers
+    s.queue.submit(s.request("untagged", 3600))
+    s.advance_until(lambda: s.states()["untagged"] == "running", limit=1200)
+    rows = {r["team"]: r for r in s.queue.teams()}
+    assert (rows["none"]["nominal"], rows["none"]["used"], rows["none"]["borrowed"]) == (0, 1, 1)
