@@ -46,6 +46,7 @@ from sagequeue.exceptions import (
     ValidationError,
     api_error,
 )
+from sagequeue_core.quotas import check_team_name
 from sagequeue_core.retry import (
     BACKOFF_BASE_SECONDS,
     BACKOFF_MAX_SECONDS,
@@ -734,7 +735,7 @@ class QueueClient:
 
     def team_quotas(self, team: str) -> list[dict[str, Any]]:
         """A team's quota and usage per pool: nominal, used, borrowed, lent, borrowable."""
-        answer = self.request("GET", "/teams/" + quote(team, safe="") + "/quotas")
+        answer = self.request("GET", _team_path(team))
         if not isinstance(answer, Mapping):
             raise ServerError(f"GET /teams/{team}/quotas answered {answer!r}", status=200)
         return [dict(q) for q in answer.get("quotas") or ()]
@@ -748,14 +749,16 @@ class QueueClient:
         borrowing_limit: int | None = None,
         lending_limit: int | None = None,
     ) -> dict[str, Any]:
-        """Set `team`'s quota in `pool` (admins only); limits None are unlimited, nominal None removes it."""
+        """Set `team`'s quota in `pool` (admins only); limits None are unlimited, nominal None removes it.
+        The answer's `warning` says when the nominal quotas in the pool sum to more than its capacity."""
+        path = _team_path(team)
         body = {
             "pool": pool,
             "nominal": nominal,
             "borrowing_limit": borrowing_limit,
             "lending_limit": lending_limit,
         }
-        return dict(self.request("PUT", "/teams/" + quote(team, safe="") + "/quotas", body=body))
+        return dict(self.request("PUT", path, body=body))
 
     def whoami(self) -> Identity:
         answer = self.request("GET", "/whoami")
@@ -796,6 +799,12 @@ def _job_path(name: str) -> str:
     if not isinstance(name, str) or not name:
         raise ValueError("a job name is required")
     return "/jobs/" + quote(name, safe="")
+
+
+def _team_path(team: str) -> str:
+    """A team's quotas' path; a name the API would refuse is refused here, naming the rule (and '.' or '..'
+    never reach a URL, where they would be read as a path's dot segments)."""
+    return "/teams/" + quote(check_team_name(team), safe="") + "/quotas"
 
 
 def _json_default(value: Any) -> Any:

@@ -31,6 +31,7 @@ from sagequeue.exceptions import (
     EndpointUnreachable,
     SageQueueError,
 )
+from sagequeue_core.quotas import QuotaError, check_team_name
 
 EXIT_REFUSED = 1
 EXIT_USAGE = 2
@@ -916,6 +917,12 @@ def teams_table(shares: Sequence[Mapping[str, Any]]) -> str:
     )
 
 
+def _quota_warnings(shares: Sequence[Mapping[str, Any]]) -> None:
+    """The API's warnings on quotas (nominal quotas above a pool's capacity), once each, on stderr."""
+    for warning in dict.fromkeys(s["warning"] for s in shares if s.get("warning")):
+        click.echo(f"warning: {warning}", err=True)
+
+
 @_queue_command("teams")
 def teams(target: Target, as_json: bool) -> None:
     """Teams per pool: nominal quota, limits (- is unlimited), used, borrowed, lent and waiting jobs."""
@@ -926,6 +933,7 @@ def teams(target: Target, as_json: bool) -> None:
         click.echo(
             teams_table(found) if found else "no team quotas: set one with `sagequeue quota TEAM POOL N`"
         )
+        _quota_warnings(found)
 
 
 @_queue_command("quota")
@@ -947,7 +955,12 @@ def quota(
     borrow_limit: int | None,
     lend_limit: int | None,
 ) -> None:
-    """Set TEAM's quota in POOL to N instances (admins only)."""
+    """Set TEAM's quota in POOL to N instances (admins only). Quotas above what the pool holds beside the
+    other teams' are stored, with a warning."""
+    try:
+        check_team_name(team)
+    except QuotaError as exc:
+        _usage_error(f"TEAM: {exc}", as_json)
     share = target.client().set_team_quota(
         team, pool, nominal, borrowing_limit=borrow_limit, lending_limit=lend_limit
     )
@@ -955,6 +968,7 @@ def quota(
         _print_json(share)
     else:
         click.echo(teams_table([share]))
+        _quota_warnings([share])
 
 
 @_queue_command("whoami")

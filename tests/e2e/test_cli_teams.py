@@ -91,3 +91,42 @@ def test_quota_teams_and_ls_show_who_holds_what(stack: Any, home: Path, tmp_path
     assert bad.code != 0
     assert "not a pool sagequeue manages" in bad.err
     assert "Traceback" not in bad.out + bad.err
+
+
+def test_quota_says_when_quotas_sum_above_the_pool_and_refuses_bad_team_names(
+    stack: Any, home: Path, tmp_path: Path
+) -> None:
+    env = admin_env(stack)
+    endpoint = ("--endpoint", stack.endpoint)
+    # GIVEN quotas that fill the pool of 4 (vision 2, speech 2; set here too, so the test stands alone)
+    for team in ("vision", "speech"):
+        assert sagequeue("quota", team, POOL, "2", *endpoint, home=tmp_path, env=env).code == 0
+    # WHEN an admin gives a third team a quota of 1
+    above = sagequeue("quota", "audio", POOL, "1", *endpoint, home=tmp_path, env=env)
+    # THEN it is set, the table shows it, and a warning on stderr says the quotas sum above the pool
+    assert above.code == 0, above.err
+    assert above.out.splitlines()[1].split()[:3] == ["audio", POOL, "1"]
+    assert above.err.strip() == (
+        f"warning: the nominal quotas of all teams in {POOL} sum to 5, above its capacity of 4: "
+        "not every team can hold its nominal quota at once"
+    )
+    as_json = sagequeue("quota", "audio", POOL, "1", "--json", *endpoint, home=tmp_path, env=env)
+    assert as_json.json["warning"].startswith(f"the nominal quotas of all teams in {POOL} sum to 5")
+    # AND `teams` says it once, below the table
+    listed = sagequeue("teams", home=home)
+    assert listed.code == 0, listed.err
+    assert listed.err.count("warning: ") == 1
+    # WHEN the third quota is lowered to 0, the quotas fit again: no warning
+    fits = sagequeue("quota", "audio", POOL, "0", *endpoint, home=tmp_path, env=env)
+    assert (fits.code, fits.err) == (0, "")
+    # AND team names that would break the table's columns, a URL or the word for jobs without a team are
+    # refused as usage errors naming the rule, before any request
+    for team, rule in [
+        ("none", "TEAM: team name 'none' is reserved: 'none' stands for jobs without a team"),
+        ("..", "TEAM: team name '..' must start with a letter or a digit"),
+        ("a b", "TEAM: team name 'a b' may hold only ASCII letters, digits, '-', '_' and '.'"),
+    ]:
+        bad = sagequeue("quota", team, POOL, "1", *endpoint, home=tmp_path, env=env)
+        assert (bad.code, bad.err.strip()) == (2, f"error: {rule}")
+    rows = sagequeue("teams", "--json", home=home).json["teams"]
+    assert sorted(r["team"] for r in rows) == ["audio", "speech", "vision"]

@@ -7,6 +7,7 @@ queue entry with two live training jobs), as the other scheduling scenarios do.
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -160,3 +161,69 @@ def test_quota_input_errors_are_clear_and_only_admins_set_quotas(teams: Callable
     assert s.queue.team_quotas("a")[0]["nominal"] == 2  # unchanged
     assert s.queue.team_quotas("a")[0]["borrowing_limit"] is None
     assert s.queue.team_quotas("a")[0]["lending_limit"] is None
+
+
+def test_quotas_above_the_pools_capacity_are_stored_with_a_warning(
+    teams: Callable[..., TeamScenario],
+) -> None:
+    s = teams()
+    admin = s.stack.client("admin")
+    above = f"the nominal quotas of all teams in {POOL} sum to 5, above its capacity of 4"
+    # GIVEN a pool of 4 shared 2 + 2: a quota within it answers no warning
+    assert admin.set_team_quota("a", POOL, 2, borrowing_limit=1)["warning"] is None
+    # WHEN an admin gives a third team a quota of 1
+    answer = admin.set_team_quota("c", POOL, 1)
+    # THEN it is stored, and the answer says the quotas sum above the pool's capacity
+    assert (answer["team"], answer["nominal"]) == ("c", 1)
+    assert answer["warning"].startswith(above + ": not every team can hold its nominal quota at once")
+    assert s.queue.team_quotas("c")[0]["nominal"] == 1
+    # AND every team's row in the pool carries it, and a's quota is unchanged
+    rows = {r["team"]: r for r in s.queue.teams()}
+    assert {team: r["warning"] is not None for team, r in rows.items()} == {"a": True, "b": True, "c": True}
+    assert (rows["a"]["nominal"], rows["a"]["borrowing_limit"]) == (2, 1)
+    # WHEN the third quota is removed, the quotas fit again
+    removed = admin.set_team_quota("c", POOL, None)
+    assert (removed["removed"], removed["warning"]) == (True, None)
+    assert all(r["warning"] is None for r in s.queue.teams())
+
+
+def test_team_names_that_would_break_keys_paths_or_tables_are_refused(
+    teams: Callable[..., TeamScenario],
+) -> None:
+    from sagequeue.exceptions import ValidationError
+
+    s = teams()
+    admin = s.stack.client("admin")
+    # GIVEN names the rule refuses, sent as they are (the client checks names before sending)
+    for team, rule in [
+        ("none", "team name 'none' is reserved: 'none' stands for jobs without a team"),
+        ("-x", "team name '-x' must start with a letter or a digit"),
+        ("a+b", "team name 'a+b' may hold only ASCII letters, digits, '-', '_' and '.'"),
+    ]:
+        # THEN PUT refuses each with the rule it breaks, and stores nothing
+        with pytest.raises(ValidationError, match="^" + re.escape(f"team: {rule}")):
+            admin.request("PUT", f"/teams/{team}/quotas", body={"pool": POOL, "nominal": 1})
+    assert {r["team"] for r in s.queue.teams()} == {"a", "b"}
+    # AND the client refuses them before any request, dot segments included
+    for team in (".", "..", "none", "a/b"):
+        with pytest.raises(ValueError, match="team name"):
+            admin.set_team_quota(team, POOL, 1)
+        with pytest.raises(ValueError, match="team name"):
+            s.queue.team_quotas(team)
+    # WHEN jobs are submitted with team tags the rule refuses
+    for value, rule in [
+        ("none", "team name 'none' is reserved"),
+        ("vision/nlp", "team name 'vision/nlp' may hold only ASCII letters"),
+        ("x" * 65, "a team name is 1 to 64 characters"),
+    ]:
+        body = s.request(f"bad-{len(value)}", 600)
+        body["Tags"] = [{"Key": "team", "Value": value}]
+        # THEN each is refused with a message naming the tag and the rule, and nothing is queued
+        with pytest.raises(ValidationError, match="^" + re.escape(f"tag 'team': {rule}")):
+            s.queue.submit(body)
+    assert s.queue.jobs() == []
+    # AND a job without a team holding the governed pool is the team "none" in the answers
+    s.queue.submit(s.request("untagged", 3600))
+    s.advance_until(lambda: s.states()["untagged"] == "running", limit=1200)
+    rows = {r["team"]: r for r in s.queue.teams()}
+    assert (rows["none"]["nominal"], rows["none"]["used"], rows["none"]["borrowed"]) == (0, 1, 1)

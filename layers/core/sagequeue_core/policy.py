@@ -254,15 +254,13 @@ class _Pass:
         factors = fair_share_factors(snapshot.team_usage, snapshot.team_quotas)
         # 2. order
         if self.teams.governed:
-            # what a team's nominal quota guarantees before what it would borrow; within a priority and
-            # after reservation holders, the team with less recent usage first
-            self.order = sorted(
+            # each team's jobs in pass order; across teams the heads: one within its team's nominal quota
+            # before one that would borrow, then priority, reservation holders, fair share, submission
+            self.order = self.teams.admission_order(
                 snapshot.queued,
-                key=lambda j: (
-                    not self.teams.within_nominal(j.team, j.demand),
-                    *pass_order(j)[:2],
-                    fair_share_key(j.team, factors),
-                    *pass_order(j)[2:],
+                key=lambda j: (*pass_order(j)[:2], fair_share_key(j.team, factors), *pass_order(j)[2:]),
+                counted=lambda j: (
+                    (j.not_before is None or j.not_before <= snapshot.now) and self._never_fits(j) is None
                 ),
             )
         else:

@@ -27,18 +27,26 @@ attempts is named by small protocols, so it imports nothing of the policy.
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 #: The team of a job that names none (no tag, no mapped role).
 NO_TEAM = ""
+#: How reasons, answers, tables, metrics and reports name the team of jobs without one; no team may take it.
+NO_TEAM_LABEL = "none"
 #: Longest team name; team names are tag values and URL path segments.
 TEAM_NAME_MAX_LENGTH = 64
+#: The team name rule as one pattern, for the API's path check and its document (check_team_name says it in
+#: words; a test holds the two to each other): ASCII letters, digits, '-', '_' and '.', starting with a
+#: letter or a digit (no '.', '..', or name a command line would read as an option), and not "none".
+TEAM_NAME_PATTERN = rf"^(?![Nn][Oo][Nn][Ee]$)[A-Za-z0-9][A-Za-z0-9._-]{{0,{TEAM_NAME_MAX_LENGTH - 1}}}$"
+_TEAM_CHARACTERS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_.")
 
 
 class QuotaError(ValueError):
@@ -46,11 +54,22 @@ class QuotaError(ValueError):
 
 
 def check_team_name(team: object) -> str:
+    """`team` if it may name a team, else QuotaError naming the rule it breaks. The one rule for team names,
+    wherever they come from: a job's tag, a role mapping, the API's path, the CLI, the simulator."""
     if not isinstance(team, str) or not team or len(team) > TEAM_NAME_MAX_LENGTH:
         raise QuotaError(f"a team name is 1 to {TEAM_NAME_MAX_LENGTH} characters, got {team!r}")
-    if not all(c.isalnum() or c in "-_." for c in team):
-        raise QuotaError(f"team name {team!r} may hold only letters, digits, '-', '_' and '.'")
+    if not _TEAM_CHARACTERS.issuperset(team):
+        raise QuotaError(f"team name {team!r} may hold only ASCII letters, digits, '-', '_' and '.'")
+    if not team[0].isascii() or not team[0].isalnum():
+        raise QuotaError(f"team name {team!r} must start with a letter or a digit")
+    if team.lower() == NO_TEAM_LABEL:
+        raise QuotaError(f"team name {team!r} is reserved: {NO_TEAM_LABEL!r} stands for jobs without a team")
     return team
+
+
+def team_label(team: str | None) -> str:
+    """The team as reasons, answers and tables show it: its name, or "none" for jobs without one."""
+    return team or NO_TEAM_LABEL
 
 
 def _limit(value: object, what: str) -> int | None:
@@ -63,7 +82,8 @@ def _limit(value: object, what: str) -> int | None:
 
 @dataclass(frozen=True)
 class TeamQuota:
-    """What one team may use of one pool."""
+    """What one team may use of one pool. `team` is a name check_team_name accepts, or NO_TEAM only for
+    the open quota of jobs without a team (never configured: the API and the simulator check names first)."""
 
     team: str
     pool: str
@@ -72,7 +92,8 @@ class TeamQuota:
     lending_limit: int | None = None  # instances of its unused nominal others may borrow; None: all
 
     def __post_init__(self) -> None:
-        check_team_name(self.team)
+        if self.team != NO_TEAM:  # NO_TEAM: the open quota of jobs without a team (`_open_quota`)
+            check_team_name(self.team)
         if isinstance(self.nominal, bool) or not isinstance(self.nominal, int) or self.nominal < 0:
             raise QuotaError(
                 f"nominal quota of team {self.team} in {self.pool} must be a non-negative integer"
@@ -97,7 +118,7 @@ class TeamQuota:
 
 def _open_quota(team: str, pool: str) -> TeamQuota:
     """The quota of a team that has none in a governed pool: nothing guaranteed, borrowing unlimited."""
-    return TeamQuota(team=team or "none", pool=pool, nominal=0)
+    return TeamQuota(team=team, pool=pool, nominal=0)
 
 
 # --- what the ledger reads -------------------------------------------------------------------------------------
@@ -128,6 +149,19 @@ class Holding(Protocol):
 H = TypeVar("H", bound=Holding)
 
 
+class Waiting(Protocol):
+    """A queued job as far as quotas care (`policy.QueuedJob`)."""
+
+    @property
+    def demand(self) -> Mapping[str, int]: ...
+
+    @property
+    def team(self) -> str | None: ...
+
+
+W = TypeVar("W", bound=Waiting)
+
+
 def by_pool(quotas: Iterable[TeamQuota]) -> dict[str, dict[str, TeamQuota]]:
     """pool -> team -> quota."""
     out: dict[str, dict[str, TeamQuota]] = {}
@@ -148,6 +182,19 @@ def lendable(quota: TeamQuota, used: int) -> int:
     """Instances of the team's unused nominal quota that other teams may borrow."""
     unused = max(quota.nominal - used, 0)
     return unused if quota.lending_limit is None else min(unused, quota.lending_limit)
+
+
+def oversubscription(quotas: Iterable[TeamQuota], pool: str, capacity: int) -> str | None:
+    """A warning when the nominal quotas of all teams in `pool` sum to more than its capacity: they are
+    accepted (capacity may grow back), but not every team can hold its nominal quota at once, and a team
+    under its quota may wait for another that is too; None when they fit."""
+    total = sum(quota.nominal for quota in quotas if quota.pool == pool)
+    if total <= capacity:
+        return None
+    return (
+        f"the nominal quotas of all teams in {pool} sum to {total}, above its capacity of {capacity}: "
+        "not every team can hold its nominal quota at once"
+    )
 
 
 @dataclass(frozen=True)
@@ -268,6 +315,59 @@ class TeamLedger:
             lent = min(lent, mine.borrowing_limit)
         return min(mine.nominal + lent, self.capacity.get(pool, 0))
 
+    def admission_order(
+        self,
+        jobs: Iterable[W],
+        key: Callable[[W], tuple[Any, ...]],
+        counted: Callable[[W], bool] = lambda job: True,
+    ) -> list[W]:
+        """The order a pass admits `jobs` in, as Kueue orders the heads of its cluster queues.
+
+        Each team's jobs form a queue in `key` order (priority, then submission). Across teams only the
+        heads compete: a head whose team stays within its nominal quota with it goes before a head that
+        would borrow, then `key` decides (priority, fair share, submission). Whether a head would borrow
+        counts the team's usage plus the jobs ahead of it in its team's queue, those `counted` (jobs that
+        may start in this pass). So a team's less important job never goes before its more important one,
+        and a team's nominal share is offered to its own jobs before other teams borrow it. Jobs needing no
+        governed pool form one queue of their own, in `key` order, as without quotas.
+
+        `key` must be unique per job and, for two jobs of one team, order them as the team's queue should;
+        a merge of the queues' heads costs O(n log teams) beyond sorting each queue.
+        """
+        queues: dict[str | None, list[tuple[tuple[Any, ...], W]]] = {}
+        for job in jobs:
+            governed = any(pool in self.quotas for pool in job.demand)
+            queues.setdefault((job.team or NO_TEAM) if governed else None, []).append((key(job), job))
+        flagged: list[list[tuple[bool, tuple[Any, ...], W]]] = []
+        for team, queue in queues.items():
+            queue.sort(key=lambda entry: entry[0])
+            ahead: Counter[str] = Counter()  # demand of the team's counted jobs so far, per governed pool
+            entries = []
+            for rank, job in queue:
+                borrows = False
+                if team is not None:
+                    mine = {pool: n for pool, n in job.demand.items() if pool in self.quotas}
+                    borrows = any(
+                        self.used[pool][team] + ahead[pool] + n > self.quota(team, pool).nominal
+                        for pool, n in mine.items()
+                    )
+                    if counted(job):
+                        ahead.update(mine)
+                entries.append((borrows, rank, job))
+            flagged.append(entries)
+        # the heads' merge: one entry per team in the heap, the next of a team's queue when its head is taken
+        # (whether a team's head borrows need not grow along its queue, so this is not a merge of sorted runs)
+        heads = [(entries[0][0], entries[0][1], i, 0) for i, entries in enumerate(flagged)]
+        heapq.heapify(heads)
+        order: list[W] = []
+        while heads:
+            _, _, i, at = heapq.heappop(heads)
+            order.append(flagged[i][at][2])
+            if at + 1 < len(flagged[i]):
+                borrows, rank, _ = flagged[i][at + 1]
+                heapq.heappush(heads, (borrows, rank, i, at + 1))
+        return order
+
     def reason(self, team: str | None, demand: Mapping[str, int], free: Mapping[str, int]) -> str:
         """Why a job waits for its team's quota, naming it."""
         parts = []
@@ -275,7 +375,7 @@ class TeamLedger:
             quota = self.quota(team, pool)
             if demand[pool] > self.most(team, pool):
                 parts.append(
-                    f"can never fit: needs {demand[pool]} {pool}; team {team or 'none'} may hold at most "
+                    f"can never fit: needs {demand[pool]} {pool}; team {team_label(team)} may hold at most "
                     f"{self.most(team, pool)} (quota {quota.nominal} and what others may lend it)"
                 )
                 continue
@@ -286,7 +386,7 @@ class TeamLedger:
                 else f"has {left} of its quota of {quota.nominal} {pool} left, needs {demand[pool]}"
             )
             parts.append(
-                f"team {team or 'none'} {where}; "
+                f"team {team_label(team)} {where}; "
                 f"{self.borrowable(team, pool)} borrowable, {max(free.get(pool, 0), 0)} free"
             )
         return "; ".join(parts)
@@ -462,11 +562,15 @@ def fair_share_key(team: str | None, factors: Mapping[str, float]) -> float:
 __all__ = [
     "DEFAULT_HALF_LIFE_SECONDS",
     "NO_TEAM",
+    "NO_TEAM_LABEL",
+    "TEAM_NAME_MAX_LENGTH",
+    "TEAM_NAME_PATTERN",
     "PoolShare",
     "QuotaError",
     "TeamLedger",
     "TeamQuota",
     "UsageCounter",
+    "Waiting",
     "borrowed",
     "by_pool",
     "check_team_name",
@@ -475,4 +579,6 @@ __all__ = [
     "fair_share_key",
     "holding_by_team",
     "lendable",
+    "oversubscription",
+    "team_label",
 ]

@@ -18,7 +18,7 @@ from sagequeue.sim.sagemaker import Timings
 from sagequeue.sim.schedulers import SCHEDULERS
 from sagequeue.sim.trace import Trace, TraceError, load_trace
 from sagequeue.sim.workload import WorkloadSpec, generate
-from sagequeue_core.quotas import QuotaError, TeamQuota
+from sagequeue_core.quotas import QuotaError, TeamQuota, check_team_name, oversubscription
 
 DEFAULT_CAPACITY = {"ml.trn1.32xlarge": 4, "ml.trn2.48xlarge": 2}
 _INSTANCE_TYPE = re.compile(r"ml\.[a-z0-9]+\.[a-z0-9]+")
@@ -108,24 +108,63 @@ def parse_team_quota(spec: str) -> TeamQuota:
     head, *limits = (part.strip() for part in spec.split(","))
     team, slash, rest = head.partition("/")
     pool, equals, nominal = rest.partition("=")
-    if not slash or not equals or not nominal.strip().isdigit():
+    if not slash or not equals or not pool.strip():
         raise BadInput(f"--team-quota {spec!r}: must be TEAM/TYPE=N[,borrow=B][,lend=L]")
-    values: dict[str, int] = {}
+    values: dict[str, int] = {"N": _instances(spec, "N", nominal)}
     for limit in limits:
-        name, eq, value = limit.partition("=")
-        if name not in ("borrow", "lend") or not eq or not value.strip().isdigit() or name in values:
+        name, eq, value = (part.strip() for part in limit.partition("="))
+        if name not in ("borrow", "lend") or not eq or name in values:
             raise BadInput(f"--team-quota {spec!r}: {limit!r} must be borrow=B or lend=L, each at most once")
-        values[name] = int(value)
+        values[name] = _instances(spec, name, value)
     try:
         return TeamQuota(
-            team=team.strip(),
+            team=check_team_name(team.strip()),
             pool=pool.strip(),
-            nominal=int(nominal),
+            nominal=values["N"],
             borrowing_limit=values.get("borrow"),
             lending_limit=values.get("lend"),
         )
     except QuotaError as exc:
         raise BadInput(f"--team-quota {spec!r}: {exc}") from None
+
+
+def _instances(spec: str, name: str, text: str) -> int:
+    if not re.fullmatch(r"[+-]?\d+", text.strip()):
+        raise BadInput(
+            f"--team-quota {spec!r}: {name} must be a whole number of instances, got {text.strip()!r}"
+        )
+    value = int(text)
+    if value < 0:
+        raise BadInput(f"--team-quota {spec!r}: {name} must not be negative, got {value}")
+    return value
+
+
+def check_team_quotas(team_quotas: Sequence[TeamQuota], capacity: dict[str, int]) -> list[str]:
+    """Refuse quotas the run's pools make meaningless (an unknown pool, a team twice in a pool, a number
+    above the pool's capacity: a typo, as no team could hold it); return a warning per pool whose nominal
+    quotas sum above its capacity (allowed, as the API allows it, but no longer a guarantee for every team)."""
+    seen: set[tuple[str, str]] = set()
+    for quota in team_quotas:
+        where = f"--team-quota {quota.team}/{quota.pool}"
+        if quota.pool not in capacity:
+            raise BadInput(
+                f"{where}: {quota.pool} is not a pool of the run (--capacity: {_pools_text(capacity)})"
+            )
+        if (quota.team, quota.pool) in seen:
+            raise BadInput(f"{where}: given twice; one quota per team and pool")
+        seen.add((quota.team, quota.pool))
+        for name, value in (
+            ("N", quota.nominal),
+            ("borrow", quota.borrowing_limit),
+            ("lend", quota.lending_limit),
+        ):
+            if value is not None and value > capacity[quota.pool]:
+                hint = "" if name == "N" else f"; leave {name}= out for no limit"
+                raise BadInput(
+                    f"{where}: {name}={value} is above the pool's capacity of {capacity[quota.pool]}{hint}"
+                )
+    warnings = (oversubscription(team_quotas, pool, capacity[pool]) for pool in capacity)
+    return [warning for warning in warnings if warning is not None]
 
 
 def ignored_settings(settings: SimSettings) -> list[str]:
@@ -260,11 +299,7 @@ def _run(options: dict[str, Any]) -> None:
     if options["lend"] is not None:
         changes["lend_reserved_capacity"] = options["lend"]
     team_quotas = tuple(parse_team_quota(spec) for spec in options["team_quota_flags"])
-    for team_quota in team_quotas:
-        if team_quota.pool not in capacity:
-            raise BadInput(
-                f"--team-quota: {team_quota.pool} is not a pool of the run ({', '.join(capacity)})"
-            )
+    quota_warnings = check_team_quotas(team_quotas, capacity)
     settings = SimSettings(capacity=capacity, quota=quota, team_quotas=team_quotas, **changes)
     timing_changes = {
         name: options[flag]
@@ -291,7 +326,7 @@ def _run(options: dict[str, Any]) -> None:
         raise BadInput("--policies: no scheduler to run")
     if options["save_trace"]:
         Path(options["save_trace"]).write_text(trace.to_jsonl(), encoding="utf-8")
-    notes = ignored_settings(settings)
+    notes = [*quota_warnings, *ignored_settings(settings)]
     too_wide = [j.name for j in trace.jobs if j.instance_count > capacity.get(j.instance_type, 0)]
     if too_wide:
         notes.append(

@@ -194,8 +194,15 @@ def _answer_validator(name: str) -> Draft202012Validator:
         },
         # a listed share, with a member the document does not name
         {"team": "b", "pool": "plan:p", "nominal": 0, "used": 2, "waiting": 7, "internal": "x"},
+        # a quota set above what the pool holds beside the others'
+        {
+            "team": "c",
+            "pool": "ml.trn1.32xlarge",
+            "nominal": 3,
+            "warning": "the nominal quotas of all teams in ml.trn1.32xlarge sum to 5, above its capacity of 4",
+        },
     ],
-    ids=["removed", "set", "listed"],
+    ids=["removed", "set", "listed", "warned"],
 )
 def test_a_quota_answer_has_exactly_the_documented_members(share: dict[str, Any]) -> None:
     answer = quota_answer(share)
@@ -204,6 +211,7 @@ def test_a_quota_answer_has_exactly_the_documented_members(share: dict[str, Any]
     assert {k: answer[k] for k in share if k in answer} == {k: v for k, v in share.items() if k != "internal"}
     assert answer["removed"] is share.get("removed", False)
     assert answer["waiting"] == share.get("waiting", 0)
+    assert answer["warning"] == share.get("warning")
 
 
 def test_a_job_answer_has_exactly_the_documented_members() -> None:

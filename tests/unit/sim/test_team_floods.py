@@ -112,3 +112,61 @@ def test_traces_carry_teams_and_the_cli_reads_team_quotas() -> None:
     ):
         with pytest.raises(BadInput, match="--team-quota"):
             parse_team_quota(bad)
+
+
+def test_team_quota_flags_that_cannot_be_are_refused_naming_the_flag() -> None:
+    import pytest
+
+    from sagequeue.sim.cli import BadInput, parse_team_quota
+
+    for bad, problem in [
+        ("vision/ml.trn1.32xlarge=-1", "N must not be negative, got -1"),
+        ("vision/ml.trn1.32xlarge=2,borrow=-3", "borrow must not be negative, got -3"),
+        ("vision/ml.trn1.32xlarge=2,lend=1.5", "lend must be a whole number of instances, got '1.5'"),
+        ("vision/=2", "must be TEAM/TYPE=N"),
+        ("/ml.trn1.32xlarge=2", "a team name is 1 to 64 characters, got ''"),
+        ("none/ml.trn1.32xlarge=2", "team name 'none' is reserved"),
+        ("../ml.trn1.32xlarge=2", "team name '..' must start with a letter or a digit"),
+    ]:
+        with pytest.raises(BadInput) as refused:
+            parse_team_quota(bad)
+        assert str(refused.value).startswith(f"--team-quota {bad!r}: {problem}")
+
+
+def test_the_simulate_command_checks_team_quotas_against_the_runs_pools() -> None:
+    from click.testing import CliRunner
+
+    from sagequeue.cli import main
+
+    def simulate(*quotas: str) -> tuple[int, str, str]:
+        flags = [f"--team-quota={q}" for q in quotas]
+        args = ["simulate", "--capacity", f"{POOL}=4", *flags, "--jobs", "4", "--days", "1"]
+        result = CliRunner().invoke(main, [*args, "--policies", "sagequeue", "--drain-days", "1"])
+        return result.exit_code, result.stdout, result.stderr
+
+    error = "sagequeue simulate: error: "
+    # an unknown pool, a quota no team could hold, a limit above the pool, a team given twice: refused
+    for quotas, problem in [
+        (
+            ["a/ml.trn2.48xlarge=1"],
+            f"--team-quota a/ml.trn2.48xlarge: ml.trn2.48xlarge is not a pool of the run "
+            f"(--capacity: {POOL}=4)",
+        ),
+        ([f"a/{POOL}=5"], f"--team-quota a/{POOL}: N=5 is above the pool's capacity of 4"),
+        (
+            [f"a/{POOL}=2,borrow=100"],
+            f"--team-quota a/{POOL}: borrow=100 is above the pool's capacity of 4; "
+            "leave borrow= out for no limit",
+        ),
+        ([f"a/{POOL}=1", f"a/{POOL}=2"], f"--team-quota a/{POOL}: given twice; one quota per team and pool"),
+        ([f"a/{POOL}=-1"], f"--team-quota 'a/{POOL}=-1': N must not be negative, got -1"),
+    ]:
+        code, out, err = simulate(*quotas)
+        assert (code, out, err.strip()) == (2, "", error + problem)
+    # quotas that sum above the pool run, with a note that says so
+    code, out, err = simulate(f"a/{POOL}=3", f"b/{POOL}=2")
+    assert code == 0, err
+    assert out.splitlines()[-1] == (
+        f"note: the nominal quotas of all teams in {POOL} sum to 5, above its capacity of 4: "
+        "not every team can hold its nominal quota at once"
+    )

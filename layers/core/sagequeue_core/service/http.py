@@ -27,7 +27,7 @@ from sagequeue_core.errors import (
     StaleVersion,
     Throttled,
 )
-from sagequeue_core.quotas import TEAM_NAME_MAX_LENGTH
+from sagequeue_core.quotas import TEAM_NAME_MAX_LENGTH, TEAM_NAME_PATTERN, QuotaError, check_team_name
 
 #: Path parameters as whole-string patterns (`$` is the very end: a trailing newline does not pass).
 NAME_PATTERN = r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$"
@@ -36,7 +36,7 @@ POOL_PATTERN = r"^(ml\.[a-z0-9]+\.[a-z0-9]+|plan:[A-Za-z0-9-]{1,64})$"
 #: Longest pool name: `plan:` and a training plan's name of at most 64 characters.
 POOL_MAX_LENGTH = 69
 #: A team, as its tag names it (sagequeue_core.quotas.check_team_name says the same in words).
-TEAM_PATTERN = rf"^[A-Za-z0-9._-]{{1,{TEAM_NAME_MAX_LENGTH}}}$"
+TEAM_PATTERN = TEAM_NAME_PATTERN
 
 #: A pool larger than any account's quota is a typo (training plans hold at most 64 instances).
 MAX_POOL_CAPACITY = 100_000
@@ -179,9 +179,23 @@ class PathParameter:
         return []
 
 
+class TeamParameter(PathParameter):
+    """A team in the path: refused as the pattern refuses it, with the rule it breaks in words."""
+
+    def problems(self, name: str, value: str) -> list[str]:
+        found = super().problems(name, value)
+        if not found or len(value) > self.max_length:
+            return found
+        try:
+            check_team_name(value)
+        except QuotaError as exc:
+            return [f"{name}: {exc}"]
+        return found
+
+
 JOB_NAME = PathParameter(NAME_PATTERN, TRAINING_JOB_NAME_MAX_LENGTH)
 POOL = PathParameter(POOL_PATTERN, POOL_MAX_LENGTH)
-TEAM = PathParameter(TEAM_PATTERN, TEAM_NAME_MAX_LENGTH)
+TEAM = TeamParameter(TEAM_PATTERN, TEAM_NAME_MAX_LENGTH)
 
 #: An integer in a query string: blanks around it, an optional sign, digits with single underscores between
 #: them, and a fraction of zeros at most ("5", " +5 ", "1_000", "5.0").
@@ -226,6 +240,7 @@ QUOTA_ANSWER: dict[str, Any] = {
     "borrowable": 0,
     "waiting": 0,
     "removed": False,
+    "warning": None,
 }
 
 

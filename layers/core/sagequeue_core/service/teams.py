@@ -15,13 +15,21 @@ from sagequeue_core.domain import is_pool_name
 from sagequeue_core.errors import RequestInvalid
 from sagequeue_core.events import EventType, announce
 from sagequeue_core.observability import logger
-from sagequeue_core.quotas import PoolShare, QuotaError, TeamLedger, TeamQuota, check_team_name
+from sagequeue_core.quotas import (
+    PoolShare,
+    QuotaError,
+    TeamLedger,
+    TeamQuota,
+    check_team_name,
+    oversubscription,
+    team_label,
+)
 from sagequeue_core.runtime import Dependencies
 from sagequeue_core.service.access import require_admin, require_caller
 
 
-def shares(deps: Dependencies) -> list[PoolShare]:
-    """Every team's position in every pool with quotas: nominal, used, borrowed, lent."""
+def _ledger(deps: Dependencies) -> TeamLedger:
+    """Every team's usage of every pool with quotas, as the table has it now."""
     deps.ensure_pools()
     pools, quotas, _ = deps.store.pools_and_teams()
     capacity = {status.pool.instance_type: status.pool.capacity for status in pools}
@@ -31,7 +39,7 @@ def shares(deps: Dependencies) -> list[PoolShare]:
         )
         for job in deps.store.live_jobs()
     ]
-    return TeamLedger(quotas, capacity, held).shares()
+    return TeamLedger(quotas, capacity, held)
 
 
 @dataclass(frozen=True)
@@ -45,19 +53,25 @@ class _Held:
 
 
 def all_teams(deps: Dependencies) -> list[dict[str, Any]]:
-    """Every team's position in every pool with quotas, with how many of its jobs wait there."""
+    """Every team's position in every pool with quotas, with how many of its jobs wait there; jobs without a
+    team that hold instances of such a pool are the team "none"."""
+    ledger = _ledger(deps)
     return [
-        {**_share_api(share), "waiting": deps.store.queued_count(share.pool, share.team) if share.team else 0}
-        for share in shares(deps)
+        {
+            **_share_api(share, ledger),
+            "waiting": deps.store.queued_count(share.pool, share.team) if share.team else 0,
+        }
+        for share in ledger.shares()
     ]
 
 
 def team_quotas(deps: Dependencies, team: str) -> list[dict[str, Any]]:
     """A team's quota and usage in every pool where it has a quota or holds instances of a governed pool."""
     _team(team)
+    ledger = _ledger(deps)
     return [
-        {**_share_api(share), "waiting": deps.store.queued_count(share.pool, team)}
-        for share in shares(deps)
+        {**_share_api(share, ledger), "waiting": deps.store.queued_count(share.pool, team)}
+        for share in ledger.shares()
         if share.team == team
     ]
 
@@ -92,7 +106,7 @@ def set_quota(deps: Dependencies, team: str, body: Any, caller: str | None) -> d
     if body["nominal"] is None:
         deps.store.remove_team_quota(team, pool)
         _announce(deps, team, pool, None, me)
-        return {"team": team, "pool": pool, "removed": True}
+        return {"team": team, "pool": pool, "removed": True, "warning": _warning(_ledger(deps), pool)}
     try:
         quota = TeamQuota(
             team=team,
@@ -105,7 +119,14 @@ def set_quota(deps: Dependencies, team: str, body: Any, caller: str | None) -> d
         raise RequestInvalid(str(exc)) from None
     deps.store.set_team_quota(quota)
     _announce(deps, team, pool, quota, me)
-    return next(_share_api(s) for s in shares(deps) if s.team == team and s.pool == pool)
+    ledger = _ledger(deps)
+    if not ledger.governs(pool):  # removed again by a racing admin: answer what was stored
+        return {**quota.to_dict(), "warning": None}
+    answer = _share_api(ledger.share(team, pool), ledger)
+    if answer["warning"] is not None:
+        # stored all the same: capacity may grow back, and quotas are often set one team at a time
+        logger.warning("team quotas above the pool's capacity", extra={"team": team, "pool": pool})
+    return answer
 
 
 def _announce(deps: Dependencies, team: str, pool: str, quota: TeamQuota | None, by: str) -> None:
@@ -125,9 +146,14 @@ def _team(team: str) -> str:
         raise RequestInvalid(str(exc)) from None
 
 
-def _share_api(share: PoolShare) -> dict[str, Any]:
+def _warning(ledger: TeamLedger, pool: str) -> str | None:
+    quotas = ledger.quotas.get(pool, {}).values()
+    return oversubscription(quotas, pool, ledger.capacity.get(pool, 0))
+
+
+def _share_api(share: PoolShare, ledger: TeamLedger) -> dict[str, Any]:
     return {
-        "team": share.team,
+        "team": team_label(share.team),
         "pool": share.pool,
         "nominal": share.nominal,
         "borrowing_limit": share.borrowing_limit,
@@ -136,4 +162,5 @@ def _share_api(share: PoolShare) -> dict[str, Any]:
         "borrowed": share.borrowed,
         "lent": share.lent,
         "borrowable": share.borrowable,
+        "warning": _warning(ledger, share.pool),
     }
