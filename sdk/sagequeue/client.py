@@ -159,6 +159,8 @@ class Job:
     preemptions: int
     retries: int
     instances: int
+    #: times its lender stopped an attempt that ran on loan, to take the capacity back (apart from preemptions)
+    loans_taken_back: int = 0
     position: int | None = None
     attempts: tuple[str, ...] = ()
     history: tuple[HistoryEntry, ...] = ()
@@ -186,6 +188,7 @@ class Job:
             ended_at=_parse_time(data.get("ended_at")),
             reason=data.get("reason"),
             preemptions=_int(data.get("preemptions")),
+            loans_taken_back=_int(data.get("loans_taken_back")),
             retries=_int(data.get("retries")),
             instances=_int(data.get("instances"), 1),
             position=None if position is None else _int(position),

@@ -195,3 +195,21 @@ def test_an_ended_attempt_is_counted_once_whatever_arrives_twice() -> None:
     assert (job.attempts_ended, job.seconds_trained, job.counted_attempt) == (2, 600, 3)
     api = job.to_api()
     assert (api["attempts_ended"], api["seconds_trained"]) == (2, 600)
+
+
+def test_a_loan_stopped_by_its_lender_counts_apart_from_preemptions() -> None:
+    job = Job(name="llama-ft", request=REQUEST, priority=3, owner="arn:aws:iam::1:user/a", submitted_at=NOW)
+    # not on loan: any stop for another job is a preemption
+    assert job.stop_for("wide") is StopReason.PREEMPTED
+    job.on_loan_for = "wide"
+    # on loan: its lender takes the capacity back; anyone else preempts it
+    assert job.stop_for("wide") is StopReason.TAKEN_BACK
+    assert job.stop_for("urgent") is StopReason.PREEMPTED
+    for reason in (StopReason.TAKEN_BACK, StopReason.PREEMPTED, StopReason.TAKEN_BACK):
+        job.stop_reason = reason
+        job.count_requeue()
+    assert (job.loans_taken_back, job.preemptions) == (2, 1)
+    assert job.to_api()["loans_taken_back"] == 2
+    # both requeue; cancel, idle and policy stops do not
+    assert {r for r in StopReason if r.requeues} == {StopReason.PREEMPTED, StopReason.TAKEN_BACK}
+    assert StopReason.TAKEN_BACK.final_state is JobState.QUEUED

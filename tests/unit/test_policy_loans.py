@@ -8,6 +8,7 @@ loans already running, small jobs waiting), so every property below is exercised
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 from hypothesis import given, settings
@@ -60,7 +61,8 @@ def drains(draw: st.DrawFn) -> tuple[Snapshot, PolicySettings]:
                 priority=draw(st.integers(0, holder_priority)),
                 started_at=SINCE + timedelta(minutes=draw(st.integers(0, 29))),
                 training_started_at=None if draw(st.booleans()) else NOW - timedelta(seconds=30),
-                preemptions=draw(st.integers(0, BUDGET - 1)),
+                # a spent preemption budget keeps no lender from its loan: any count
+                preemptions=draw(st.integers(0, BUDGET + 1)),
                 on_loan_for="holder",
             )
         )
@@ -82,6 +84,7 @@ def drains(draw: st.DrawFn) -> tuple[Snapshot, PolicySettings]:
             submitted_at=NOW - timedelta(minutes=draw(st.integers(1, 60))),
             demand={POOL: draw(st.integers(1, 2))},
             preemptions=draw(st.integers(0, BUDGET)),
+            loans_taken_back=draw(st.integers(0, BUDGET)),
             checkpointed=draw(st.booleans()),
         )
         for i in range(draw(st.integers(0, 6)))
@@ -104,7 +107,7 @@ def _loans(snapshot: Snapshot) -> list[RunningAttempt]:
 
 
 def _can_borrow(job: QueuedJob, holder: QueuedJob) -> bool:
-    return job.checkpointed and job.preemptions < BUDGET and job.priority <= holder.priority
+    return job.checkpointed and job.loans_taken_back < BUDGET and job.priority <= holder.priority
 
 
 SEEN: Counter[str] = Counter()
@@ -190,20 +193,21 @@ def _small(name: str, **fields: object) -> QueuedJob:
     return QueuedJob(**values)  # type: ignore[arg-type]
 
 
-def test_only_checkpointing_jobs_with_budget_left_borrow_and_never_when_lending_is_off() -> None:
+def test_only_checkpointing_jobs_with_loans_left_borrow_and_never_when_lending_is_off() -> None:
     blockers = (_attempt("a", 9), _attempt("b", 9))
     waiting = (
         _small("restarts-from-zero", checkpointed=False, submitted_at=NOW - timedelta(minutes=50)),
+        _small("taken-back-enough", loans_taken_back=BUDGET, submitted_at=NOW - timedelta(minutes=45)),
+        # a spent preemption budget does not keep a job from borrowing: only its lender stops it then
         _small("preempted-enough", preemptions=BUDGET, submitted_at=NOW - timedelta(minutes=40)),
         _small("resumes", submitted_at=NOW - timedelta(minutes=30)),
-        _small("resumes-too", submitted_at=NOW - timedelta(minutes=20)),
         _small("no-room-left", submitted_at=NOW - timedelta(minutes=10)),
     )
     settings_on = PolicySettings(max_preemptions_per_job=BUDGET, min_runtime_before_preemption_seconds=600)
     result = plan(_snapshot(*blockers, waiting=waiting), settings_on)
     assert [(s.job_name, s.on_loan_for) for s in result.starts] == [
+        ("preempted-enough", "holder"),
         ("resumes", "holder"),
-        ("resumes-too", "holder"),
     ]
     off = PolicySettings(
         max_preemptions_per_job=BUDGET,
@@ -255,6 +259,13 @@ def test_a_job_more_important_than_the_lender_preempts_a_borrower_before_its_min
         _snapshot(*running, waiting=(urgent,)), PolicySettings(min_runtime_before_preemption_seconds=600)
     )
     assert [(p.training_job_name, p.for_job) for p in result.preemptions] == [("loan", "urgent")]
+    # unless the borrower's preemption budget is spent: then only its lender stops it
+    spent = tuple(replace(a, preemptions=BUDGET) if a.on_loan_for else a for a in running)
+    result = plan(
+        _snapshot(*spent, waiting=(urgent,)),
+        PolicySettings(min_runtime_before_preemption_seconds=600, max_preemptions_per_job=BUDGET),
+    )
+    assert result.preemptions == []
     # one no more important than the lender waits for the minimum runtime as for any other victim
     peer = QueuedJob(name="peer", priority=5, submitted_at=NOW, demand={POOL: 1})
     result = plan(

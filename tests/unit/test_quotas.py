@@ -337,6 +337,7 @@ class World:
     done: dict[str, int] = field(default_factory=dict)
     started_at: dict[str, int] = field(default_factory=dict)
     preemptions: Counter[str] = field(default_factory=Counter)
+    loans_taken_back: Counter[str] = field(default_factory=Counter)  # by their lenders, counted apart
     reservations: dict[str, object] = field(default_factory=dict)
     #: lender -> by when it must run: it took a loan back, so it starts within a stop and a pass
     lender_due: dict[str, int] = field(default_factory=dict)
@@ -356,6 +357,7 @@ class World:
                 team=j.team,
                 reservation=self.reservations.get(j.name),  # type: ignore[arg-type]
                 preemptions=self.preemptions[j.name],
+                loans_taken_back=self.loans_taken_back[j.name],
             )
             for j in self.jobs
             if j.submit <= self.now
@@ -411,14 +413,18 @@ class World:
             if isinstance(action, Preempt):
                 job, start, lender = self.running.pop(action.job_name)
                 budget = policy.max_preemptions_per_job
-                assert budget <= 0 or self.preemptions[action.job_name] < budget, f"{action}: beyond budget"
                 if lender is None:
                     assert self.now - start >= policy.min_runtime_before_preemption_seconds, (
                         f"{action}: young"
                     )
-                elif action.for_job == lender:
+                if lender is not None and action.for_job == lender:
+                    # its lender taking it back: counted apart, within a budget checked when it borrowed
                     self.lender_due.setdefault(lender, self.now + GRACE + STEP)
-                self.preemptions[action.job_name] += 1
+                    stops = self.loans_taken_back
+                else:
+                    stops = self.preemptions
+                assert budget <= 0 or stops[action.job_name] < budget, f"{action}: beyond budget"
+                stops[action.job_name] += 1
                 self.stopping[action.job_name] = (job, self.now + GRACE)
             elif isinstance(action, Start):
                 self.running[action.job_name] = (by_name[action.job_name], self.now, action.on_loan_for)

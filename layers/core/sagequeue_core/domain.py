@@ -88,14 +88,22 @@ class StopReason(StrEnum):
     """Why sagequeue stopped a running attempt; decides the state the job lands in once Stopped."""
 
     PREEMPTED = "preempted"
+    #: an attempt that ran on loan, stopped by the waiting job that lent the capacity, to take it back
+    TAKEN_BACK = "taken back"
     CANCELLED = "cancelled"
     IDLE = "idle"
     POLICY = "policy"
 
     @property
+    def requeues(self) -> bool:
+        """Stopped for another job: the job goes back to the queue, and the stop counts in a budget."""
+        return self in (StopReason.PREEMPTED, StopReason.TAKEN_BACK)
+
+    @property
     def final_state(self) -> JobState:
         return {
             StopReason.PREEMPTED: JobState.QUEUED,
+            StopReason.TAKEN_BACK: JobState.QUEUED,
             StopReason.CANCELLED: JobState.CANCELLED,
             StopReason.IDLE: JobState.IDLE_STOPPED,
             StopReason.POLICY: JobState.FAILED,
@@ -473,7 +481,12 @@ class Job:
     ended_at: datetime | None = None
     reason: str | None = None
     stop_reason: StopReason | None = None
+    #: times an attempt was stopped for another job (MaxPreemptionsPerJob): a more important job, a team
+    #: reclaiming its quota, or a loan ended by anyone but its lender
     preemptions: int = 0
+    #: times an attempt that ran on loan was stopped by its lender to take the capacity back: counted apart,
+    #: against a budget of the same size checked when the job borrows (docs/adr/0001-scheduling-policy.md)
+    loans_taken_back: int = 0
     retries: int = 0  # requeues after transient SageMaker failures
     #: attempts that ran on SageMaker and ended, and their seconds in SageMaker's Training phase: totals that
     #: outlive the bounded history (see count_ended_attempt)
@@ -543,6 +556,20 @@ class Job:
         self.seconds_trained += max(round(seconds_trained or 0), 0)
         return True
 
+    def stop_for(self, for_job: str) -> StopReason:
+        """Why the current attempt is stopped so that `for_job` can start: its lender taking back what it
+        lent, or a preemption."""
+        if self.on_loan_for is not None and self.on_loan_for == for_job:
+            return StopReason.TAKEN_BACK
+        return StopReason.PREEMPTED
+
+    def count_requeue(self) -> None:
+        """The attempt stopped for another job has ended: count the stop in its budget."""
+        if self.stop_reason is StopReason.TAKEN_BACK:
+            self.loans_taken_back += 1
+        else:
+            self.preemptions += 1
+
     def transition(self, target: JobState, now: datetime, reason: str | None = None) -> None:
         """Move to `target`, recording when and why; refuses moves not in TRANSITIONS."""
         check_transition(self.state, target)
@@ -574,6 +601,7 @@ class Job:
             "ended_at": _iso(self.ended_at),
             "reason": self.reason,
             "preemptions": self.preemptions,
+            "loans_taken_back": self.loans_taken_back,
             "retries": self.retries,
             "attempts_ended": self.attempts_ended,
             "seconds_trained": self.seconds_trained,

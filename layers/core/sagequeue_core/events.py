@@ -16,7 +16,7 @@ sagequeue publishes on its own bus, source `sagequeue`:
 |                 | it runs on another job's reserved capacity)               |                        |
 | JobResumed      | a later attempt was created (after preemption or a retry) | no                     |
 | JobPreempted    | the scheduler stopped an attempt for a more important job | no                     |
-|                 | (or its lender took back a loan)                          |                        |
+|                 | (or its lender took back a loan: `taken_back` true)       |                        |
 | JobFinished     | a job reached a final state                               | no                     |
 | WarmPoolReused  | an attempt started on another attempt's warm pool         | no                     |
 | PolicyViolation | governance stopped a job that breaks the tag/policy rules | no                     |

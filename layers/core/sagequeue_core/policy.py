@@ -61,6 +61,8 @@ class QueuedJob:
     preemptions: int = 0  # times it was preempted already
     checkpointed: bool = True  # it resumes from checkpoints (CheckpointConfig); else it restarts from zero
     team: str | None = None  # whose quota it draws on (quotas.py); None: no team
+    #: times its lender stopped an attempt of it that ran on loan: counted apart from preemptions
+    loans_taken_back: int = 0
 
     @property
     def waiting_since(self) -> datetime:
@@ -422,7 +424,8 @@ class _Pass:
         )
 
     def _budget_spent(self, preemptions: int) -> bool:
-        """Preempted enough (`max_preemptions_per_job`, 0: no limit): not preempted again until it ends."""
+        """Stopped enough (`max_preemptions_per_job`, 0: no limit). Of preemptions: not preempted again
+        until it ends, except by the lender of a loan it runs on. Of loans taken back: it borrows no more."""
         budget = self.settings.max_preemptions_per_job
         return budget > 0 and preemptions >= budget
 
@@ -580,9 +583,7 @@ class _Pass:
         return [
             a
             for a in self.loans.get(job.name, ())
-            if a.started_at >= job.reservation.since
-            and a.training_job_name not in self.victims
-            and not self._budget_spent(a.preemptions)
+            if a.started_at >= job.reservation.since and a.training_job_name not in self.victims
         ]
 
     def _lent_by_less_important(self, attempt: RunningAttempt, job: QueuedJob) -> bool:
@@ -594,9 +595,11 @@ class _Pass:
     def _lend(self) -> None:
         """Backfill on loan: a reservation still waiting for running work to end holds free instances that
         would otherwise stay idle until then. Jobs that waited in this pass for want of capacity, resume from
-        checkpoints and have a preemption left in their budget may run on them, lent by a reservation of at
-        least their priority; the lender preempts them the moment it can start (they lose at most the work
-        since their last checkpoint), so the reservation is never delayed by more than a stop."""
+        checkpoints and have not had loans taken back as often as the budget allows may run on them, lent by
+        a reservation of at least their priority; the lender takes them back (stops them) the moment it can
+        start, whatever their preemption budget (they lose at most the work since their last checkpoint), so
+        the reservation is never delayed by more than a stop. A loan taken back counts apart from
+        preemptions: a job whose preemption budget is spent still borrows, and only its lender stops it."""
         holders = [j for j in self.eligible if j.name in self.lendable]
         for job in self.eligible:
             if (
@@ -605,7 +608,7 @@ class _Pass:
                 or job.name in self.result.held
             ):
                 continue
-            if not job.checkpointed or self._budget_spent(job.preemptions):
+            if not job.checkpointed or self._budget_spent(job.loans_taken_back):
                 continue
             if self._never_fits(job) is not None:
                 continue

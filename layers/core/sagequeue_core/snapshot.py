@@ -123,6 +123,7 @@ def build_snapshot(
                 preemptions=job.preemptions,
                 checkpointed=job.checkpointed,
                 team=job.team,
+                loans_taken_back=job.loans_taken_back,
             )
             for job in queued
         ],

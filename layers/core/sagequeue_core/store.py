@@ -82,8 +82,8 @@ _CONDITION_FAILED = "ConditionalCheckFailedException"
 #: Items DynamoDB accepts in one TransactWriteItems request.
 TRANSACTION_ITEMS = 100
 #: History entries an item keeps: the first (submission) and the latest ones. A job preempted thousands of
-#: times keeps a bounded item; its counters (attempt, preemptions, retries, attempts_ended,
-#: seconds_trained) keep the totals.
+#: times keeps a bounded item; its counters (attempt, preemptions, loans_taken_back, retries,
+#: attempts_ended, seconds_trained) keep the totals.
 HISTORY_KEPT = 40
 #: Longest reason stored (in the job and in each history entry); SageMaker's FailureReason can be long.
 REASON_MAX_CHARS = 400
@@ -204,6 +204,7 @@ def _model_classes(table_name: str, host: str | None, region: str | None) -> Any
         reason = UnicodeAttribute(null=True)
         stop_reason = UnicodeAttribute(null=True)
         preemptions = NumberAttribute(null=True)
+        loans_taken_back = NumberAttribute(null=True)
         retries = NumberAttribute(null=True)
         attempts_ended = NumberAttribute(null=True)
         seconds_trained = NumberAttribute(null=True)
@@ -777,6 +778,7 @@ class Repository:
             reason=_clip(job.reason),
             stop_reason=job.stop_reason.value if job.stop_reason else None,
             preemptions=job.preemptions,
+            loans_taken_back=job.loans_taken_back,
             retries=job.retries,
             attempts_ended=job.attempts_ended,
             seconds_trained=job.seconds_trained,
@@ -818,6 +820,7 @@ class Repository:
             reason=item.reason,
             stop_reason=StopReason(item.stop_reason) if item.stop_reason else None,
             preemptions=int(item.preemptions or 0),
+            loans_taken_back=int(item.loans_taken_back or 0),
             retries=int(item.retries or 0),
             attempts_ended=int(item.attempts_ended or 0),
             seconds_trained=int(item.seconds_trained or 0),

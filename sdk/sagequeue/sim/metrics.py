@@ -9,14 +9,14 @@ Definitions (docs/simulator.md repeats them):
 - idle while a waiting job fits: of the same capacity-time, the share left free while a queued job (not
   backing off) would have fitted in the free instances. The rest of the free share is idle that no start
   could fill: only jobs wider than what is free wait (a drain, or a gang behind more important work).
-  It is split by the most startable of the jobs that fit: one that resumes from a checkpoint with a
-  preemption left in its budget (a loan could have run it), one whose budget is spent (it may not be
-  stopped again, so it may not borrow), or only jobs without a CheckpointConfig (a loan taken back would
-  restart them from zero).
+  It is split by the most startable of the jobs that fit: one that resumes from a checkpoint and may still
+  borrow (a loan could have run it), one whose lenders took loans back as often as the preemption budget
+  allows (it borrows no more), or only jobs without a CheckpointConfig (a loan taken back would restart
+  them from zero).
 - training share, warm idle share: of the pool's capacity over the whole run (first submission to the end).
 - warm reuse: attempts created on a warm pool, of all attempts.
-- preemptions: stops of a job's attempt for another job, all counted in its preemption budget; of them,
-  loans taken back: stops of an attempt that ran on loan, to give the capacity back.
+- preemptions: stops of a job's attempt for another job, within the preemption budget; loans taken back,
+  counted apart within a budget of the same size: stops of an attempt that ran on loan by its lender.
 - work lost: training time discarded by preemptions and loans taken back (since the last checkpoint), in instance-hours.
 - top-priority p95 wait ÷ (stop grace + provisioning): provisioning is creation to Training on a cold start.
 - makespan ÷ lower bound: (end of the last job - first submission) over the largest per-pool bound, that
@@ -31,13 +31,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from sagequeue.sim.sagemaker import OCCUPANCY, Attempt, Outcome
+from sagequeue_core.domain import StopReason
 
 if TYPE_CHECKING:
     from sagequeue.sim.engine import JobRun, SimJob, Simulation
 
 STATES = ("training", "starting", "stopping", "warm", "free")
 #: why a queued job that fits the free instances may still wait, most startable first
-FITTING = ("resumable", "budget spent", "no checkpoint")
+FITTING = ("resumable", "loans spent", "no checkpoint")
 
 
 @dataclass
@@ -128,9 +129,10 @@ class Recorder:
 
     def preempted(self, run: JobRun, at: float) -> None:
         record = self.jobs[run.spec.name]
-        record.preemptions += 1
-        if run.job.on_loan_for is not None:
+        if run.job.stop_reason is StopReason.TAKEN_BACK:
             record.loans_taken_back += 1
+        else:
+            record.preemptions += 1
 
     def ended(self, run: JobRun, attempt: Attempt, lost: float, at: float) -> None:
         record = self.jobs[run.spec.name]
@@ -173,8 +175,8 @@ class Recorder:
     def _fitting_kind(self, job: SimJob) -> str:
         if not job.checkpointed:
             return "no checkpoint"
-        if self.preemption_budget and job.preemptions >= self.preemption_budget:
-            return "budget spent"
+        if self.preemption_budget and job.loans_taken_back >= self.preemption_budget:
+            return "loans spent"
         return "resumable"
 
     def _teams(self, sim: Simulation, at: float) -> None:

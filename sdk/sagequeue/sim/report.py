@@ -44,7 +44,7 @@ ROWS: list[Row] = [
     ("held in use while backlog", lambda s: _share(s["held_in_use_while_backlog"])),
     ("idle while a waiting job fits", lambda s: _share(s["idle_while_a_waiting_job_fits"])),
     (
-        "  of it: resumable / budget spent / no checkpoint",
+        "  of it: resumable / loans spent / no checkpoint",
         lambda s: " / ".join(_share(s["idle_while_a_waiting_job_fits_by_kind"][k]) for k in FITTING),
     ),
     ("training while backlog", lambda s: _share(s["training_while_backlog"])),
@@ -55,7 +55,7 @@ ROWS: list[Row] = [
     ("preemptions total", lambda s: _count(s["preemptions_total"])),
     ("preemptions max per job", lambda s: _count(s["preemptions_max_per_job"])),
     (
-        "  of them loans taken back: total / max per job",
+        "loans taken back by lenders: total / max per job",
         lambda s: f"{_count(s['loans_taken_back_total'])} / {_count(s['loans_taken_back_max_per_job'])}",
     ),
     ("work lost (instance-hours)", lambda s: _count(s["work_lost_instance_hours"])),

@@ -215,10 +215,11 @@ def test_every_job_finishes_capacity_holds_and_work_adds_up(
         assert record.outcome == "completed"
         assert run.saved_work == job.duration_seconds
         assert record.preemptions == run.job.preemptions
+        assert record.loans_taken_back == run.job.loans_taken_back
         assert record.work_lost >= 0
-        assert (record.work_lost > 0) <= (record.preemptions > 0)
+        assert (record.work_lost > 0) <= (record.preemptions + record.loans_taken_back > 0)
     if scheduler in ("fifo", "priority"):
-        assert sum(r.preemptions for r in recorder.jobs.values()) == 0
+        assert sum(r.preemptions + r.loans_taken_back for r in recorder.jobs.values()) == 0
 
 
 def test_percentile_interpolates() -> None:
@@ -254,7 +255,7 @@ def test_idle_beside_a_fitting_job_is_split_by_what_kept_that_job_waiting() -> N
     without_checkpoint = _drain_with_a_small_job(None)
     lending_off = _drain_with_a_small_job(10, lend_reserved_capacity=False)
     lending_on = _drain_with_a_small_job(10)
-    kinds = ("resumable", "budget spent", "no checkpoint")
+    kinds = ("resumable", "loans spent", "no checkpoint")
 
     def split(summary: dict[str, object]) -> tuple[float, ...]:
         by_kind = summary["idle_while_a_waiting_job_fits_by_kind"]

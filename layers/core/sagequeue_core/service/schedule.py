@@ -253,8 +253,8 @@ def _apply_to_job(deps: Dependencies, job: Job, change: TrainingJobChange, *, co
     if target not in TRANSITIONS[job.state]:
         return f"ignored: a {was.value} job cannot become {target.value}"
     if target is JobState.QUEUED:
-        if job.stop_reason is StopReason.PREEMPTED and was is JobState.PREEMPTING:
-            job.preemptions += 1
+        if job.stop_reason is not None and job.stop_reason.requeues and was is JobState.PREEMPTING:
+            job.count_requeue()
         else:
             job.retries += 1
             job.not_before = now + timedelta(seconds=_backoff(deps, job.retries))
@@ -287,7 +287,7 @@ def _end_state(deps: Dependencies, job: Job, change: TrainingJobChange) -> tuple
         return JobState.COMPLETED, "Completed"
     if change.status == "Failed":
         reason = change.failure_reason or "Failed"
-        if job.stop_reason is not None and job.stop_reason is not StopReason.PREEMPTED:
+        if job.stop_reason is not None and not job.stop_reason.requeues:
             # stopped on purpose (cancel, idle, policy) and failed on the way down: the purpose decides
             return job.stop_reason.final_state, reason
         kind = classify_failure(change.failure_reason)
@@ -1220,6 +1220,8 @@ def _not_created(
 
 
 def _preempt(deps: Dependencies, action: Preempt, report: PassReport) -> None:
+    stopped: list[StopReason] = []
+
     def step(job: Job) -> str:
         if job.training_job_name != action.training_job_name or job.state not in (
             JobState.STARTING,
@@ -1227,9 +1229,15 @@ def _preempt(deps: Dependencies, action: Preempt, report: PassReport) -> None:
         ):
             return f"not preempted: the job is {job.state.value}"
         was = job.state
-        job.stop_reason = StopReason.PREEMPTED
-        job.transition(JobState.PREEMPTING, deps.now(), reason=f"preempted for {action.for_job}")
+        job.stop_reason = job.stop_for(action.for_job)
+        reason = (
+            f"taken back by {action.for_job}, which lent the capacity"
+            if job.stop_reason is StopReason.TAKEN_BACK
+            else f"preempted for {action.for_job}"
+        )
+        job.transition(JobState.PREEMPTING, deps.now(), reason=reason)
         deps.store.save_job(job, was=was)
+        stopped[:] = [job.stop_reason]
         return "preempting"
 
     if _with_retries(deps, action.job_name, step) != "preempting":
@@ -1244,7 +1252,13 @@ def _preempt(deps: Dependencies, action: Preempt, report: PassReport) -> None:
     announce(
         deps.publisher,
         EventType.JOB_PREEMPTED,
-        {"name": action.job_name, "training_job_name": action.training_job_name, "for_job": action.for_job},
+        {
+            "name": action.job_name,
+            "training_job_name": action.training_job_name,
+            "for_job": action.for_job,
+            # the lender taking back the capacity it lent: counted in loans_taken_back, not preemptions
+            "taken_back": stopped == [StopReason.TAKEN_BACK],
+        },
     )
 
 
