@@ -78,7 +78,10 @@ def test_article_scenario_preempts_resumes_and_completes_every_job(world: QueueW
     about_job1 = [kind for kind, detail in published if detail.get("name") == "job1"]
     assert about_job1 == ["JobQueued", "JobStarted", "JobPreempted", "JobResumed", "JobFinished"]
     assert [kind for kind, _ in published].count("JobFinished") == 4
-    assert ("JobPreempted", {"name": "job1", "training_job_name": "job1", "for_job": "job4"}) in published
+    assert (
+        "JobPreempted",
+        {"name": "job1", "training_job_name": "job1", "for_job": "job4", "taken_back": False},
+    ) in published
 
     status, pools = world.api("GET", "/pools")
     assert status == 200
