@@ -423,6 +423,8 @@ def demo(speed: float | None, function_logs: bool) -> None:
             emulator=timings(scale),
             function_logs=function_logs,
             raise_function_errors=True,
+            # nothing outside this process talks to the demo's AWS services: moto serves it without HTTP
+            aws="in-process",
         )
         stack.start()
     except (LocalStackError, ValueError, OSError) as exc:
