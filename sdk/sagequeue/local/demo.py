@@ -149,10 +149,13 @@ class Demo:
     # --- time --------------------------------------------------------------------------------------------
 
     def wait_until(self, what: str, done: Callable[[dict[str, str]], bool], *, limit: float) -> None:
-        """Let time pass (virtual: advance; real: wait) until `done(states)`, checking capacity on the way."""
+        """Let time pass (virtual: advance; real: wait) until `done(states)`, checking capacity on the way.
+
+        Only a function changes the queue, so on the virtual clock the queue is read again only after a
+        step in which some function ran: a step where nothing happened cannot have changed what it said."""
         deadline = self.stack.now() + timedelta(seconds=limit * self.scale)
+        states = self.states()
         while True:
-            states = self.states()
             self.check_capacity(states)
             if done(states):
                 return
@@ -161,9 +164,16 @@ class Demo:
                     f"{what}: still not true after {limit * self.scale:.0f} s; the queue: {states}"
                 )
             if self.stack.virtual:
+                ran = self.invocations()
                 self.stack.advance(self.step_seconds)
+                if self.invocations() == ran:
+                    continue
             else:
                 time.sleep(0.2)
+            states = self.states()
+
+    def invocations(self) -> int:
+        return sum(self.stack.invocations.values())
 
     def settle(self) -> None:
         if self.stack.virtual:

@@ -28,7 +28,7 @@ IN_PROCESS_ENDPOINT = "http://moto.sagequeue.invalid"
 _Handler = Callable[[Any, str, Any], tuple[int, dict[str, str], Any]]
 
 
-class _Body(BytesIO):
+class ResponseBody(BytesIO):
     """A response body botocore can read or stream."""
 
     def stream(self, **_: Any) -> Any:
@@ -85,7 +85,7 @@ class InProcessMoto:
         self.served[host] = self.served.get(host, 0) + 1
         if isinstance(body, str):
             body = body.encode("utf-8")
-        return AWSResponse(aws_url, status, dict(answer_headers or {}), _Body(body or b""))
+        return AWSResponse(aws_url, status, dict(answer_headers or {}), ResponseBody(body or b""))
 
     def _route(self, host: str, clean_url: str) -> _Handler:
         routes = self._routes.get(host)

@@ -672,12 +672,14 @@ class LocalStack:
     def sagemaker(self) -> Any:
         """A boto3 SageMaker client on the emulator."""
         if "sagemaker" not in self._clients:
-            self._clients["sagemaker"] = self._boto_session().client(
-                "sagemaker",
-                endpoint_url=self.emulator.endpoint_url,
-                region_name=self.region,
-                aws_access_key_id=_LOCAL_CREDENTIALS["AWS_ACCESS_KEY_ID"],
-                aws_secret_access_key=_LOCAL_CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
+            self._clients["sagemaker"] = self._attached(
+                self._boto_session().client(
+                    "sagemaker",
+                    endpoint_url=self.emulator.endpoint_url,
+                    region_name=self.region,
+                    aws_access_key_id=_LOCAL_CREDENTIALS["AWS_ACCESS_KEY_ID"],
+                    aws_secret_access_key=_LOCAL_CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
+                )
             )
         return self._clients["sagemaker"]
 
@@ -697,9 +699,13 @@ class LocalStack:
         return self._clients[service]
 
     def _attached(self, client: Any) -> Any:
-        """`client`, served by moto in this process when the stack runs so (a no-op over HTTP)."""
+        """`client`, served in this process when the stack runs so (a no-op over HTTP): by the emulator
+        for SageMaker, by moto for the rest."""
         if self._in_process is not None:
-            self._in_process.attach(client)
+            if client.meta.service_model.service_name == "sagemaker":
+                self.emulator.attach(client)
+            else:
+                self._in_process.attach(client)
         return client
 
     def _boto_session(self) -> Any:
