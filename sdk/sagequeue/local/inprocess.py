@@ -78,14 +78,16 @@ class InProcessMoto:
             )
         )
         handler = self._route(host, aws_url.split("?", 1)[0])
+        answer: tuple[Any, Any, Any]
         try:
-            status, answer_headers, body = handler(moto_request, moto_request.raw_url, moto_request.headers)
+            answer = handler(moto_request, moto_request.raw_url, moto_request.headers)
         except HTTPException as exc:
-            status, answer_headers, body = exc.code, exc.get_headers(), exc.get_body()
+            answer = exc.code, exc.get_headers(), exc.get_body()
+        status, answer_headers, body = answer
         self.served[host] = self.served.get(host, 0) + 1
         if isinstance(body, str):
             body = body.encode("utf-8")
-        return AWSResponse(aws_url, status, dict(answer_headers or {}), ResponseBody(body or b""))
+        return AWSResponse(aws_url, int(status or 500), dict(answer_headers or {}), ResponseBody(body or b""))
 
     def _route(self, host: str, clean_url: str) -> _Handler:
         routes = self._routes.get(host)
@@ -111,7 +113,7 @@ class InProcessMoto:
         )
         if service is None:
             raise LookupError(f"moto serves no service at {host}")
-        backend_dict = backends.get_backend(service)
+        backend_dict: Any = backends.get_backend(service)  # type: ignore[call-overload]
         if isinstance(backend_dict, BackendDict):
             regions = backend_dict[DEFAULT_ACCOUNT_ID]
             backend = regions["us-east-1"] if "us-east-1" in regions else regions["aws"]

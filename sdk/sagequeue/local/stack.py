@@ -363,7 +363,8 @@ class LocalStack:
         deps = runtime.build(
             self.settings, clock=self.clock, endpoints=endpoints, region=self.region, clients=handler_clients
         )
-        self._attached(deps.store.client)
+        if self._in_process is not None:
+            self._attached(deps.store.client)  # made now (over HTTP it is made on first use)
         runtime.install(deps)
 
         from sagequeue.local.router import EventRouter, FunctionHost
@@ -881,4 +882,4 @@ def _parse_jsonpaths_once() -> None:
     except ImportError:
         return
     if not hasattr(jsonpath.parse, "cache_info"):
-        jsonpath.parse = functools.lru_cache(maxsize=256)(jsonpath.parse)  # type: ignore[assignment]
+        jsonpath.parse = functools.lru_cache(maxsize=256)(jsonpath.parse)
