@@ -703,6 +703,8 @@ class LocalStack:
         """`client`, served in this process when the stack runs so (a no-op over HTTP): by the emulator
         for SageMaker, by moto for the rest."""
         if self._in_process is not None:
+            # Nothing in this process checks a signature; signing is most of what botocore does per call.
+            client.meta.events.register_first("choose-signer", _unsigned)
             if client.meta.service_model.service_name == "sagemaker":
                 self.emulator.attach(client)
             else:
@@ -871,6 +873,12 @@ def _as_list(value: Any) -> list[str]:
     if isinstance(value, str):
         return [part.strip() for part in value.split(",") if part.strip()]
     return [str(item) for item in value]
+
+
+def _unsigned(**_: Any) -> Any:
+    from botocore import UNSIGNED
+
+    return UNSIGNED
 
 
 def _parse_jsonpaths_once() -> None:
