@@ -359,7 +359,9 @@ def compare(what: str, run: Any, repeat: int, baseline: str | None, unit: str) -
             trees[baseline] = _export(baseline, Path(scratch))
         runs: dict[str, list[tuple[float, float]]] = {label: [] for label in trees}
         for index in range(repeat):
-            for label, tree in trees.items():
+            # each tree goes first every other round, so neither always follows the other's shutdown
+            order = list(trees.items())
+            for label, tree in order if index % 2 == 0 else order[::-1]:
                 home = Path(scratch) / f"home-{label}-{index}"
                 home.mkdir()
                 runs[label].append(run(tree, home))

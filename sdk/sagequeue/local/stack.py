@@ -314,7 +314,8 @@ class LocalStack:
                 os.environ[name] = value
         if not self.function_logs:
             self._quiet_functions()
-        _parse_jsonpaths_once()
+        if self.virtual:
+            _parse_jsonpaths_once()  # on a real clock the event pump does it, once the stack answers
         if self.aws == "in-process":
             from sagequeue.local.inprocess import InProcessMoto
 
@@ -818,6 +819,7 @@ class LocalStack:
 
     def _pump_forever(self) -> None:
         """On a real clock: fire schedules and evaluate alarms as they fall due, and deliver events."""
+        _parse_jsonpaths_once()
         while not self._stopping.wait(self.poll_interval):
             try:
                 now = self.clock.now()
