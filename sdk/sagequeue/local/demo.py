@@ -6,8 +6,9 @@ last, nothing is lost. Part 2 shows a queued job starting on the warm instances 
 and an idle job (0% NeuronCore utilization) stopped by its idle alarm while a busy one trains on.
 
 Every step is checked against the expected queue; a difference raises DemoFailed naming the step, what was
-expected and what the queue holds. Everything goes through the public client over signed HTTP, exactly as
-a user's CLI would.
+expected and what the queue holds. The queue is read and changed only through the public client over
+signed HTTP, exactly as a user's CLI would; `sagequeue demo` runs the stack behind it with its AWS services
+in process (`LocalStack(aws="in-process")`, docs/adr/0013-the-demo-serves-aws-in-process.md).
 """
 
 from __future__ import annotations
