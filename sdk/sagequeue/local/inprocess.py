@@ -47,8 +47,6 @@ class InProcessMoto:
         self.endpoint = endpoint.rstrip("/")
         self._routes: dict[str, list[tuple[re.Pattern[str], _Handler]]] = {}
         self._lock = threading.Lock()
-        #: requests served, by "<endpoint prefix>"; for benchmarks and tests
-        self.served: dict[str, int] = {}
 
     def attach(self, client: Any) -> Any:
         """Serve `client`'s requests for the endpoint in process; returns the client."""
@@ -84,7 +82,6 @@ class InProcessMoto:
         except HTTPException as exc:
             answer = exc.code, exc.get_headers(), exc.get_body()
         status, answer_headers, body = answer
-        self.served[host] = self.served.get(host, 0) + 1
         if isinstance(body, str):
             body = body.encode("utf-8")
         return AWSResponse(aws_url, int(status or 500), dict(answer_headers or {}), ResponseBody(body or b""))
