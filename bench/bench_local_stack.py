@@ -13,6 +13,11 @@
   emulator, on the virtual clock (API, EventBridge, SQS, scheduler, SageMaker events, all over HTTP).
 
 - the demo (`--demo`): `sagequeue demo` in a fresh process, its wall and CPU time (goal: under 10 s wall).
+- ready (`--ready`): `sagequeue local` in a fresh process, from its start until its API answers an HTTP
+  request (goal: under 2 s), interpreter start-up included; the stack is then stopped with Ctrl-C.
+- `--baseline REF` runs `--demo` and `--ready` alternately on this tree and on the git revision REF (its
+  `sdk` and `layers/core` exported to a temporary folder and put first on PYTHONPATH; same interpreter and
+  packages), so both see the same load, and prints the ratio of the medians.
 - pass cost (`--pass-cost`): DynamoDB read and write requests and SageMaker calls of one scheduler pass
   with 8 pools of 2 instances, all running, and 10 / 1,000 / 10,000 queued jobs behind them: the first pass
   after the burst (it writes why each job in the pools' windows waits), the next one (nothing changed),
@@ -269,23 +274,122 @@ def print_pass_cost(sizes: list[int]) -> None:
     print(f"  by operation at {large:,} queued: {json.dumps(detail)}")
 
 
-def print_demo(repeat: int) -> None:
-    """Wall and CPU time of `sagequeue demo` in a fresh process (the demo checks every step itself)."""
-    command = [str(Path(sys.executable).with_name("sagequeue")), "demo"]
-    runs: list[tuple[float, float]] = []
-    for _ in range(repeat):
-        before = resource.getrusage(resource.RUSAGE_CHILDREN)
-        began = time.perf_counter()
-        subprocess.run(command, check=True, capture_output=True, cwd=ROOT)
-        wall = time.perf_counter() - began
-        after = resource.getrusage(resource.RUSAGE_CHILDREN)
-        runs.append((wall, after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime))
-    load = os.getloadavg()[0]
-    print(f"sagequeue demo, {repeat} runs (load average {load:.1f} on {os.cpu_count()} CPUs)")
-    for wall, cpu in runs:
-        print(f"  wall {wall:6.1f} s   CPU {cpu:6.1f} s")
-    print(
-        f"  median wall {statistics.median(w for w, _ in runs):.1f} s, CPU {statistics.median(c for _, c in runs):.1f} s"
+SAGEQUEUE = str(Path(sys.executable).with_name("sagequeue"))
+
+
+def _tree_env(tree: Path | None, home: Path) -> dict[str, str]:
+    """The environment of a run: this checkout (`tree` None) or an exported revision first on the path."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SAGEQUEUE_")}
+    env["SAGEQUEUE_HOME"] = str(home)
+    if tree is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(tree / "sdk"), str(tree / "layers" / "core")])
+        env["SAGEQUEUE_TEMPLATE"] = str(tree / "template.yaml")
+    return env
+
+
+def _export(revision: str, into: Path) -> Path:
+    """The files of git revision `revision` in a new folder under `into`."""
+    tree = into / "baseline"
+    tree.mkdir()
+    archive = subprocess.run(
+        ["git", "archive", "--format=tar", revision], cwd=ROOT, check=True, capture_output=True
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
+    return tree
+
+
+def demo_run(tree: Path | None, home: Path) -> tuple[float, float]:
+    """Wall and CPU seconds of `sagequeue demo` in a fresh process (the demo checks every step itself)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    began = time.perf_counter()
+    subprocess.run([SAGEQUEUE, "demo"], check=True, capture_output=True, cwd=home, env=_tree_env(tree, home))
+    wall = time.perf_counter() - began
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall, after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+
+
+def ready_run(tree: Path | None, home: Path) -> tuple[float, float]:
+    """Seconds from starting `sagequeue local` until its API answers an HTTP request, and the seconds it
+    says its stack took to start."""
+    import re
+    import signal
+    import urllib.error
+    import urllib.request
+
+    began = time.perf_counter()
+    server = subprocess.Popen(
+        [SAGEQUEUE, "local", "--capacity", "ml.trn1.32xlarge=2"],
+        cwd=home,
+        env=_tree_env(tree, home),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        assert server.stdout is not None
+        endpoint, up = None, float("nan")
+        for line in server.stdout:
+            if match := re.search(r"stack up in ([0-9.]+) s", line):
+                up = float(match.group(1))
+            if match := re.search(r"API endpoint\s+(http://\S+)", line):
+                endpoint = match.group(1)
+                break
+        if endpoint is None:
+            raise SystemExit(f"sagequeue local printed no API endpoint (exit {server.poll()})")
+        # unsigned: any answer (a 403) shows the stack serves; the endpoint is the http:// URL it printed
+        with contextlib.suppress(urllib.error.HTTPError):
+            urllib.request.urlopen(endpoint + "/jobs", timeout=30)  # noqa: S310
+        return time.perf_counter() - began, up
+    finally:
+        server.send_signal(signal.SIGINT)
+        try:
+            server.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.communicate()
+
+
+def compare(what: str, run: Any, repeat: int, baseline: str | None, unit: str) -> None:
+    """`run(tree, home)` `repeat` times on this tree, alternating with `baseline` when given."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="sagequeue-bench-") as scratch:
+        trees: dict[str, Path | None] = {"now": None}
+        if baseline is not None:
+            trees[baseline] = _export(baseline, Path(scratch))
+        runs: dict[str, list[tuple[float, float]]] = {label: [] for label in trees}
+        for index in range(repeat):
+            # each tree goes first every other round, so neither always follows the other's shutdown
+            order = list(trees.items())
+            for label, tree in order if index % 2 == 0 else order[::-1]:
+                home = Path(scratch) / f"home-{label}-{index}"
+                home.mkdir()
+                runs[label].append(run(tree, home))
+        load = os.getloadavg()[0]
+        print(f"{what}, {repeat} runs each, alternating (load average {load:.1f} on {os.cpu_count()} CPUs)")
+        for label, figures in runs.items():
+            shown = ", ".join(f"{first:.2f}" for first, _ in figures)
+            print(
+                f"  {label:>10}: median {statistics.median(f for f, _ in figures):6.2f} s "
+                f"(runs {shown}); {unit} {statistics.median(s for _, s in figures):.2f} s"
+            )
+        if baseline is not None:
+            now = statistics.median(f for f, _ in runs["now"])
+            before = statistics.median(f for f, _ in runs[baseline])
+            print(f"  now / {baseline}: {now / before:.2f} (median against median)")
+
+
+def print_demo(repeat: int, baseline: str | None = None) -> None:
+    compare("sagequeue demo, wall time", demo_run, repeat, baseline, "median CPU")
+
+
+def print_ready(repeat: int, baseline: str | None = None) -> None:
+    compare(
+        "sagequeue local ready (start until the API answers)",
+        ready_run,
+        repeat,
+        baseline,
+        "stack's own start",
     )
 
 
@@ -298,12 +402,17 @@ def main() -> None:
     parser.add_argument("--queued", default="10,1000,10000", help="queue sizes for --pass-cost")
     parser.add_argument("--cold-only", action="store_true", help="only the fresh-process start")
     parser.add_argument("--demo", action="store_true", help="only `sagequeue demo`, run --repeat times")
+    parser.add_argument("--ready", action="store_true", help="only `sagequeue local` until it answers")
+    parser.add_argument("--baseline", metavar="REF", help="with --demo or --ready: also run git revision REF")
     args = parser.parse_args()
     if args.pass_cost:
         print_pass_cost([int(size) for size in args.queued.split(",")])
         return
-    if args.demo:
-        print_demo(args.repeat)
+    if args.demo or args.ready:
+        if args.demo:
+            print_demo(args.repeat, args.baseline)
+        if args.ready:
+            print_ready(args.repeat, args.baseline)
         return
     colds = [cold_start() for _ in range(args.repeat)]
     starts, round_trips = ([], []) if args.cold_only else warm_figures(args.repeat)

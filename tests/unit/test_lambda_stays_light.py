@@ -57,12 +57,11 @@ PROJECT = {
     },
     "governance": {
         "alarms", "config", "defaults", "domain", "errors", "events", "governance", "notify", "observability",
-        "quotas", "retry", "runtime", "sagemaker", "service", "service.exemptions", "service.govern", "store",
+        "retry", "runtime", "sagemaker", "service", "service.exemptions", "service.govern", "store",
     },
     "idle_stop": {
         "alarms", "config", "defaults", "domain", "errors", "events", "governance", "notify", "observability",
-        "quotas", "retry", "runtime", "sagemaker", "service", "service.exemptions", "service.stop_idle",
-        "store",
+        "retry", "runtime", "sagemaker", "service", "service.exemptions", "service.stop_idle", "store",
     },
 }  # fmt: skip
 #: Modules that only some handlers need, and the handlers that may load them.
@@ -74,6 +73,8 @@ ONLY_FOR = {
     "sagequeue_core.service.teams": {"api"},
     "sagequeue_core.service.schedule": {"scheduler"},
     "sagequeue_core.policy": {"scheduler"},
+    # team quotas: the API sets and checks them, the scheduler applies them
+    "sagequeue_core.quotas": {"api", "scheduler"},
     "sagequeue_core.service.govern": {"governance"},
     "sagequeue_core.service.stop_idle": {"idle_stop"},
     "sagequeue_core.alarms": {"governance", "idle_stop"},

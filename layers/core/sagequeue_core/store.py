@@ -30,7 +30,7 @@ import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pynamodb.attributes import (
     NumberAttribute,
@@ -61,7 +61,11 @@ from sagequeue_core.domain import (
     active_quota,
 )
 from sagequeue_core.errors import JobAlreadyExists, JobNotFound, PoolNotFound, StaleVersion
-from sagequeue_core.quotas import TeamQuota, UsageCounter
+
+if TYPE_CHECKING:
+    # Team quotas are the API's and the scheduler's; governance and idle_stop, which use this module too,
+    # never load them (pools_and_teams imports them when it runs).
+    from sagequeue_core.quotas import TeamQuota, UsageCounter
 
 T = TypeVar("T")
 
@@ -525,6 +529,8 @@ class Repository:
 
     def pools_and_teams(self) -> tuple[list[PoolStatus], list[TeamQuota], UsageCounter | None]:
         """Every pool, every team quota and the fair-share counter, in one consistent Query."""
+        from sagequeue_core.quotas import TeamQuota, UsageCounter
+
         pools: list[PoolStatus] = []
         quotas: list[TeamQuota] = []
         counter: UsageCounter | None = None

@@ -6,8 +6,9 @@ last, nothing is lost. Part 2 shows a queued job starting on the warm instances 
 and an idle job (0% NeuronCore utilization) stopped by its idle alarm while a busy one trains on.
 
 Every step is checked against the expected queue; a difference raises DemoFailed naming the step, what was
-expected and what the queue holds. Everything goes through the public client over signed HTTP, exactly as
-a user's CLI would.
+expected and what the queue holds. The queue is read and changed only through the public client over
+signed HTTP, exactly as a user's CLI would; `sagequeue demo` runs the stack behind it with its AWS services
+in process (`LocalStack(aws="in-process")`, docs/adr/0013-the-demo-serves-aws-in-process.md).
 """
 
 from __future__ import annotations
@@ -149,10 +150,13 @@ class Demo:
     # --- time --------------------------------------------------------------------------------------------
 
     def wait_until(self, what: str, done: Callable[[dict[str, str]], bool], *, limit: float) -> None:
-        """Let time pass (virtual: advance; real: wait) until `done(states)`, checking capacity on the way."""
+        """Let time pass (virtual: advance; real: wait) until `done(states)`, checking capacity on the way.
+
+        Only a function changes the queue, so on the virtual clock the queue is read again only after a
+        step in which some function ran: a step where nothing happened cannot have changed what it said."""
         deadline = self.stack.now() + timedelta(seconds=limit * self.scale)
+        states = self.states()
         while True:
-            states = self.states()
             self.check_capacity(states)
             if done(states):
                 return
@@ -161,9 +165,16 @@ class Demo:
                     f"{what}: still not true after {limit * self.scale:.0f} s; the queue: {states}"
                 )
             if self.stack.virtual:
+                ran = self.invocations()
                 self.stack.advance(self.step_seconds)
+                if self.invocations() == ran:
+                    continue
             else:
                 time.sleep(0.2)
+            states = self.states()
+
+    def invocations(self) -> int:
+        return sum(self.stack.invocations.values())
 
     def settle(self) -> None:
         if self.stack.virtual:

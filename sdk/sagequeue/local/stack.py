@@ -17,6 +17,7 @@ on the stack's clock. See docs/local-stack.md.
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import itertools
 import logging
@@ -213,6 +214,7 @@ class LocalStack:
         poll_interval: float = 0.1,
         function_logs: bool = True,
         state: str | Path | None = None,
+        aws: str = "http",
     ) -> None:
         if isinstance(clock, str):
             if clock == "virtual":
@@ -224,6 +226,11 @@ class LocalStack:
         else:
             self.clock = clock
         self.virtual = isinstance(self.clock, VirtualClock)
+        if aws not in ("http", "in-process"):
+            raise ValueError(f"aws must be 'http' (moto's server) or 'in-process', got {aws!r}")
+        #: "http": moto's server on localhost, which other processes reach too; "in-process": the stack's
+        #: clients are served by moto's handlers in this process, without HTTP (`sagequeue demo`).
+        self.aws = aws
         self.region = region
         self.account_id = account_id or f"{100000000000 + next(_accounts):012d}"
         self.stack_name = stack_name
@@ -252,6 +259,8 @@ class LocalStack:
         self.spec: StackSpec | None = None
         self.settings: Any = None
         self._moto: _Moto | None = None
+        self._in_process: Any = None
+        self._aws_endpoint: str | None = None
         self._emulator: Any = None
         self._api: Any = None
         self._router: Any = None
@@ -305,8 +314,17 @@ class LocalStack:
                 os.environ[name] = value
         if not self.function_logs:
             self._quiet_functions()
-        self._moto = _start_moto(self.account_id)
-        template = self._template(self._moto.endpoint)
+        if self.virtual:
+            _parse_jsonpaths_once()  # on a real clock the event pump does it, once the stack answers
+        if self.aws == "in-process":
+            from sagequeue.local.inprocess import InProcessMoto
+
+            self._in_process = InProcessMoto(self.account_id, self.region)
+            self._aws_endpoint = self._in_process.endpoint
+        else:
+            self._moto = _start_moto(self.account_id)
+            self._aws_endpoint = self._moto.endpoint
+        template = self._template(self._aws_endpoint)
         self.spec = spec = build_spec(template)
         from sagequeue.local.provision import provision
 
@@ -327,21 +345,27 @@ class LocalStack:
 
         from sagequeue_core import runtime
 
-        endpoints = dict.fromkeys(runtime.SERVICES, self._moto.endpoint)
+        endpoints = dict.fromkeys(runtime.SERVICES, self._aws_endpoint)
         endpoints["sagemaker"] = self._emulator.endpoint_url
-        # The handlers' own clients, made from the stack's session so service models load once.
+        # The handlers' own clients, made from the stack's session so service models load once; served in
+        # process, every client of theirs is made (and attached) here rather than on first use.
+        handler_services = ("sagemaker", "events") if self._in_process is None else runtime.SERVICES
         handler_clients = {
-            service: self._boto_session().client(
-                service,
-                endpoint_url=endpoints[service],
-                region_name=self.region,
-                config=runtime.CLIENT_CONFIG,
+            service: self._attached(
+                self._boto_session().client(
+                    service,
+                    endpoint_url=endpoints[service],
+                    region_name=self.region,
+                    config=runtime.CLIENT_CONFIG,
+                )
             )
-            for service in ("sagemaker", "events")
+            for service in handler_services
         }
         deps = runtime.build(
             self.settings, clock=self.clock, endpoints=endpoints, region=self.region, clients=handler_clients
         )
+        if self._in_process is not None:
+            self._attached(deps.store.client)  # made now (over HTTP it is made on first use)
         runtime.install(deps)
 
         from sagequeue.local.router import EventRouter, FunctionHost
@@ -426,7 +450,7 @@ class LocalStack:
         if self._api is not None:
             self._api.stop()
             self._api = None
-            if self.state_path is not None and self._moto is not None:
+            if self.state_path is not None and self._aws_endpoint is not None:
                 # the API served, so the tables were restored (or new): what they hold now is the state
                 self.save_state(self.state_path)
         if self._emulator is not None:
@@ -441,6 +465,9 @@ class LocalStack:
             self._moto.server.server_close()
             self._moto.thread.join(timeout=5)
             self._moto = None
+        if self._aws_endpoint is not None:
+            self._aws_endpoint = None
+            self._in_process = None
             _forget_account(self.account_id)
         self._restore_output()
         for name, value in self._saved_env.items():
@@ -560,7 +587,7 @@ class LocalStack:
 
     # --- configuration ------------------------------------------------------------------------------------
 
-    def _template(self, moto_endpoint: str) -> Template:
+    def _template(self, aws_endpoint: str) -> Template:
         from sagequeue.local.template import load_template
 
         document = load_template(self.template_path)
@@ -585,7 +612,7 @@ class LocalStack:
             stack_name=self.stack_name,
             region=self.region,
             account_id=self.account_id,
-            queue_url_base=moto_endpoint,
+            queue_url_base=aws_endpoint,
         )
         try:
             return Template(document, context, parameters, base_dir=self.template_path.parent)
@@ -634,7 +661,9 @@ class LocalStack:
 
     @property
     def moto_endpoint(self) -> str:
-        return str(self._require(self._moto, "asking moto's endpoint").endpoint)
+        """moto's URL (http://127.0.0.1:<port>); with `aws="in-process"`, an address only this process's
+        attached clients can use."""
+        return str(self._require(self._aws_endpoint, "asking moto's endpoint"))
 
     @property
     def emulator(self) -> Any:
@@ -645,27 +674,43 @@ class LocalStack:
     def sagemaker(self) -> Any:
         """A boto3 SageMaker client on the emulator."""
         if "sagemaker" not in self._clients:
-            self._clients["sagemaker"] = self._boto_session().client(
-                "sagemaker",
-                endpoint_url=self.emulator.endpoint_url,
-                region_name=self.region,
-                aws_access_key_id=_LOCAL_CREDENTIALS["AWS_ACCESS_KEY_ID"],
-                aws_secret_access_key=_LOCAL_CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
+            self._clients["sagemaker"] = self._attached(
+                self._boto_session().client(
+                    "sagemaker",
+                    endpoint_url=self.emulator.endpoint_url,
+                    region_name=self.region,
+                    aws_access_key_id=_LOCAL_CREDENTIALS["AWS_ACCESS_KEY_ID"],
+                    aws_secret_access_key=_LOCAL_CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
+                )
             )
         return self._clients["sagemaker"]
 
     def aws_client(self, service: str) -> Any:
         """A boto3 client of `service` on the stack's moto (dynamodb, events, sqs, sns, cloudwatch, s3)."""
         if service not in self._clients:
-            moto = self._require(self._moto, f"creating a {service} client")
-            self._clients[service] = self._boto_session().client(
-                service,
-                endpoint_url=moto.endpoint,
-                region_name=self.region,
-                aws_access_key_id=_LOCAL_CREDENTIALS["AWS_ACCESS_KEY_ID"],
-                aws_secret_access_key=_LOCAL_CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
+            endpoint = self._require(self._aws_endpoint, f"creating a {service} client")
+            self._clients[service] = self._attached(
+                self._boto_session().client(
+                    service,
+                    endpoint_url=endpoint,
+                    region_name=self.region,
+                    aws_access_key_id=_LOCAL_CREDENTIALS["AWS_ACCESS_KEY_ID"],
+                    aws_secret_access_key=_LOCAL_CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
+                )
             )
         return self._clients[service]
+
+    def _attached(self, client: Any) -> Any:
+        """`client`, served in this process when the stack runs so (a no-op over HTTP): by the emulator
+        for SageMaker, by moto for the rest."""
+        if self._in_process is not None:
+            # Nothing in this process checks a signature; signing is most of what botocore does per call.
+            client.meta.events.register_first("choose-signer", _unsigned)
+            if client.meta.service_model.service_name == "sagemaker":
+                self.emulator.attach(client)
+            else:
+                self._in_process.attach(client)
+        return client
 
     def _boto_session(self) -> Any:
         return _shared_session()
@@ -774,6 +819,7 @@ class LocalStack:
 
     def _pump_forever(self) -> None:
         """On a real clock: fire schedules and evaluate alarms as they fall due, and deliver events."""
+        _parse_jsonpaths_once()
         while not self._stopping.wait(self.poll_interval):
             try:
                 now = self.clock.now()
@@ -829,3 +875,21 @@ def _as_list(value: Any) -> list[str]:
     if isinstance(value, str):
         return [part.strip() for part in value.split(",") if part.strip()]
     return [str(item) for item in value]
+
+
+def _unsigned(**_: Any) -> Any:
+    from botocore import UNSIGNED
+
+    return UNSIGNED
+
+
+def _parse_jsonpaths_once() -> None:
+    """moto's EventBridge parses the JSON paths of its input template for every event and target it
+    delivers, and jsonpath_ng builds a new parser (a yacc table) for each parse: most of a PutEvents. The
+    paths are a handful of constants and a parsed path is never changed by use, so each is parsed once."""
+    try:
+        import jsonpath_ng.ext as jsonpath
+    except ImportError:
+        return
+    if not hasattr(jsonpath.parse, "cache_info"):
+        jsonpath.parse = functools.lru_cache(maxsize=256)(jsonpath.parse)

@@ -11,6 +11,7 @@ import collections
 import logging
 import random
 import threading
+import uuid
 from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
 from types import TracebackType
@@ -22,7 +23,7 @@ from sagequeue.local.emulator.delivery import DeliveryQueue, EventDelivery, log_
 from sagequeue.local.emulator.errors import ERRORS_BY_CODE, SageMakerError, UnknownOperation
 from sagequeue.local.emulator.events import EventBridgeForwarder
 from sagequeue.local.emulator.metrics import CloudWatchPublisher
-from sagequeue.local.emulator.server import ServerThread
+from sagequeue.local.emulator.server import CONTENT_TYPE, ServerThread, answer, encode
 from sagequeue.local.emulator.simulation import Timings
 from sagequeue.local.emulator.throttling import DEFAULT_RATES, Rate, Throttle
 
@@ -171,6 +172,32 @@ class SageMakerEmulator:
             raise EmulatorNotRunning("the SageMaker emulator is not running: call start() or use `with`")
         host, port = self._server.address
         return f"http://{host}:{port}"
+
+    def attach(self, client: Any) -> Any:
+        """Answer `client`'s requests for this emulator in this process, without HTTP: botocore still
+        serializes, signs, retries and parses them, and the answers are those the server gives
+        (`server.answer`). Returns the client. The HTTP server keeps serving every other client."""
+        client.meta.events.register("before-send", self._answer_in_process)
+        return client
+
+    def _answer_in_process(self, request: Any, **_: Any) -> Any:
+        if self._server is None or not str(request.url).startswith(self.endpoint_url):
+            return None
+        from botocore.awsrequest import AWSResponse
+
+        from sagequeue.local.inprocess import ResponseBody
+
+        body = request.body or b""
+        if isinstance(body, str):
+            body = body.encode("utf-8")
+        elif not isinstance(body, bytes):
+            body = body.read()
+        target = request.headers.get("X-Amz-Target") or b""
+        if isinstance(target, bytes):
+            target = target.decode("utf-8", "replace")
+        status, payload = answer(self._dispatch, target, body)
+        headers = {"Content-Type": CONTENT_TYPE, "x-amzn-RequestId": str(uuid.uuid4())}
+        return AWSResponse(request.url, status, headers, ResponseBody(encode(payload)))
 
     def client(self, **kwargs: Any) -> Any:
         """A boto3 SageMaker client for this emulator (any credentials work; none are checked)."""

@@ -56,11 +56,16 @@ def _pattern(java: str) -> re.Pattern[str]:
 
 
 @functools.cache
-def _input_shape(operation: str) -> Any:
+def _service_model() -> Any:
+    # One session for every operation: each new session parses the SageMaker model (megabytes of JSON) again.
     import botocore.session
 
-    model = botocore.session.get_session().get_service_model("sagemaker")
-    return model.operation_model(operation).input_shape
+    return botocore.session.get_session().get_service_model("sagemaker")
+
+
+@functools.cache
+def _input_shape(operation: str) -> Any:
+    return _service_model().operation_model(operation).input_shape
 
 
 def _camel(name: str) -> str:

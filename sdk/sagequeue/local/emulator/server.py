@@ -46,6 +46,31 @@ def encode(payload: dict[str, Any]) -> bytes:
     return json.dumps(payload, default=_encode_default, separators=(",", ":")).encode()
 
 
+def answer(dispatch: Dispatch, target: str, body: bytes) -> tuple[int, dict[str, Any]]:
+    """The status and JSON answer to one request: its X-Amz-Target header and body. What the HTTP server
+    and the in-process transport (`sagequeue.local.emulator.SageMakerEmulator.attach`) both answer."""
+    if not target.startswith(TARGET_PREFIX):
+        error: SageMakerError = UnknownOperation(
+            f"Missing or foreign X-Amz-Target header {target!r}: expected {TARGET_PREFIX}<Operation>"
+        )
+        return error.status, error.to_wire()
+    operation = target[len(TARGET_PREFIX) :]
+    try:
+        request = json.loads(body.decode("utf-8")) if body.strip() else {}
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        # ValueError covers JSONDecodeError and over-long integers; RecursionError, absurd nesting.
+        refusal = SerializationError(f"The request body is not valid JSON: {exc}")
+        return refusal.status, refusal.to_wire()
+    try:
+        return 200, dispatch(operation, request)
+    except SageMakerError as refused:
+        return refused.status, refused.to_wire()
+    except Exception:  # the last line of defence: a bug answers 500 instead of killing the caller's thread
+        logger.exception("SageMaker emulator failed on a request")
+        error = InternalFailure("The emulator failed while handling the request; see its log.")
+        return error.status, error.to_wire()
+
+
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     # Headers and body go out in separate writes; with Nagle on, each answer waits for a delayed ACK (~40 ms).
@@ -65,23 +90,7 @@ class _Handler(BaseHTTPRequestHandler):
         body = self._read_body()
         if isinstance(body, SageMakerError):
             return body.status, body.to_wire()
-        target = self.headers.get("X-Amz-Target", "")
-        if not target.startswith(TARGET_PREFIX):
-            error: SageMakerError = UnknownOperation(
-                f"Missing or foreign X-Amz-Target header {target!r}: expected {TARGET_PREFIX}<Operation>"
-            )
-            return error.status, error.to_wire()
-        operation = target[len(TARGET_PREFIX) :]
-        try:
-            request = json.loads(body.decode("utf-8")) if body.strip() else {}
-        except (UnicodeDecodeError, ValueError, RecursionError) as exc:
-            # ValueError covers JSONDecodeError and over-long integers; RecursionError, absurd nesting.
-            refusal = SerializationError(f"The request body is not valid JSON: {exc}")
-            return refusal.status, refusal.to_wire()
-        try:
-            return 200, self.server.dispatch(operation, request)
-        except SageMakerError as refused:
-            return refused.status, refused.to_wire()
+        return answer(self.server.dispatch, self.headers.get("X-Amz-Target", ""), body)
 
     def _read_body(self) -> bytes | SageMakerError:
         length_header = self.headers.get("Content-Length")
