@@ -115,3 +115,38 @@ def test_a_job_more_important_than_the_lender_never_waits_for_a_spared_borrower(
     assert lent  # a spent preemption budget does not keep it from borrowing
     # THEN it is served as it would be on the lender's idle instance, or by stopping the loan
     assert "urgent" in starts or preempted == ["borrower-2"]
+
+
+def _old_loan_and_its_lender(preemptions: int) -> list[str]:
+    """The holder's reservation began after it lent (a reservation restarts when the holder loses it for a
+    pass, as a job does behind its team's quota): the loan is ordinary running work, below the holder's
+    priority and past its minimum runtime. What the holder preempts to start."""
+    since = NOW - timedelta(minutes=5)
+    holder = QueuedJob(
+        name="holder",
+        priority=5,
+        submitted_at=NOW - timedelta(hours=2),
+        demand={POOL: 4},
+        reservation=Reservation(instances={POOL: 2}, since=since, kind=ReservationKind.DRAIN),
+    )
+    old_loan = RunningAttempt(
+        training_job_name="borrower-1",
+        job_name="borrower",
+        demand={POOL: 2},
+        priority=3,
+        started_at=since - timedelta(minutes=20),
+        training_started_at=since - timedelta(minutes=19),
+        preemptions=preemptions,
+        on_loan_for="holder",
+    )
+    result = plan(Snapshot(now=NOW, capacity={POOL: 4}, queued=[holder], running=[old_loan]), SETTINGS)
+    return [p.training_job_name for p in result.preemptions if p.for_job == "holder"]
+
+
+@pytest.mark.parametrize("preemptions", [0, BUDGET])
+def test_a_lender_may_stop_a_loan_it_made_before_its_reservation_whatever_the_borrowers_budget(
+    preemptions: int,
+) -> None:
+    # "past it a job is not preempted again until it ends, except by the lender of a loan it runs on"
+    # (docs/adr/0001): a borrower whose budget is spent is no exception to its own lender
+    assert _old_loan_and_its_lender(preemptions) == ["borrower-1"]
