@@ -471,8 +471,10 @@ class _Pass:
                     break  # nothing is preempted for equal or lower priority; the rest are at least as important
                 if attempt.training_job_name in self.victims:
                     continue
-                if self._budget_spent(attempt.preemptions):
-                    continue  # preempted enough: it runs to its end
+                if self._budget_spent(attempt.preemptions) and attempt.on_loan_for != job.name:
+                    # preempted enough: it runs to its end, unless it runs on a loan from this job (one from
+                    # before the job's reservation is not among `_loans_for`, yet it is still the lender's)
+                    continue
                 if self.teams.same_team_only(job.team, attempt):
                     continue  # team quotas hook: other teams' work is reclaimed, not preempted by priority
                 candidates[attempt.training_job_name] = attempt

@@ -32,7 +32,7 @@ import math
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from datetime import datetime
 from typing import Any, Protocol, TypeVar
 
@@ -82,17 +82,21 @@ def _limit(value: object, what: str) -> int | None:
 
 @dataclass(frozen=True)
 class TeamQuota:
-    """What one team may use of one pool. `team` is a name check_team_name accepts, or NO_TEAM only for
-    the open quota of jobs without a team (never configured: the API and the simulator check names first)."""
+    """What one team may use of one pool. `team` is a name check_team_name accepts, unless `check_name` is
+    False: a quota read back from the table, or the open quota of a job's team (`_open_quota`, NO_TEAM for
+    jobs without one). The rule governs names coming in; a name stored before it (a team tag of any
+    letters, "none" or "-ops" through the API's earlier path pattern) must still read, or every pass and
+    submission would fail on it."""
 
     team: str
     pool: str
     nominal: int
     borrowing_limit: int | None = None  # instances above nominal it may borrow; None: unlimited
     lending_limit: int | None = None  # instances of its unused nominal others may borrow; None: all
+    check_name: InitVar[bool] = True
 
-    def __post_init__(self) -> None:
-        if self.team != NO_TEAM:  # NO_TEAM: the open quota of jobs without a team (`_open_quota`)
+    def __post_init__(self, check_name: bool) -> None:
+        if check_name:
             check_team_name(self.team)
         if isinstance(self.nominal, bool) or not isinstance(self.nominal, int) or self.nominal < 0:
             raise QuotaError(
@@ -118,7 +122,7 @@ class TeamQuota:
 
 def _open_quota(team: str, pool: str) -> TeamQuota:
     """The quota of a team that has none in a governed pool: nothing guaranteed, borrowing unlimited."""
-    return TeamQuota(team=team, pool=pool, nominal=0)
+    return TeamQuota(team=team, pool=pool, nominal=0, check_name=False)
 
 
 # --- what the ledger reads -------------------------------------------------------------------------------------

@@ -549,6 +549,7 @@ class Repository:
                         nominal=int(item.nominal or 0),
                         borrowing_limit=None if item.borrowing_limit is None else int(item.borrowing_limit),
                         lending_limit=None if item.lending_limit is None else int(item.lending_limit),
+                        check_name=False,  # stored: the name rule may postdate it
                     )
                 )
             else:

@@ -1,0 +1,115 @@
+"""Team quotas and jobs stored before the one rule for team names: names that rule now refuses ("none",
+"-ops", a leading '_' or '.') were accepted by the API's path pattern before it, and a job's team tag could
+hold any letters ("équipe"). What is in the table must keep working: the scheduler's pass, submissions,
+`ls`, `sagequeue teams` (moto over HTTP, the table template.yaml declares, the SageMaker emulator)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import boto3
+import pytest
+from conftest import ADMIN, SUBMITTER_ROLE, TRN1, QueueWorld, make_world, training_request
+
+from sagequeue_core.domain import Job
+from sagequeue_core.quotas import TeamQuota
+
+#: Names the API's path pattern `^[A-Za-z0-9._-]{1,64}$` stored before the rule refused them.
+EARLIER_NAMES = ("none", "-ops", "_infra")
+
+
+@pytest.fixture
+def world(moto_endpoint: str) -> Iterator[QueueWorld]:
+    yield from make_world(moto_endpoint, capacity={TRN1: 4})
+
+
+def _store_quota_as_before(world: QueueWorld, team: str, nominal: int) -> None:
+    """The item PUT /teams/{team}/quotas wrote before the rule: the store's own layout, written raw
+    because TeamQuota refuses the name now."""
+    client = boto3.client("dynamodb", endpoint_url=world.deps.endpoints["dynamodb"], region_name="us-east-1")
+    client.put_item(
+        TableName=world.deps.settings.table_name,
+        Item={
+            "pk": {"S": "POOLS"},
+            "sk": {"S": f"TEAM#{team}#{TRN1}"},
+            "nominal": {"N": str(nominal)},
+        },
+    )
+
+
+@pytest.mark.parametrize("team", EARLIER_NAMES)
+def test_a_quota_stored_under_a_name_the_rule_now_refuses_keeps_the_queue_working(
+    world: QueueWorld, team: str
+) -> None:
+    # GIVEN a quota stored before the rule, under a name it now refuses, beside one it accepts
+    world.deps.store.set_team_quota(TeamQuota("vision", TRN1, 2))
+    _store_quota_as_before(world, team, 2)
+    # WHEN a job is submitted and the scheduler runs its pass
+    world.submit("after-upgrade", tags={"team": "vision"})
+    world.timer()
+    # THEN the job starts, the pools still read, and `sagequeue teams` still answers
+    assert world.state("after-upgrade") == "starting"
+    status, body = world.api("GET", "/teams", caller=ADMIN)
+    assert status == 200, body
+    assert {row["team"] for row in body["quotas"]} >= {"vision", team}
+    status, body = world.api("GET", "/pools")
+    assert status == 200, body
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the path check refuses the name before the body is read: a quota stored under a name the "
+    "rule now refuses cannot be removed through the API or `sagequeue quota`",
+)
+def test_an_admin_can_remove_a_quota_stored_under_a_name_the_rule_now_refuses(world: QueueWorld) -> None:
+    _store_quota_as_before(world, "-ops", 2)
+    status, body = world.api("PUT", "/teams/-ops/quotas", {"pool": TRN1, "nominal": None}, caller=ADMIN)
+    assert status == 200, body
+    assert world.deps.store.team_quotas() == []
+
+
+@pytest.mark.parametrize("team", ["équipe", "none", "-ops"])
+def test_a_job_stored_with_a_team_the_rule_now_refuses_is_scheduled_listed_and_counted(
+    world: QueueWorld, team: str
+) -> None:
+    # GIVEN quotas in the pool and a job whose team tag was accepted before the rule
+    world.deps.store.set_team_quota(TeamQuota("vision", TRN1, 2))
+    stored = Job(
+        name="before-upgrade",
+        request=training_request("before-upgrade", tags={"team": team}),
+        priority=5,
+        owner=SUBMITTER_ROLE,
+        submitted_at=world.clock.now(),
+        team=team,
+    )
+    world.deps.ensure_pools()
+    world.deps.store.create_job(stored)
+    # WHEN the scheduler runs its pass
+    world.timer()
+    # THEN the job starts on what its team may borrow, and `ls`, its page and `sagequeue teams` answer
+    assert world.state("before-upgrade") == "starting"
+    status, body = world.api("GET", "/jobs")
+    assert status == 200, body
+    assert [j["team"] for j in body["jobs"] if j["name"] == "before-upgrade"] == [team]
+    status, body = world.api("GET", "/teams", caller=ADMIN)
+    assert status == 200, body
+    assert [(row["team"], row["used"]) for row in body["quotas"] if row["used"]] == [(team, 1)]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the team none's waiting count is 0 whatever waits: jobs without a team have no team window "
+    "(queued_team_pool) to count, and all_teams answers 0 for them",
+)
+def test_the_team_none_counts_its_waiting_jobs(world: QueueWorld) -> None:
+    # GIVEN a governed pool of 4 (vision's quota 2, lending none) and jobs without a team: one running
+    # on the unassigned half, two more waiting as that half is full
+    world.deps.store.set_team_quota(TeamQuota("vision", TRN1, 2, lending_limit=0))
+    world.submit("loose-0", tags={"project": "x"}, count=2, duration=7200)
+    world.submit("loose-1", tags={"project": "x"}, duration=7200)
+    world.submit("loose-2", tags={"project": "x"}, duration=7200)
+    assert [world.state(n) for n in ("loose-0", "loose-1", "loose-2")] == ["starting", "queued", "queued"]
+    # THEN `sagequeue teams` shows the team none holding 2 with 2 waiting
+    status, body = world.api("GET", "/teams", caller=ADMIN)
+    assert status == 200, body
+    assert [(r["used"], r["waiting"]) for r in body["quotas"] if r["team"] == "none"] == [(2, 2)]
