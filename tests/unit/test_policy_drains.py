@@ -172,7 +172,7 @@ class World:
                 victim = by_name[action.job_name]
                 # SageMaker's stop takes the grace and the upload: victims come back one by one
                 victim.state, victim.stop_at = "stopping", minute + stop_minutes(victim)
-                victim.taken_back = victim.on_loan_for == action.for_job
+                victim.taken_back = action.taken_back
                 if victim.taken_back:
                     self.reclaims[victim.name] += 1
                 else:

@@ -258,14 +258,18 @@ def test_a_job_more_important_than_the_lender_preempts_a_borrower_before_its_min
     result = plan(
         _snapshot(*running, waiting=(urgent,)), PolicySettings(min_runtime_before_preemption_seconds=600)
     )
-    assert [(p.training_job_name, p.for_job) for p in result.preemptions] == [("loan", "urgent")]
-    # unless the borrower's preemption budget is spent: then only its lender stops it
+    # as a loan taken back: the instance was the lender's, which the urgent job outranks
+    assert [(p.training_job_name, p.for_job, p.taken_back) for p in result.preemptions] == [
+        ("loan", "urgent", True)
+    ]
+    # so a borrower whose preemption budget is spent is no obstacle either
     spent = tuple(replace(a, preemptions=BUDGET) if a.on_loan_for else a for a in running)
     result = plan(
         _snapshot(*spent, waiting=(urgent,)),
         PolicySettings(min_runtime_before_preemption_seconds=600, max_preemptions_per_job=BUDGET),
     )
-    assert result.preemptions == []
+    assert [(p.training_job_name, p.taken_back) for p in result.preemptions] == [("loan", True)]
+    # while "other", an ordinary victim too young to preempt, is left alone
     # one no more important than the lender waits for the minimum runtime as for any other victim
     peer = QueuedJob(name="peer", priority=5, submitted_at=NOW, demand={POOL: 1})
     result = plan(

@@ -224,11 +224,22 @@ def test_no_job_is_preempted_beyond_its_budget(case: tuple[Snapshot, PolicySetti
     snapshot, policy_settings = case
     result = plan(snapshot, policy_settings)
     attempts = {a.training_job_name: a for a in snapshot.running}
+    queued_priority = {j.name: j.priority for j in snapshot.queued}
+    lender_priority = {j.name: j.priority for j in snapshot.queued if j.reservation is not None}
     budget = policy_settings.max_preemptions_per_job
     for preempt in result.preemptions:
         attempt = attempts[preempt.training_job_name]
-        if attempt.on_loan_for == preempt.for_job:
-            continue  # its lender taking a loan back: counted apart, and the job borrowed within that budget
+        # a loan ended for its lender or for a job more important than the lender is counted apart (the job
+        # borrowed within that budget); anything else is a preemption, within the budget
+        assert preempt.taken_back == (
+            attempt.on_loan_for is not None
+            and (
+                attempt.on_loan_for == preempt.for_job
+                or (lender_priority.get(attempt.on_loan_for, 99) < queued_priority[preempt.for_job])
+            )
+        )
+        if preempt.taken_back:
+            continue
         assert budget == 0 or attempt.preemptions < budget
 
 

@@ -418,11 +418,11 @@ class World:
                         f"{action}: young"
                     )
                 if lender is not None and action.for_job == lender:
-                    # its lender taking it back: counted apart, within a budget checked when it borrowed
                     self.lender_due.setdefault(lender, self.now + GRACE + STEP)
-                    stops = self.loans_taken_back
-                else:
-                    stops = self.preemptions
+                # a loan ended for its lender or a more important job: counted apart, within a budget
+                # checked when it borrowed
+                assert not action.taken_back or lender is not None, f"{action}: not a loan"
+                stops = self.loans_taken_back if action.taken_back else self.preemptions
                 assert budget <= 0 or stops[action.job_name] < budget, f"{action}: beyond budget"
                 stops[action.job_name] += 1
                 self.stopping[action.job_name] = (job, self.now + GRACE)

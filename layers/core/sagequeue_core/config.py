@@ -245,8 +245,8 @@ class Settings:
     max_priority_for_non_admins: int = setting(1000, _integer(ge=0, le=1000))
     #: A running attempt is not preempted before it has run this long, so preemption cannot thrash.
     min_runtime_before_preemption_seconds: int = setting(600, _integer(ge=0))
-    #: Past this many preemptions a job is not preempted again until it ends, except by the lender of a
-    #: loan it runs on; apart, past this many loans taken back by their lenders it borrows no more (0: none).
+    #: Past this many preemptions a job is not preempted again until it ends, except to end a loan it runs
+    #: on; apart, past this many loans taken back it borrows no more (0: no limit).
     max_preemptions_per_job: int = setting(3, _integer(ge=0, le=1000))
     #: A job waiting at the head of its pool this long reserves the instances it needs, so smaller jobs
     #: behind it stop overtaking it (drain; 0 never reserves).

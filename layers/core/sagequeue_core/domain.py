@@ -88,7 +88,7 @@ class StopReason(StrEnum):
     """Why sagequeue stopped a running attempt; decides the state the job lands in once Stopped."""
 
     PREEMPTED = "preempted"
-    #: an attempt that ran on loan, stopped by the waiting job that lent the capacity, to take it back
+    #: an attempt that ran on loan, stopped to give back the capacity it was lent (Preempt.taken_back)
     TAKEN_BACK = "taken back"
     CANCELLED = "cancelled"
     IDLE = "idle"
@@ -482,10 +482,11 @@ class Job:
     reason: str | None = None
     stop_reason: StopReason | None = None
     #: times an attempt was stopped for another job (MaxPreemptionsPerJob): a more important job, a team
-    #: reclaiming its quota, or a loan ended by anyone but its lender
+    #: reclaiming its quota, or a loan ended for a job no more important than its lender
     preemptions: int = 0
-    #: times an attempt that ran on loan was stopped by its lender to take the capacity back: counted apart,
-    #: against a budget of the same size checked when the job borrows (docs/adr/0001-scheduling-policy.md)
+    #: times an attempt that ran on loan was stopped for its lender, or for a job more important than its
+    #: lender (Preempt.taken_back): counted apart, against a budget of the same size checked when the job
+    #: borrows (docs/adr/0001-scheduling-policy.md)
     loans_taken_back: int = 0
     retries: int = 0  # requeues after transient SageMaker failures
     #: attempts that ran on SageMaker and ended, and their seconds in SageMaker's Training phase: totals that
@@ -555,13 +556,6 @@ class Job:
         self.attempts_ended += 1
         self.seconds_trained += max(round(seconds_trained or 0), 0)
         return True
-
-    def stop_for(self, for_job: str) -> StopReason:
-        """Why the current attempt is stopped so that `for_job` can start: its lender taking back what it
-        lent, or a preemption."""
-        if self.on_loan_for is not None and self.on_loan_for == for_job:
-            return StopReason.TAKEN_BACK
-        return StopReason.PREEMPTED
 
     def count_requeue(self) -> None:
         """The attempt stopped for another job has ended: count the stop in its budget."""

@@ -155,6 +155,10 @@ class Preempt:
     job_name: str
     training_job_name: str
     for_job: str
+    #: the attempt runs on loan and ends for its lender, or for a job more important than its lender (which
+    #: would have had the lender's idle instance had nobody borrowed it): counted as a loan taken back, not
+    #: in the borrower's preemption budget
+    taken_back: bool = False
 
 
 @dataclass(frozen=True)
@@ -425,7 +429,8 @@ class _Pass:
 
     def _budget_spent(self, preemptions: int) -> bool:
         """Stopped enough (`max_preemptions_per_job`, 0: no limit). Of preemptions: not preempted again
-        until it ends, except by the lender of a loan it runs on. Of loans taken back: it borrows no more."""
+        until it ends, except to end a loan it runs on (`_takes_back`). Of loans taken back: it borrows no
+        more."""
         budget = self.settings.max_preemptions_per_job
         return budget > 0 and preemptions >= budget
 
@@ -471,9 +476,9 @@ class _Pass:
                     break  # nothing is preempted for equal or lower priority; the rest are at least as important
                 if attempt.training_job_name in self.victims:
                     continue
-                if self._budget_spent(attempt.preemptions) and attempt.on_loan_for != job.name:
-                    # preempted enough: it runs to its end, unless it runs on a loan from this job (one from
-                    # before the job's reservation is not among `_loans_for`, yet it is still the lender's)
+                if self._budget_spent(attempt.preemptions) and not self._takes_back(attempt, job):
+                    # preempted enough: it runs to its end, unless it runs on a loan this job may end (its
+                    # own, even from before its reservation, or one lent by a less important job)
                     continue
                 if self.teams.same_team_only(job.team, attempt):
                     continue  # team quotas hook: other teams' work is reclaimed, not preempted by priority
@@ -485,7 +490,10 @@ class _Pass:
             job.team,
             job.demand,
             itertools.chain.from_iterable(self.preemptible_by_pool.get(pool, ()) for pool in remaining),
-            lambda a: a.training_job_name not in self.victims and not self._budget_spent(a.preemptions),
+            lambda a: (
+                a.training_job_name not in self.victims
+                and (not self._budget_spent(a.preemptions) or self._takes_back(a, job))
+            ),
         ):
             candidates[attempt.training_job_name] = attempt
         return list(candidates.values())
@@ -513,9 +521,7 @@ class _Pass:
             for victim in victims:
                 self.victims.add(victim.training_job_name)
                 assert victim.job_name is not None  # preemptible attempts belong to the queue
-                self.result.actions.append(
-                    Preempt(victim.job_name, victim.training_job_name, for_job=job.name)
-                )
+                self.result.actions.append(self._preempt(victim, job))
             self.result.waiting[job.name] = (
                 reason
                 + "; waiting for the team's preempted jobs to stop: "
@@ -552,7 +558,7 @@ class _Pass:
         for loan in owed:
             self.victims.add(loan.training_job_name)
             assert loan.job_name is not None  # loans are queue entries
-            self.result.actions.append(Preempt(loan.job_name, loan.training_job_name, for_job=job.name))
+            self.result.actions.append(self._preempt(loan, job))
         promised: Counter[str] = Counter(self._claim(job))
         for loan in owed:
             promised.update({pool: n for pool, n in loan.demand.items() if pool in job.demand})
@@ -588,6 +594,22 @@ class _Pass:
             if a.started_at >= job.reservation.since and a.training_job_name not in self.victims
         ]
 
+    def _takes_back(self, attempt: RunningAttempt, job: QueuedJob) -> bool:
+        """Stopping `attempt` for `job` ends a loan: `job` lent it, or is more important than its lender. That
+        counts as a loan taken back (the borrower borrowed within that budget), never as a preemption."""
+        if attempt.on_loan_for is None:
+            return False
+        return attempt.on_loan_for == job.name or self._lent_by_less_important(attempt, job)
+
+    def _preempt(self, victim: RunningAttempt, job: QueuedJob) -> Preempt:
+        assert victim.job_name is not None  # preemptible attempts belong to the queue
+        return Preempt(
+            victim.job_name,
+            victim.training_job_name,
+            for_job=job.name,
+            taken_back=self._takes_back(victim, job),
+        )
+
     def _lent_by_less_important(self, attempt: RunningAttempt, job: QueuedJob) -> bool:
         """A loan runs on an instance its lender would have held idle, which a job more important than
         the lender could have taken at once: for such a job the borrower has no minimum runtime."""
@@ -601,7 +623,8 @@ class _Pass:
         a reservation of at least their priority; the lender takes them back (stops them) the moment it can
         start, whatever their preemption budget (they lose at most the work since their last checkpoint), so
         the reservation is never delayed by more than a stop. A loan taken back counts apart from
-        preemptions: a job whose preemption budget is spent still borrows, and only its lender stops it."""
+        preemptions: a job whose preemption budget is spent still borrows, and its loan still ends for the
+        lender or a job more important than the lender."""
         holders = [j for j in self.eligible if j.name in self.lendable]
         for job in self.eligible:
             if (
@@ -639,7 +662,7 @@ class _Pass:
         for victim in cover.victims:
             self.victims.add(victim.training_job_name)
             assert victim.job_name is not None  # preemptible attempts belong to the queue
-            self.result.actions.append(Preempt(victim.job_name, victim.training_job_name, for_job=job.name))
+            self.result.actions.append(self._preempt(victim, job))
         held = self._claim(job)
         promised: Counter[str] = Counter(held)
         promised.update(cover.returning)

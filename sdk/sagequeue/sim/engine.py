@@ -23,7 +23,7 @@ from typing import Any
 from sagequeue.sim.metrics import Recorder
 from sagequeue.sim.sagemaker import Attempt, ModelledSageMaker, Outcome, ResourceLimitExceeded, Timings
 from sagequeue.sim.trace import Trace, TraceJob
-from sagequeue_core.domain import Job, JobState, ResourceKey, attempt_name
+from sagequeue_core.domain import Job, JobState, ResourceKey, StopReason, attempt_name
 from sagequeue_core.policy import Preempt, ReleaseWarmPool, Start
 from sagequeue_core.quotas import TeamQuota
 
@@ -345,7 +345,7 @@ class Simulation:
             return
         if job.state not in (JobState.STARTING, JobState.RUNNING):
             return
-        job.stop_reason = job.stop_for(action.for_job)
+        job.stop_reason = StopReason.TAKEN_BACK if action.taken_back else StopReason.PREEMPTED
         job.transition(JobState.PREEMPTING, self.now_dt, reason=f"preempted for {action.for_job}")
         self.sagemaker.stop(action.training_job_name)
         self.recorder.preempted(self.runs[job.name], self.now)

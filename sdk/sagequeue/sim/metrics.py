@@ -16,7 +16,8 @@ Definitions (docs/simulator.md repeats them):
 - training share, warm idle share: of the pool's capacity over the whole run (first submission to the end).
 - warm reuse: attempts created on a warm pool, of all attempts.
 - preemptions: stops of a job's attempt for another job, within the preemption budget; loans taken back,
-  counted apart within a budget of the same size: stops of an attempt that ran on loan by its lender.
+  counted apart within a budget of the same size: stops of an attempt that ran on loan, for its lender or
+  a job more important than the lender (Preempt.taken_back).
 - work lost: training time discarded by preemptions and loans taken back (since the last checkpoint), in instance-hours.
 - top-priority p95 wait ÷ (stop grace + provisioning): provisioning is creation to Training on a cold start.
 - makespan ÷ lower bound: (end of the last job - first submission) over the largest per-pool bound, that

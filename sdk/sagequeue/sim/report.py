@@ -55,7 +55,7 @@ ROWS: list[Row] = [
     ("preemptions total", lambda s: _count(s["preemptions_total"])),
     ("preemptions max per job", lambda s: _count(s["preemptions_max_per_job"])),
     (
-        "loans taken back by lenders: total / max per job",
+        "loans taken back: total / max per job",
         lambda s: f"{_count(s['loans_taken_back_total'])} / {_count(s['loans_taken_back_max_per_job'])}",
     ),
     ("work lost (instance-hours)", lambda s: _count(s["work_lost_instance_hours"])),

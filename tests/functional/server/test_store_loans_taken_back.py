@@ -71,7 +71,7 @@ def test_a_loan_being_taken_back_keeps_its_reason_and_counts_once_requeued(
     store.save_job(job, was=JobState.STARTING)
     # WHEN its lender takes it back, the stop under way is stored and read back as such
     job = store.get_job("borrower")
-    job.stop_reason = job.stop_for("wide")
+    job.stop_reason = StopReason.TAKEN_BACK
     job.transition(JobState.PREEMPTING, START + timedelta(minutes=3))
     store.save_job(job, was=JobState.RUNNING)
     job = store.get_job("borrower")

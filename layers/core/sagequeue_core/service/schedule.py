@@ -1220,8 +1220,6 @@ def _not_created(
 
 
 def _preempt(deps: Dependencies, action: Preempt, report: PassReport) -> None:
-    stopped: list[StopReason] = []
-
     def step(job: Job) -> str:
         if job.training_job_name != action.training_job_name or job.state not in (
             JobState.STARTING,
@@ -1229,15 +1227,17 @@ def _preempt(deps: Dependencies, action: Preempt, report: PassReport) -> None:
         ):
             return f"not preempted: the job is {job.state.value}"
         was = job.state
-        job.stop_reason = job.stop_for(action.for_job)
-        reason = (
-            f"taken back by {action.for_job}, which lent the capacity"
-            if job.stop_reason is StopReason.TAKEN_BACK
-            else f"preempted for {action.for_job}"
-        )
+        job.stop_reason = StopReason.TAKEN_BACK if action.taken_back else StopReason.PREEMPTED
+        if not action.taken_back:
+            reason = f"preempted for {action.for_job}"
+        elif action.for_job == job.on_loan_for:
+            reason = f"taken back by {action.for_job}, which lent the capacity"
+        else:
+            reason = (
+                f"loan of {job.on_loan_for}'s capacity ended for {action.for_job}, more important than it"
+            )
         job.transition(JobState.PREEMPTING, deps.now(), reason=reason)
         deps.store.save_job(job, was=was)
-        stopped[:] = [job.stop_reason]
         return "preempting"
 
     if _with_retries(deps, action.job_name, step) != "preempting":
@@ -1256,8 +1256,8 @@ def _preempt(deps: Dependencies, action: Preempt, report: PassReport) -> None:
             "name": action.job_name,
             "training_job_name": action.training_job_name,
             "for_job": action.for_job,
-            # the lender taking back the capacity it lent: counted in loans_taken_back, not preemptions
-            "taken_back": stopped == [StopReason.TAKEN_BACK],
+            # a loan ended for its lender or a job more important than it: counted in loans_taken_back
+            "taken_back": action.taken_back,
         },
     )
 
