@@ -11,6 +11,11 @@ each import executes instead (valgrind; slow, but the same figure however busy t
 governance and idle_stop at most 1.5 x boto3, api at most 2 x (its event handler validates requests with
 pydantic), judged on CPU time.
 
+Run it with the functions' runtime (python3.12 in template.yaml) for the figures Lambda sees: a venv of that
+interpreter with boto3 (the runtime's own) and layers/core/requirements.txt, e.g.
+`python3.12 -m venv /tmp/v312 && /tmp/v312/bin/pip install boto3 -r layers/core/requirements.txt &&
+/tmp/v312/bin/python bench/bench_imports.py`; it prints which interpreter it ran.
+
 Handlers load as in the Lambda layer: modules this environment has but the layer does not carry (blinker,
 which pynamodb uses when present and moto's Flask brings here) are hidden from them, and sagequeue_core
 comes with its bytecode compiled ahead, as layers/core/Makefile builds it (`--source`: from source without
@@ -59,6 +64,15 @@ def _run(argv: list[str]) -> tuple[float, float]:
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     return wall, cpu
+
+
+def interpreter() -> str:
+    """This interpreter's version beside the one the functions run on: the figures are the interpreter's."""
+    runtime = re.search(r"Runtime: python(\d+\.\d+)", (ROOT / "template.yaml").read_text())
+    here = f"{sys.version_info.major}.{sys.version_info.minor}"
+    lambda_runtime = runtime.group(1) if runtime else "unknown"
+    same = "the same as" if here == lambda_runtime else "not"
+    return f"Python {here}, {same} the functions' runtime (python{lambda_runtime}, template.yaml)"
 
 
 def layer(into: Path, *, bytecode: bool) -> Path:
@@ -150,6 +164,7 @@ def main() -> None:
     print(
         f"sagequeue_core {'from source, no bytecode' if args.source else 'with bytecode (layers/core/Makefile)'}"
     )
+    print(f"{interpreter()} ({sys.executable})")
     with tempfile.TemporaryDirectory() as tmp:
         if args.instructions:
             count(layer(Path(tmp), bytecode=not args.source))
