@@ -458,8 +458,7 @@ class _Pass:
             ready = loans + [
                 a
                 for a in self._candidates(job, remaining)
-                if (self._ran_long_enough(a) or self._lent_by_less_important(a, job))
-                and a.training_job_name not in lent
+                if self._ripe(a, job) and a.training_job_name not in lent
             ]
             victims = minimal_cover(ready, remaining, first=lent, key=self._reclaim_first(job))
             if victims is None:
@@ -514,14 +513,10 @@ class _Pass:
                 # reservation and claims what is free, rather than drop it while they stop
                 self._reserve(job, job.reservation.kind, self._claim(job))
             return False
-        ready = [a for a in self._candidates(job, short) if self._ran_long_enough(a)]
+        ready = [a for a in self._candidates(job, short) if self._ripe(a, job)]
         victims = minimal_cover(ready, short)
         if victims is not None:
-            # no claim on free capacity: that is other teams' to use while these stop
-            for victim in victims:
-                self.victims.add(victim.training_job_name)
-                assert victim.job_name is not None  # preemptible attempts belong to the queue
-                self.result.actions.append(self._preempt(victim, job))
+            self._stop(victims, job)  # no claim on free capacity: that is other teams' while these stop
             self.result.waiting[job.name] = (
                 reason
                 + "; waiting for the team's preempted jobs to stop: "
@@ -555,10 +550,7 @@ class _Pass:
 
     def _take_back(self, job: QueuedJob, owed: Sequence[RunningAttempt]) -> None:
         """Preempt loans the job's team quota needs back, and hold what is free for the job meanwhile."""
-        for loan in owed:
-            self.victims.add(loan.training_job_name)
-            assert loan.job_name is not None  # loans are queue entries
-            self.result.actions.append(self._preempt(loan, job))
+        self._stop(owed, job)
         promised: Counter[str] = Counter(self._claim(job))
         for loan in owed:
             promised.update({pool: n for pool, n in loan.demand.items() if pool in job.demand})
@@ -601,14 +593,23 @@ class _Pass:
             return False
         return attempt.on_loan_for == job.name or self._lent_by_less_important(attempt, job)
 
-    def _preempt(self, victim: RunningAttempt, job: QueuedJob) -> Preempt:
-        assert victim.job_name is not None  # preemptible attempts belong to the queue
-        return Preempt(
-            victim.job_name,
-            victim.training_job_name,
-            for_job=job.name,
-            taken_back=self._takes_back(victim, job),
-        )
+    def _stop(self, victims: Iterable[RunningAttempt], job: QueuedJob) -> None:
+        """Preempt `victims` for `job` (a loan among them is taken back, `_takes_back`)."""
+        for victim in victims:
+            assert victim.job_name is not None  # preemptible attempts belong to the queue
+            self.victims.add(victim.training_job_name)
+            self.result.actions.append(
+                Preempt(
+                    victim.job_name,
+                    victim.training_job_name,
+                    for_job=job.name,
+                    taken_back=self._takes_back(victim, job),
+                )
+            )
+
+    def _ripe(self, attempt: RunningAttempt, job: QueuedJob) -> bool:
+        """May be stopped for `job` now: it trained its minimum, or it is a loan `job` outranks the lender of."""
+        return self._ran_long_enough(attempt) or self._lent_by_less_important(attempt, job)
 
     def _lent_by_less_important(self, attempt: RunningAttempt, job: QueuedJob) -> bool:
         """A loan runs on an instance its lender would have held idle, which a job more important than
@@ -659,10 +660,7 @@ class _Pass:
         the victims, and hold the free capacity, all for it. Returns what it now holds, per pool."""
         self.returning.subtract(cover.returning)
         self._release(job, cover.releases)
-        for victim in cover.victims:
-            self.victims.add(victim.training_job_name)
-            assert victim.job_name is not None  # preemptible attempts belong to the queue
-            self.result.actions.append(self._preempt(victim, job))
+        self._stop(cover.victims, job)
         held = self._claim(job)
         promised: Counter[str] = Counter(held)
         promised.update(cover.returning)
@@ -822,7 +820,11 @@ def minimal_cover(
     that the waiting job does not need.
     """
     order = key or victim_order
-    ordered = sorted(candidates, key=lambda a: (a.training_job_name not in first, order(a)))
+
+    def rank(attempt: RunningAttempt) -> tuple[Any, ...]:
+        return (attempt.training_job_name not in first, order(attempt))
+
+    ordered = sorted(candidates, key=rank)
     if not covers(ordered, deficit):
         return None
     if len(ordered) <= EXACT_VICTIM_SEARCH_LIMIT:
@@ -838,7 +840,7 @@ def minimal_cover(
         if covers(chosen, deficit):
             break
     # prune: drop the most expensive victims the cover does not need
-    for attempt in sorted(chosen, key=lambda a: (a.training_job_name not in first, order(a)), reverse=True):
+    for attempt in sorted(chosen, key=rank, reverse=True):
         rest = [a for a in chosen if a is not attempt]
         if covers(rest, deficit):
             chosen = rest

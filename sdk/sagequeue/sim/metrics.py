@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from sagequeue.sim.sagemaker import OCCUPANCY, Attempt, Outcome
 from sagequeue_core.domain import StopReason
+from sagequeue_core.quotas import team_label
 
 if TYPE_CHECKING:
     from sagequeue.sim.engine import JobRun, SimJob, Simulation
@@ -190,7 +191,7 @@ class Recorder:
         self.team_since = at
         state: dict[str, int] = {}
         for attempt in sim.sagemaker.live.values():
-            team = sim.runs[attempt.job_name].spec.team or "none"
+            team = team_label(sim.runs[attempt.job_name].spec.team)
             state[team] = state.get(team, 0) + attempt.instances
         if state != self.team_state:
             self.team_state = state

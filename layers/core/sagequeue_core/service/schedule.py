@@ -73,7 +73,7 @@ from sagequeue_core.observability import (
     team_gauge,
 )
 from sagequeue_core.policy import Action, Preempt, ReleaseWarmPool, Snapshot, Start, plan
-from sagequeue_core.quotas import NO_TEAM, TeamLedger, TeamQuota, UsageCounter
+from sagequeue_core.quotas import NO_TEAM, TeamLedger, TeamQuota, UsageCounter, team_label
 from sagequeue_core.runtime import Dependencies
 from sagequeue_core.sagemaker import FailureKind, classify_failure
 from sagequeue_core.snapshot import build_snapshot, policy_settings
@@ -737,16 +737,12 @@ def _announce_quota_moves(
             job = queued[action.job_name]
             ledger.take(job.team, job.demand)
             for pool in job.demand:
-                if ledger.governs(pool) and ledger.share(job.team or NO_TEAM, pool).borrowed > 0:
+                borrowed = ledger.share(job.team or NO_TEAM, pool).borrowed if ledger.governs(pool) else 0
+                if borrowed > 0:
                     announce(
                         deps.publisher,
                         EventType.QUOTA_BORROWED,
-                        {
-                            "name": job.name,
-                            "team": job.team,
-                            "pool": pool,
-                            "borrowed": ledger.share(job.team or NO_TEAM, pool).borrowed,
-                        },
+                        {"name": job.name, "team": job.team, "pool": pool, "borrowed": borrowed},
                     )
         elif isinstance(action, Preempt):
             victim = live.get(action.job_name)
@@ -764,8 +760,8 @@ def _announce_quota_moves(
                     },
                 )
     for share in ledger.shares():
-        team_gauge(TEAM_USED, share.team or "none", share.pool, share.used)
-        team_gauge(TEAM_BORROWED, share.team or "none", share.pool, share.borrowed)
+        team_gauge(TEAM_USED, team_label(share.team), share.pool, share.used)
+        team_gauge(TEAM_BORROWED, team_label(share.team), share.pool, share.borrowed)
 
 
 # --- one pass ------------------------------------------------------------------------------------------------------
