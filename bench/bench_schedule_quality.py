@@ -1,6 +1,6 @@
 """Schedule quality: sagequeue's policy beside FIFO, priority without preemption, the article's naive
-preemptive scheduler and sagequeue's own policy without backfill on loan, on the documented 21-day trace
-and on an overload trace.
+preemptive scheduler, and sagequeue's own policy without backfill on loan and without drains, on the
+documented 21-day trace and on an overload trace.
 
     python bench/bench_schedule_quality.py [--seeds 1,2,3] [--markdown]
 
@@ -9,6 +9,8 @@ The documented trace: `WorkloadSpec()` (350 jobs over 21 days: office-hours arri
 training times with a 1.5 h median, 15 % sweeps sharing a resource key with a 10-30 min keep-alive, 70 %
 checkpointing every 10-60 min) on 4 x ml.trn1.32xlarge and 2 x ml.trn2.48xlarge, the stack's defaults
 (min runtime 600 s, keep-alive 600 s, lookahead 50), cold start 300 s + 60 s download, stop grace 120 s.
+After each table: the top priority's p95 wait with its jobs alone on the pools, and with sagequeue's policy
+and no minimum runtime before preemption, the two things that bound it from below on these traces.
 The overload trace: the same generator, 350 jobs in 3 days (offered load printed, above 2), simulated 30
 days past its last submission so that every scheduler can drain it. Each table is one run of every scheduler
 on one trace; the wall time of each and the peak memory of the whole run are printed.
@@ -43,6 +45,8 @@ def run(title: str, spec: WorkloadSpec, seed: int, markdown: bool, drain_days: f
     variants = baselines(settings)
     # the same policy without backfill on loan, to show what lending a waiting reservation's idle part adds
     variants.insert(-1, Variant("no loans", "sagequeue", settings.with_changes(lend_reserved_capacity=False)))
+    # and without drains (no reservation for waiting alone): what holding capacity for wide jobs costs
+    variants.insert(-1, Variant("no drains", "sagequeue", settings.with_changes(reserve_after_seconds=0)))
     results = simulate(trace, variants, horizon_seconds=horizon, timeline=False)
     print(
         f"\n### {title}, seed {seed}: {len(trace.jobs)} jobs, offered load {offered_load(trace, CAPACITY):.2f}"
@@ -59,6 +63,24 @@ def run(title: str, spec: WorkloadSpec, seed: int, markdown: bool, drain_days: f
     print(
         f"\ntop priority ({top}, {len(alone.jobs)} jobs) alone on the pools: p95 wait / (grace + provisioning)"
         f" {ratio:.2f}"
+    )
+    # What it would be if running work had no minimum runtime before preemption: a top-priority job that
+    # arrives just after its victims started waits out their minimum runtime, which the target leaves out.
+    (no_minimum,) = simulate(
+        trace,
+        [
+            Variant(
+                "no minimum runtime",
+                "sagequeue",
+                settings.with_changes(min_runtime_before_preemption_seconds=0),
+            )
+        ],
+        horizon_seconds=horizon,
+        timeline=False,
+    )
+    print(
+        "top priority with no minimum runtime before preemption: p95 wait / (grace + provisioning)"
+        f" {no_minimum.summary['top_p95_wait_over_grace_and_provisioning']:.2f}"
     )
     walls = ", ".join(f"{r.variant.label} {r.wall_seconds:.1f} s" for r in results)
     print(f"\nwall time: {time.perf_counter() - began:.1f} s ({walls})")

@@ -13,6 +13,14 @@ Definitions (docs/simulator.md repeats them):
   borrow (a loan could have run it), one whose lenders took loans back as often as the preemption budget
   allows (it borrows no more), or only jobs without a CheckpointConfig (a loan taken back would restart
   them from zero).
+- idle while no waiting job fits: the rest of the free share, split by what runs on the pool. Behind equal
+  or higher priority: every attempt holding the pool's other instances (a stopping one included) runs a job at
+  least as important as the most important job waiting for the pool. No waiting job fits the free
+  instances and none may preempt that work, so no start, release or preemption a scheduler is allowed
+  could fill them at that moment: only its earlier choices could have led elsewhere. Behind lower
+  priority: some of that work is less important, but may not be stopped yet (its minimum runtime, its
+  preemption budget), is being stopped (the stop grace), or stopping it would not make room for the
+  waiting job.
 - training share, warm idle share: of the pool's capacity over the whole run (first submission to the end).
 - warm reuse: attempts created on a warm pool, of all attempts.
 - preemptions: stops of a job's attempt for another job, within the preemption budget; loans taken back,
@@ -29,6 +37,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from sagequeue.sim.sagemaker import OCCUPANCY, Attempt, Outcome
@@ -41,6 +50,8 @@ if TYPE_CHECKING:
 STATES = ("training", "starting", "stopping", "warm", "free")
 #: why a queued job that fits the free instances may still wait, most startable first
 FITTING = ("resumable", "loans spent", "no checkpoint")
+#: what holds the rest of a pool while capacity idles and no queued job fits it
+NOT_FITTING = ("behind equal or higher priority", "behind lower priority")
 
 
 @dataclass
@@ -75,6 +86,8 @@ class PoolRecord:
     backlog: bool = False
     fitting: str | None = None  # the kind (FITTING) of the most startable queued job that fits, if any
     backlog_fitting_by: dict[str, float] = field(default_factory=dict)
+    blocked: str | None = None  # the kind (NOT_FITTING) of idle while no queued job fits, if it idles so
+    backlog_blocked_by: dict[str, float] = field(default_factory=dict)
     since: float = 0.0
     timeline: list[tuple[float, int, int, int, int, int]] = field(default_factory=list)
 
@@ -167,12 +180,32 @@ class Recorder:
             and (job.not_before is None or job.not_before <= now)
         }
         record.fitting = next((kind for kind in FITTING if kind in kinds), None)
+        record.blocked = None
+        if record.backlog and record.fitting is None and state["free"] > 0:
+            record.blocked = self._blocked_kind(sim, pool, now)
         if self.keep_timeline:
             row = (at, state["training"], state["starting"], state["stopping"], state["warm"], state["free"])
             if record.timeline and record.timeline[-1][0] == at:
                 record.timeline[-1] = row
             elif not record.timeline or record.timeline[-1][1:] != row[1:]:
                 record.timeline.append(row)
+
+    def _blocked_kind(self, sim: Simulation, pool: str, now: datetime) -> str | None:
+        waiting = [
+            job.priority
+            for job in sim.queued[pool].values()
+            if job.not_before is None or job.not_before <= now
+        ]
+        if not waiting:
+            return None  # only jobs backing off wait: not a scheduling choice
+        holders = [
+            sim.runs[attempt.job_name].spec.priority
+            for attempt in sim.sagemaker.live.values()
+            if attempt.pool == pool
+        ]
+        if all(priority >= max(waiting) for priority in holders):
+            return NOT_FITTING[0]
+        return NOT_FITTING[1]
 
     def _fitting_kind(self, job: SimJob) -> str:
         if not job.checkpointed:
@@ -211,6 +244,9 @@ class Recorder:
                     record.backlog_fitting_free += record.state["free"] * dt
                     by = record.backlog_fitting_by
                     by[record.fitting] = by.get(record.fitting, 0.0) + record.state["free"] * dt
+                if record.blocked is not None:
+                    by = record.backlog_blocked_by
+                    by[record.blocked] = by.get(record.blocked, 0.0) + record.state["free"] * dt
         record.since = at
 
     def close(self, at: float, sim: Simulation) -> None:
@@ -324,6 +360,12 @@ def summarize(
             if backlog_capacity
             else None
             for kind in FITTING
+        },
+        "idle_while_no_waiting_job_fits_by_kind": {
+            kind: sum(r.backlog_blocked_by.get(kind, 0.0) for r in recorder.pools.values()) / backlog_capacity
+            if backlog_capacity
+            else None
+            for kind in NOT_FITTING
         },
         "training_while_backlog": backlog_training / backlog_capacity if backlog_capacity else None,
         "idle_while_a_waiting_job_fits": backlog_fitting_free / backlog_capacity

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from sagequeue.sim.metrics import FITTING
+from sagequeue.sim.metrics import FITTING, NOT_FITTING
 from sagequeue.sim.run import Result
 
 
@@ -46,6 +46,10 @@ ROWS: list[Row] = [
     (
         "  of it: resumable / loans spent / no checkpoint",
         lambda s: " / ".join(_share(s["idle_while_a_waiting_job_fits_by_kind"][k]) for k in FITTING),
+    ),
+    (
+        "idle while no waiting job fits: behind >= / lower priority",
+        lambda s: " / ".join(_share(s["idle_while_no_waiting_job_fits_by_kind"][k]) for k in NOT_FITTING),
     ),
     ("training while backlog", lambda s: _share(s["training_while_backlog"])),
     ("training share", lambda s: _share(s["training_share"])),

@@ -270,3 +270,37 @@ def test_idle_beside_a_fitting_job_is_split_by_what_kept_that_job_waiting() -> N
     assert split(lending_off)[0] == idle
     # and with lending on it borrows the instance: nothing fitting idles
     assert lending_on["idle_while_a_waiting_job_fits"] == 0
+
+
+def _wide_behind(priority: int, **changes: object) -> dict[str, float]:
+    # "a" holds one of two instances for 2000 s of training; "wide" (priority 5, both instances) waits from
+    # t=10; nothing else is queued, so the free instance idles with no waiting job that fits it
+    trace = Trace(
+        (
+            TraceJob("a", 0, priority, POOL, 1, 2000, checkpoint_minutes=10),
+            TraceJob("wide", 10, 5, POOL, 2, 100),
+        )
+    )
+    summary = run(trace, **changes)["summary"]
+    assert summary["idle_while_a_waiting_job_fits"] == 0  # type: ignore[index]
+    return summary["idle_while_no_waiting_job_fits_by_kind"]  # type: ignore[index,return-value]
+
+
+def test_idle_no_start_could_fill_behind_equal_or_higher_priority_is_told_apart() -> None:
+    for priority in (5, 9):
+        forced = _wide_behind(priority)
+        # "a" is at least as important as "wide": it runs to its end while the other instance idles,
+        # for about half the capacity while "wide" waits (2,125 s of the 2,125 + 125 s of backlog)
+        assert forced["behind equal or higher priority"] > 0.4
+        assert forced["behind lower priority"] == 0
+
+
+def test_idle_behind_less_important_work_not_yet_preemptible_is_its_own_share() -> None:
+    # "a" is less important but protected by its minimum runtime, then stopped within its grace
+    protected = _wide_behind(1, min_runtime_before_preemption_seconds=1000)
+    assert protected["behind lower priority"] > 0.4
+    assert protected["behind equal or higher priority"] == 0
+    # with no minimum runtime it is preempted at once: only its stop grace idles (40 s of a short backlog)
+    at_once = _wide_behind(1)
+    assert 0 < at_once["behind lower priority"] < protected["behind lower priority"]
+    assert at_once["behind equal or higher priority"] == 0
