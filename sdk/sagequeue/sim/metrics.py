@@ -18,9 +18,9 @@ Definitions (docs/simulator.md repeats them):
   least as important as the most important job waiting for the pool. No waiting job fits the free
   instances and none may preempt that work, so no start, release or preemption a scheduler is allowed
   could fill them at that moment: only its earlier choices could have led elsewhere. Behind lower
-  priority: some of that work is less important, but may not be stopped yet (its minimum runtime, its
-  preemption budget), is being stopped (the stop grace), or stopping it would not make room for the
-  waiting job.
+  priority or a warm pool: some of that work is less important, but may not be stopped yet (its minimum
+  runtime, its preemption budget), is being stopped (the stop grace), or stopping it would not make room
+  for the waiting job; or releasing the pool's warm pools would make room for a waiting job.
 - training share, warm idle share: of the pool's capacity over the whole run (first submission to the end).
 - warm reuse: attempts created on a warm pool, of all attempts.
 - preemptions: stops of a job's attempt for another job, within the preemption budget; loans taken back,
@@ -51,7 +51,7 @@ STATES = ("training", "starting", "stopping", "warm", "free")
 #: why a queued job that fits the free instances may still wait, most startable first
 FITTING = ("resumable", "loans spent", "no checkpoint")
 #: what holds the rest of a pool while capacity idles and no queued job fits it
-NOT_FITTING = ("behind equal or higher priority", "behind lower priority")
+NOT_FITTING = ("behind equal or higher priority", "behind lower priority or a warm pool")
 
 
 @dataclass
@@ -182,7 +182,7 @@ class Recorder:
         record.fitting = next((kind for kind in FITTING if kind in kinds), None)
         record.blocked = None
         if record.backlog and record.fitting is None and state["free"] > 0:
-            record.blocked = self._blocked_kind(sim, pool, now)
+            record.blocked = self._blocked_kind(sim, pool, now, state)
         if self.keep_timeline:
             row = (at, state["training"], state["starting"], state["stopping"], state["warm"], state["free"])
             if record.timeline and record.timeline[-1][0] == at:
@@ -190,14 +190,15 @@ class Recorder:
             elif not record.timeline or record.timeline[-1][1:] != row[1:]:
                 record.timeline.append(row)
 
-    def _blocked_kind(self, sim: Simulation, pool: str, now: datetime) -> str | None:
-        waiting = [
-            job.priority
-            for job in sim.queued[pool].values()
-            if job.not_before is None or job.not_before <= now
-        ]
-        if not waiting:
+    def _blocked_kind(
+        self, sim: Simulation, pool: str, now: datetime, state: Mapping[str, int]
+    ) -> str | None:
+        ready = [job for job in sim.queued[pool].values() if job.not_before is None or job.not_before <= now]
+        if not ready:
             return None  # only jobs backing off wait: not a scheduling choice
+        if any(job.demand.get(pool, 0) <= state["free"] + state["warm"] for job in ready):
+            return NOT_FITTING[1]  # releasing warm pools would make room for one
+        waiting = [job.priority for job in ready]
         holders = [
             sim.runs[attempt.job_name].spec.priority
             for attempt in sim.sagemaker.live.values()

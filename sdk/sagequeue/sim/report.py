@@ -48,7 +48,7 @@ ROWS: list[Row] = [
         lambda s: " / ".join(_share(s["idle_while_a_waiting_job_fits_by_kind"][k]) for k in FITTING),
     ),
     (
-        "idle while no waiting job fits: behind >= / lower priority",
+        "idle while no waiting job fits: behind >= / lower priority or warm",
         lambda s: " / ".join(_share(s["idle_while_no_waiting_job_fits_by_kind"][k]) for k in NOT_FITTING),
     ),
     ("training while backlog", lambda s: _share(s["training_while_backlog"])),
