@@ -56,11 +56,6 @@ def test_a_quota_stored_under_a_name_the_rule_now_refuses_keeps_the_queue_workin
     assert status == 200, body
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the path check refuses the name before the body is read: a quota stored under a name the "
-    "rule now refuses cannot be removed through the API or `sagequeue quota`",
-)
 def test_an_admin_can_remove_a_quota_stored_under_a_name_the_rule_now_refuses(world: QueueWorld) -> None:
     _store_quota_as_before(world, "-ops", 2)
     status, body = world.api("PUT", "/teams/-ops/quotas", {"pool": TRN1, "nominal": None}, caller=ADMIN)
@@ -113,3 +108,66 @@ def test_the_team_none_counts_its_waiting_jobs(world: QueueWorld) -> None:
     status, body = world.api("GET", "/teams", caller=ADMIN)
     assert status == 200, body
     assert [(r["used"], r["waiting"]) for r in body["quotas"] if r["team"] == "none"] == [(2, 2)]
+
+
+#: What the rule says of each earlier name, as the API answers a quota set under it.
+RULE = {
+    "none": "team name 'none' is reserved: 'none' stands for jobs without a team",
+    "-ops": "team name '-ops' must start with a letter or a digit",
+    "_infra": "team name '_infra' must start with a letter or a digit",
+}
+
+
+@pytest.mark.parametrize("team", EARLIER_NAMES)
+def test_a_quota_under_a_refused_name_is_removed_by_an_admin_and_never_set(
+    world: QueueWorld, team: str
+) -> None:
+    # GIVEN a quota stored before the rule under a name it now refuses, beside one it accepts
+    world.deps.store.set_team_quota(TeamQuota("vision", TRN1, 2))
+    _store_quota_as_before(world, team, 2)
+    path = f"/teams/{team}/quotas"
+    # WHEN an admin tries to change it, THEN the rule refuses it in one line and the stored quota is kept
+    status, body = world.api("PUT", path, {"pool": TRN1, "nominal": 3}, caller=ADMIN)
+    assert (status, body) == (400, {"message": f"team: {RULE[team]}", "code": "ValidationError"})
+    assert TeamQuota(team, TRN1, 2, check_name=False) in world.deps.store.team_quotas()
+    # AND a user who is not an admin may not remove it
+    status, body = world.api("PUT", path, {"pool": TRN1, "nominal": None})
+    assert status == 403, body
+    assert len(world.deps.store.team_quotas()) == 2
+    # WHEN an admin removes it
+    status, body = world.api("PUT", path, {"pool": TRN1, "nominal": None}, caller=ADMIN)
+    # THEN that quota alone is gone, from the table and from `sagequeue teams`
+    assert status == 200, body
+    assert (body["team"], body["pool"], body["removed"]) == (team, TRN1, True)
+    assert world.deps.store.team_quotas() == [TeamQuota("vision", TRN1, 2)]
+    status, body = world.api("GET", "/teams", caller=ADMIN)
+    assert [row["team"] for row in body["quotas"]] == ["vision"]
+    # AND removing it again is refused: no quota is stored under it, and none can be set under it
+    status, body = world.api("PUT", path, {"pool": TRN1, "nominal": None}, caller=ADMIN)
+    assert (status, body) == (
+        400,
+        {
+            "message": f"team: {RULE[team]}; no quota of team {team!r} in {TRN1} is stored to remove",
+            "code": "ValidationError",
+        },
+    )
+    # AND the queue goes on: a job of the team with a quota starts
+    world.submit("after-removal", tags={"team": "vision"})
+    assert world.state("after-removal") == "starting"
+
+
+def test_a_name_no_quota_was_ever_stored_under_is_refused_whatever_the_request(world: QueueWorld) -> None:
+    # names the earlier path pattern refused too: no quota can be stored under them, so none is looked up
+    for team, rule in [
+        ("a+b", "team name 'a+b' may hold only ASCII letters, digits, '-', '_' and '.'"),
+        ("%C3%A9quipe", "team name 'équipe' may hold only ASCII letters, digits, '-', '_' and '.'"),
+    ]:
+        path = f"/teams/{team}/quotas".replace("%C3%A9", "é")
+        status, body = world.api("PUT", path, {"pool": TRN1, "nominal": None}, caller=ADMIN)
+        assert (status, body) == (400, {"message": f"team: {rule}", "code": "ValidationError"})
+    # AND a name the rule accepts is removed as before, stored or not
+    world.deps.store.set_team_quota(TeamQuota("vision", TRN1, 2))
+    for _ in range(2):
+        status, body = world.api("PUT", "/teams/vision/quotas", {"pool": TRN1, "nominal": None}, caller=ADMIN)
+        assert (status, body["removed"]) == (200, True), body
+    assert world.deps.store.team_quotas() == []
