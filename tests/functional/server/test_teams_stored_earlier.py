@@ -91,11 +91,6 @@ def test_a_job_stored_with_a_team_the_rule_now_refuses_is_scheduled_listed_and_c
     assert [(row["team"], row["used"]) for row in body["quotas"] if row["used"]] == [(team, 1)]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the team none's waiting count is 0 whatever waits: jobs without a team have no team window "
-    "(queued_team_pool) to count, and all_teams answers 0 for them",
-)
 def test_the_team_none_counts_its_waiting_jobs(world: QueueWorld) -> None:
     # GIVEN a governed pool of 4 (vision's quota 2, lending none) and jobs without a team: one running
     # on the unassigned half, two more waiting as that half is full
@@ -171,3 +166,82 @@ def test_a_name_no_quota_was_ever_stored_under_is_refused_whatever_the_request(w
         status, body = world.api("PUT", "/teams/vision/quotas", {"pool": TRN1, "nominal": None}, caller=ADMIN)
         assert (status, body["removed"]) == (200, True), body
     assert world.deps.store.team_quotas() == []
+
+
+def test_jobs_without_a_team_that_only_wait_are_counted_beside_teams_without_a_quota(
+    world: QueueWorld,
+) -> None:
+    # GIVEN a pool of 4 all vision's (lending none): nobody else may hold any of it
+    world.deps.store.set_team_quota(TeamQuota("vision", TRN1, 4, lending_limit=0))
+    # WHEN two jobs without a team and one of a team without a quota are submitted, and a third job without
+    # a team is loaded in bulk (as a migration writes it)
+    world.submit("loose-0", tags={"project": "x"})
+    world.submit("loose-1", tags={"project": "x"})
+    world.submit("speech-0", tags={"team": "speech"})
+    world.deps.store.import_jobs(
+        [
+            Job(
+                name="loose-bulk",
+                request=training_request("loose-bulk", tags={"project": "x"}),
+                priority=5,
+                owner=SUBMITTER_ROLE,
+                submitted_at=world.clock.now(),
+            )
+        ]
+    )
+    world.timer()
+    # THEN none of them starts, and `sagequeue teams` shows each team that waits, holding nothing
+    assert {world.state(n) for n in ("loose-0", "loose-1", "speech-0", "loose-bulk")} == {"queued"}
+    status, body = world.api("GET", "/teams", caller=ADMIN)
+    assert status == 200, body
+    assert [(r["team"], r["nominal"], r["used"], r["waiting"]) for r in body["quotas"]] == [
+        ("none", 0, 0, 3),
+        ("speech", 0, 0, 1),
+        ("vision", 4, 0, 0),
+    ]
+    # AND the team's own page shows what the listing shows of it
+    status, body = world.api("GET", "/teams/speech/quotas")
+    assert status == 200, body
+    assert [(r["team"], r["nominal"], r["used"], r["waiting"]) for r in body["quotas"]] == [
+        ("speech", 0, 0, 1)
+    ]
+    # AND a job that leaves the queue leaves the count
+    status, body = world.api("DELETE", "/jobs/loose-0")
+    assert status == 200, body
+    status, body = world.api("GET", "/teams", caller=ADMIN)
+    assert [(r["team"], r["waiting"]) for r in body["quotas"]] == [("none", 2), ("speech", 1), ("vision", 0)]
+
+
+def test_listing_teams_reads_one_query_per_governed_pool_however_many_teams_wait(moto_endpoint: str) -> None:
+    from test_pass_cost import ReadMeter
+
+    def listing_reads(world: QueueWorld) -> ReadMeter:
+        meter = ReadMeter()
+        events = world.deps.store.client.meta.events
+        events.register("before-call.dynamodb.*", meter.before)
+        events.register("after-call.dynamodb.*", meter.after)
+        try:
+            status, body = world.api("GET", "/teams", caller=ADMIN)
+        finally:
+            events.unregister("before-call.dynamodb.*", meter.before)
+            events.unregister("after-call.dynamodb.*", meter.after)
+        assert status == 200, body
+        return meter
+
+    for world in make_world(moto_endpoint, capacity={TRN1: 1}):
+        # GIVEN a governed pool, a job holding it and one team waiting
+        world.deps.store.set_team_quota(TeamQuota("vision", TRN1, 1))
+        world.submit("vision-0", tags={"team": "vision"}, duration=7200)
+        world.submit("team-0", tags={"team": "team-0"})
+        one = listing_reads(world)
+        # WHEN eight more teams and jobs without a team wait there
+        for i in range(1, 9):
+            world.submit(f"team-{i}", tags={"team": f"team-{i}"})
+            world.submit(f"loose-{i}", tags={"project": "x"})
+        many = listing_reads(world)
+        # THEN the listing still reads the pools and teams, the live jobs, and the pool's queue: 3 Queries
+        assert one.requests["Query"] == many.requests["Query"] == 3
+        assert one.requests["Scan"] == many.requests["Scan"] == 0
+        _, body = world.api("GET", "/teams", caller=ADMIN)
+        waiting = {r["team"]: r["waiting"] for r in body["quotas"]}
+        assert waiting == {"none": 8, "vision": 0, **{f"team-{i}": 1 for i in range(9)}}

@@ -54,27 +54,33 @@ class _Held:
 
 
 def all_teams(deps: Dependencies) -> list[dict[str, Any]]:
-    """Every team's position in every pool with quotas, with how many of its jobs wait there; jobs without a
-    team that hold instances of such a pool are the team "none"."""
+    """Every team's position in every pool with quotas, with how many of its jobs wait there: each team with
+    a quota there, or holding or waiting for instances of it; jobs without a team are the team "none"."""
     ledger = _ledger(deps)
+    waiting = {pool: deps.store.queued_by_team(pool) for pool in sorted(ledger.quotas)}
+    shares = {(share.pool, share.team): share for share in ledger.shares()}
+    for pool, teams in waiting.items():
+        for team in teams:
+            if (pool, team) not in shares:
+                shares[(pool, team)] = ledger.share(team, pool)
     return [
-        {
-            **_share_api(share, ledger),
-            "waiting": deps.store.queued_count(share.pool, share.team) if share.team else 0,
-        }
-        for share in ledger.shares()
+        {**_share_api(share, ledger), "waiting": waiting[pool].get(team, 0)}
+        for (pool, team), share in sorted(shares.items())
     ]
 
 
 def team_quotas(deps: Dependencies, team: str) -> list[dict[str, Any]]:
-    """A team's quota and usage in every pool where it has a quota or holds instances of a governed pool."""
+    """A team's quota and usage in every pool with quotas where it has a quota, or holds or waits for
+    instances: its rows of all_teams."""
     _team(team)
     ledger = _ledger(deps)
-    return [
-        {**_share_api(share, ledger), "waiting": deps.store.queued_count(share.pool, team)}
-        for share in ledger.shares()
-        if share.team == team
-    ]
+    rows = []
+    for pool in sorted(ledger.quotas):
+        share = ledger.share(team, pool)
+        waiting = deps.store.queued_count(pool, team)
+        if team in ledger.quotas[pool] or share.used or waiting:
+            rows.append({**_share_api(share, ledger), "waiting": waiting})
+    return rows
 
 
 def set_quota(deps: Dependencies, team: str, body: Any, caller: str | None) -> dict[str, Any]:
