@@ -18,6 +18,7 @@ from sagequeue_core.service.http import (
     JOB_NAME,
     POOL,
     QUOTA,
+    STORED_TEAM,
     SUBMIT,
     TEAM,
     IntQuery,
@@ -119,7 +120,11 @@ def get_team_quotas(request: Request) -> dict[str, Any]:
 
 
 @app.route(
-    "PUT", "/teams/<team>/quotas", body=QUOTA, team=TEAM, summary="Set a team's quota in a pool (admin)"
+    "PUT",
+    "/teams/<team>/quotas",
+    body=QUOTA,
+    team=STORED_TEAM,
+    summary="Set a team's quota in a pool (admin)",
 )
 def set_team_quota(request: Request) -> dict[str, Any]:
     share = teams.set_quota(dependencies(), request.path["team"], request.body, request.caller)

@@ -46,7 +46,7 @@ from sagequeue.exceptions import (
     ValidationError,
     api_error,
 )
-from sagequeue_core.quotas import check_team_name
+from sagequeue_core.quotas import QuotaError, check_stored_team_name, check_team_name
 from sagequeue_core.retry import (
     BACKOFF_BASE_SECONDS,
     BACKOFF_MAX_SECONDS,
@@ -752,9 +752,10 @@ class QueueClient:
         borrowing_limit: int | None = None,
         lending_limit: int | None = None,
     ) -> dict[str, Any]:
-        """Set `team`'s quota in `pool` (admins only); limits None are unlimited, nominal None removes it.
-        The answer's `warning` says when the nominal quotas in the pool sum to more than its capacity."""
-        path = _team_path(team)
+        """Set `team`'s quota in `pool` (admins only); limits None are unlimited, nominal None removes it
+        (remove_team_quota). The answer's `warning` says when the nominal quotas in the pool sum to more
+        than its capacity."""
+        path = _team_path(team, stored=nominal is None)
         body = {
             "pool": pool,
             "nominal": nominal,
@@ -762,6 +763,12 @@ class QueueClient:
             "lending_limit": lending_limit,
         }
         return dict(self.request("PUT", path, body=body))
+
+    def remove_team_quota(self, team: str, pool: str) -> dict[str, Any]:
+        """Remove `team`'s quota in `pool` (admins only), whatever name it was stored under: one stored
+        before the team-name rule ("-ops", "none") too. The answer has `removed`; the API refuses a name the
+        rule refuses when no quota is stored under it."""
+        return self.set_team_quota(team, pool, None)
 
     def whoami(self) -> Identity:
         answer = self.request("GET", "/whoami")
@@ -804,10 +811,15 @@ def _job_path(name: str) -> str:
     return "/jobs/" + quote(name, safe="")
 
 
-def _team_path(team: str) -> str:
-    """A team's quotas' path; a name the API would refuse is refused here, naming the rule (and '.' or '..'
-    never reach a URL, where they would be read as a path's dot segments)."""
-    return "/teams/" + quote(check_team_name(team), safe="") + "/quotas"
+def _team_path(team: str, *, stored: bool = False) -> str:
+    """A team's quotas' path; a name the API would refuse is refused here, naming the rule. `stored`: for
+    removing a quota, a name one may be stored under (check_stored_team_name), but never '.' or '..', which
+    a URL cannot carry as a segment (they are read as a path's dot segments)."""
+    if not stored:
+        return "/teams/" + quote(check_team_name(team), safe="") + "/quotas"
+    if team in (".", ".."):
+        raise QuotaError(f"team name {team!r} cannot be sent in a URL: it is a path's dot segment")
+    return "/teams/" + quote(check_stored_team_name(team), safe="") + "/quotas"
 
 
 def _json_default(value: Any) -> Any:

@@ -939,24 +939,34 @@ def teams(target: Target, as_json: bool) -> None:
 @_queue_command("quota")
 @click.argument("team")
 @click.argument("pool", metavar="POOL")
-@click.argument("nominal", metavar="N", type=click.IntRange(min=0))
+@click.argument("nominal", metavar="N", type=click.IntRange(min=0), required=False)
 @click.option(
     "--borrow-limit", type=click.IntRange(min=0), help="Instances above N it may borrow (default: any)."
 )
 @click.option(
     "--lend-limit", type=click.IntRange(min=0), help="Of its unused N, what others may borrow (default: all)."
 )
+@click.option("--remove", is_flag=True, help="Remove TEAM's quota in POOL (in place of N).")
 def quota(
     target: Target,
     as_json: bool,
     team: str,
     pool: str,
-    nominal: int,
+    nominal: int | None,
     borrow_limit: int | None,
     lend_limit: int | None,
+    remove: bool,
 ) -> None:
-    """Set TEAM's quota in POOL to N instances (admins only). Quotas above what the pool holds beside the
-    other teams' are stored, with a warning."""
+    """Set TEAM's quota in POOL to N instances, or remove it with --remove (admins only). Quotas above what
+    the pool holds beside the other teams' are stored, with a warning. A quota stored under a name the
+    team-name rule now refuses ("-ops") can be removed; none is set under one."""
+    if remove:
+        if nominal is not None or borrow_limit is not None or lend_limit is not None:
+            _usage_error("--remove takes no N, --borrow-limit or --lend-limit", as_json)
+        _remove_quota(target, as_json, team, pool)
+        return
+    if nominal is None:
+        _usage_error("N is required: instances guaranteed to TEAM (or --remove to remove its quota)", as_json)
     try:
         check_team_name(team)
     except QuotaError as exc:
@@ -969,6 +979,19 @@ def quota(
     else:
         click.echo(teams_table([share]))
         _quota_warnings([share])
+
+
+def _remove_quota(target: Target, as_json: bool, team: str, pool: str) -> None:
+    try:
+        # the client refuses, before any request, a name no quota is stored under and '.' or '..'
+        answer = target.client().remove_team_quota(team, pool)
+    except QuotaError as exc:
+        _usage_error(f"TEAM: {exc}", as_json)
+    if as_json:
+        _print_json(answer)
+    else:
+        click.echo(f"removed the quota of team {team} in {pool}")
+        _quota_warnings([answer])
 
 
 @_queue_command("whoami")

@@ -130,3 +130,64 @@ def test_quota_says_when_quotas_sum_above_the_pool_and_refuses_bad_team_names(
         assert (bad.code, bad.err.strip()) == (2, f"error: {rule}")
     rows = sagequeue("teams", "--json", home=home).json["teams"]
     assert sorted(r["team"] for r in rows) == ["audio", "speech", "vision"]
+
+
+def test_quota_remove_takes_out_a_quota_stored_under_a_name_the_rule_now_refuses(
+    stack: Any, home: Path, tmp_path: Path
+) -> None:
+    env = admin_env(stack)
+    endpoint = ("--endpoint", stack.endpoint)
+    # GIVEN a quota stored before the team-name rule under "-ops" (the item as the API then wrote it)
+    stack.aws_client("dynamodb").put_item(
+        TableName=stack.settings.table_name,
+        Item={"pk": {"S": "POOLS"}, "sk": {"S": f"TEAM#-ops#{POOL}"}, "nominal": {"N": "1"}},
+    )
+    assert "-ops" in {r["team"] for r in sagequeue("teams", "--json", home=home).json["teams"]}
+    # WHEN an admin sets it, THEN the rule refuses it before any request
+    refused = sagequeue("quota", *endpoint, "--", "-ops", POOL, "2", home=tmp_path, env=env)
+    assert (refused.code, refused.err.strip()) == (
+        2,
+        "error: TEAM: team name '-ops' must start with a letter or a digit",
+    )
+    # WHEN a user who is not an admin removes it, THEN the API refuses
+    user = sagequeue("quota", "--remove", "--", "-ops", POOL, home=home)
+    assert user.code != 0
+    assert "only an admin may set a team's quota" in user.err
+    # WHEN an admin removes it
+    removed = sagequeue("quota", "--remove", *endpoint, "--", "-ops", POOL, home=tmp_path, env=env)
+    # THEN it is gone, and `teams` no longer lists it
+    assert (removed.code, removed.out.strip()) == (0, f"removed the quota of team -ops in {POOL}"), (
+        removed.err
+    )
+    assert "-ops" not in {r["team"] for r in sagequeue("teams", "--json", home=home).json["teams"]}
+    # AND removing it again answers the rule and that nothing is stored, in one line
+    again = sagequeue("quota", "--remove", *endpoint, "--", "-ops", POOL, home=tmp_path, env=env)
+    assert again.code != 0
+    assert again.err.strip().endswith(
+        f"team: team name '-ops' must start with a letter or a digit; no quota of team '-ops' in {POOL} is "
+        "stored to remove"
+    )
+    assert len(again.err.strip().splitlines()) == 1
+    # AND --remove goes alone, N without --remove is required, and '..' never reaches a URL
+    for args, message in [
+        (("vision", POOL, "2", "--remove"), "error: --remove takes no N, --borrow-limit or --lend-limit"),
+        (
+            ("vision", POOL),
+            "error: N is required: instances guaranteed to TEAM (or --remove to remove its quota)",
+        ),
+        (
+            ("..", POOL, "--remove"),
+            "error: TEAM: team name '..' cannot be sent in a URL: it is a path's dot segment",
+        ),
+        (
+            ("a b", POOL, "--remove"),
+            "error: TEAM: team name 'a b' may hold only ASCII letters, digits, '-', '_' and '.'",
+        ),
+    ]:
+        bad = sagequeue("quota", *args, *endpoint, home=tmp_path, env=env)
+        assert (bad.code, bad.err.strip()) == (2, message)
+    # AND a quota under a name the rule accepts is removed the same way
+    assert sagequeue("quota", "audio", POOL, "1", *endpoint, home=tmp_path, env=env).code == 0
+    gone = sagequeue("quota", "audio", POOL, "--remove", "--json", *endpoint, home=tmp_path, env=env)
+    assert (gone.code, gone.json["removed"]) == (0, True), gone.err
+    assert "audio" not in {r["team"] for r in sagequeue("teams", "--json", home=home).json["teams"]}

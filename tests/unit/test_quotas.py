@@ -28,11 +28,13 @@ from sagequeue_core.policy import (
     plan,
 )
 from sagequeue_core.quotas import (
+    STORED_TEAM_NAME_PATTERN,
     TEAM_NAME_PATTERN,
     QuotaError,
     TeamLedger,
     TeamQuota,
     UsageCounter,
+    check_stored_team_name,
     check_team_name,
     decay,
     fair_share_factors,
@@ -183,6 +185,28 @@ def test_the_team_name_pattern_and_the_check_agree(name: str) -> None:
     if accepted:
         assert team_label(name) == name
     assert team_label(None) == team_label("") == "none"
+
+
+@given(
+    st.text(alphabet=st.characters(codec="utf-8"), max_size=70)
+    | st.from_regex(STORED_TEAM_NAME_PATTERN)
+    | st.sampled_from(["none", "NONE", "-ops", "_infra", ".", "..", ".x"])
+)
+def test_a_name_a_quota_may_be_stored_under_is_what_the_stored_pattern_says_and_holds_every_rule_name(
+    name: str,
+) -> None:
+    # the names earlier versions stored quotas under: removable, never set (check_team_name refuses some)
+    try:
+        check_stored_team_name(name)
+        stored = True
+    except QuotaError:
+        stored = False
+    assert stored is (re.fullmatch(STORED_TEAM_NAME_PATTERN.removesuffix("$") + r"\Z", name) is not None)
+    try:
+        check_team_name(name)
+    except QuotaError:
+        return
+    assert stored  # every name the rule accepts may be stored
 
 
 def test_quotas_above_the_pools_capacity_are_said_so() -> None:

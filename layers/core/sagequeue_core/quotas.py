@@ -47,6 +47,10 @@ TEAM_NAME_MAX_LENGTH = 64
 #: letter or a digit (no '.', '..', or name a command line would read as an option), and not "none".
 TEAM_NAME_PATTERN = rf"^(?![Nn][Oo][Nn][Ee]$)[A-Za-z0-9][A-Za-z0-9._-]{{0,{TEAM_NAME_MAX_LENGTH - 1}}}$"
 _TEAM_CHARACTERS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_.")
+#: Names a quota may be stored under: the API's path pattern before the rule (the rule's characters and
+#: length, any first character, "none" too). A quota stored under a name the rule now refuses may still be
+#: removed (check_stored_team_name); no quota is set under one.
+STORED_TEAM_NAME_PATTERN = rf"^[A-Za-z0-9._-]{{1,{TEAM_NAME_MAX_LENGTH}}}$"
 
 
 class QuotaError(ValueError):
@@ -56,14 +60,22 @@ class QuotaError(ValueError):
 def check_team_name(team: object) -> str:
     """`team` if it may name a team, else QuotaError naming the rule it breaks. The one rule for team names,
     wherever they come from: a job's tag, a role mapping, the API's path, the CLI, the simulator."""
-    if not isinstance(team, str) or not team or len(team) > TEAM_NAME_MAX_LENGTH:
-        raise QuotaError(f"a team name is 1 to {TEAM_NAME_MAX_LENGTH} characters, got {team!r}")
-    if not _TEAM_CHARACTERS.issuperset(team):
-        raise QuotaError(f"team name {team!r} may hold only ASCII letters, digits, '-', '_' and '.'")
+    team = check_stored_team_name(team)
     if not team[0].isascii() or not team[0].isalnum():
         raise QuotaError(f"team name {team!r} must start with a letter or a digit")
     if team.lower() == NO_TEAM_LABEL:
         raise QuotaError(f"team name {team!r} is reserved: {NO_TEAM_LABEL!r} stands for jobs without a team")
+    return team
+
+
+def check_stored_team_name(team: object) -> str:
+    """`team` if a quota may be stored under it (STORED_TEAM_NAME_PATTERN): a name the rule accepts, or one
+    earlier versions stored before the rule ("none", "-ops", "_infra"); else QuotaError naming the problem.
+    For removing a stored quota only: every name set from now on passes check_team_name."""
+    if not isinstance(team, str) or not team or len(team) > TEAM_NAME_MAX_LENGTH:
+        raise QuotaError(f"a team name is 1 to {TEAM_NAME_MAX_LENGTH} characters, got {team!r}")
+    if not _TEAM_CHARACTERS.issuperset(team):
+        raise QuotaError(f"team name {team!r} may hold only ASCII letters, digits, '-', '_' and '.'")
     return team
 
 
@@ -567,6 +579,7 @@ __all__ = [
     "DEFAULT_HALF_LIFE_SECONDS",
     "NO_TEAM",
     "NO_TEAM_LABEL",
+    "STORED_TEAM_NAME_PATTERN",
     "TEAM_NAME_MAX_LENGTH",
     "TEAM_NAME_PATTERN",
     "PoolShare",
@@ -577,6 +590,7 @@ __all__ = [
     "Waiting",
     "borrowed",
     "by_pool",
+    "check_stored_team_name",
     "check_team_name",
     "decay",
     "fair_share_factors",

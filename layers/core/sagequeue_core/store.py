@@ -15,6 +15,7 @@ Items (pk / sk):
 
 Indexes (all sparse, attributes present only on the items they serve):
     queued            queued_pool, queue_order      queued jobs of a pool: priority desc, then submission
+                                                    (read whole, team only, to count each team's waiting)
     queued_team       queued_team_pool, queue_order the same, of one team in a pool (fair share's windows)
     live              live_kind, live_name          LIVE attempts (ours and external), WARM pools
     by_owner          owner, submitted_order
@@ -441,6 +442,19 @@ class Repository:
     def queued_count(self, pool: str, team: str) -> int:
         """How many of `team`'s jobs wait in `pool` (a Count on the team's window index)."""
         return int(self._item.queued_team_index.count(f"{team}{_TEAM_SEP}{pool}"))
+
+    def queued_by_team(self, pool: str) -> dict[str, int]:
+        """How many jobs of each team wait in `pool`, under "" those without a team: one Query on the pool's
+        queue window that reads only each job's team, in pages of 1 MB. Jobs without a team have no team
+        window to count (queued_team_pool is a team's), and a job queued by any earlier version carries
+        its pool's window and its team, so this counts every queued job, with no counter to keep or
+        backfill. It reads the pool's whole queue, as queued_count reads a team's: for the API's listing of
+        teams, never for a pass."""
+        counts: dict[str, int] = {}
+        for item in self._item.queued_index.query(pool, attributes_to_get=["team"]):
+            team = item.team or ""
+            counts[team] = counts.get(team, 0) + 1
+        return counts
 
     def queue_position(self, job: Job) -> int | None:
         """1-based place of a queued job among its pool's queued jobs."""

@@ -85,6 +85,32 @@ def test_each_team_has_a_queue_window_of_its_own(store: Repository) -> None:
     assert store.queued_jobs(TRN1, 3, team="b") == []
 
 
+def test_the_jobs_waiting_in_a_pool_are_counted_per_team_those_without_one_too(store: Repository) -> None:
+    # GIVEN jobs of two teams and without a team queued in one pool, one of them in another pool
+    for i in range(3):
+        store.create_job(job(f"a-{i}", "a", i))
+    store.create_job(job("b-0", "b", 5))
+    for i in range(2):
+        store.create_job(job(f"none-{i}", None, 10 + i))
+    elsewhere = job("none-trn2", None, 20)
+    elsewhere.request["ResourceConfig"]["InstanceType"] = TRN2
+    store.create_job(elsewhere)
+    # THEN each pool counts its own, "" for jobs without a team, as the teams' windows count theirs
+    assert store.queued_by_team(TRN1) == {"a": 3, "b": 1, "": 2}
+    assert store.queued_by_team(TRN2) == {"": 1}
+    assert store.queued_count(TRN1, "a") == 3
+    # WHEN one job without a team starts and another is held
+    started = store.get_job("none-0")
+    started.transition(JobState.STARTING, START + timedelta(minutes=30))
+    store.save_job(started, was=JobState.QUEUED)
+    held = store.get_job("none-1")
+    held.transition(JobState.HELD, START + timedelta(minutes=30))
+    store.save_job(held, was=JobState.QUEUED)
+    # THEN neither waits in the queue any more, and the pool's counter agrees
+    assert store.queued_by_team(TRN1) == {"a": 3, "b": 1}
+    assert sum(store.queued_by_team(TRN1).values()) == store.get_pool(TRN1).queued
+
+
 def test_a_pass_with_quotas_reads_one_more_window_per_team_and_nothing_else(moto_endpoint: str) -> None:
     from test_pass_cost import measure_pass
 

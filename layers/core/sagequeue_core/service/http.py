@@ -27,7 +27,14 @@ from sagequeue_core.errors import (
     StaleVersion,
     Throttled,
 )
-from sagequeue_core.quotas import TEAM_NAME_MAX_LENGTH, TEAM_NAME_PATTERN, QuotaError, check_team_name
+from sagequeue_core.quotas import (
+    STORED_TEAM_NAME_PATTERN,
+    TEAM_NAME_MAX_LENGTH,
+    TEAM_NAME_PATTERN,
+    QuotaError,
+    check_stored_team_name,
+    check_team_name,
+)
 
 #: Path parameters as whole-string patterns (`$` is the very end: a trailing newline does not pass).
 NAME_PATTERN = r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$"
@@ -37,6 +44,9 @@ POOL_PATTERN = r"^(ml\.[a-z0-9]+\.[a-z0-9]+|plan:[A-Za-z0-9-]{1,64})$"
 POOL_MAX_LENGTH = 69
 #: A team, as its tag names it (sagequeue_core.quotas.check_team_name says the same in words).
 TEAM_PATTERN = TEAM_NAME_PATTERN
+#: A team a quota may be stored under, where a quota is set or removed: names the rule refuses that earlier
+#: versions stored ("none", "-ops") reach the use case, which removes their quotas and sets none.
+STORED_TEAM_PATTERN = STORED_TEAM_NAME_PATTERN
 
 #: A pool larger than any account's quota is a typo (training plans hold at most 64 instances).
 MAX_POOL_CAPACITY = 100_000
@@ -179,15 +189,19 @@ class PathParameter:
         return []
 
 
+@dataclass(frozen=True)
 class TeamParameter(PathParameter):
-    """A team in the path: refused as the pattern refuses it, with the rule it breaks in words."""
+    """A team in the path: refused as the pattern refuses it, with the rule it breaks in words (`rule`, which
+    says in words what `pattern` says)."""
+
+    rule: Callable[[object], str] = check_team_name
 
     def problems(self, name: str, value: str) -> list[str]:
         found = super().problems(name, value)
         if not found or len(value) > self.max_length:
             return found
         try:
-            check_team_name(value)
+            self.rule(value)
         except QuotaError as exc:
             return [f"{name}: {exc}"]
         return found
@@ -196,6 +210,7 @@ class TeamParameter(PathParameter):
 JOB_NAME = PathParameter(NAME_PATTERN, TRAINING_JOB_NAME_MAX_LENGTH)
 POOL = PathParameter(POOL_PATTERN, POOL_MAX_LENGTH)
 TEAM = TeamParameter(TEAM_PATTERN, TEAM_NAME_MAX_LENGTH)
+STORED_TEAM = TeamParameter(STORED_TEAM_PATTERN, TEAM_NAME_MAX_LENGTH, rule=check_stored_team_name)
 
 #: An integer in a query string: blanks around it, an optional sign, digits with single underscores between
 #: them, and a fraction of zeros at most ("5", " +5 ", "1_000", "5.0").

@@ -6,7 +6,7 @@ and shapes the answer.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -20,6 +20,7 @@ from sagequeue_core.quotas import (
     QuotaError,
     TeamLedger,
     TeamQuota,
+    check_stored_team_name,
     check_team_name,
     oversubscription,
     team_label,
@@ -53,35 +54,46 @@ class _Held:
 
 
 def all_teams(deps: Dependencies) -> list[dict[str, Any]]:
-    """Every team's position in every pool with quotas, with how many of its jobs wait there; jobs without a
-    team that hold instances of such a pool are the team "none"."""
+    """Every team's position in every pool with quotas, with how many of its jobs wait there: each team with
+    a quota there, or holding or waiting for instances of it; jobs without a team are the team "none"."""
     ledger = _ledger(deps)
+    waiting = {pool: deps.store.queued_by_team(pool) for pool in sorted(ledger.quotas)}
+    shares = {(share.pool, share.team): share for share in ledger.shares()}
+    for pool, teams in waiting.items():
+        for team in teams:
+            if (pool, team) not in shares:
+                shares[(pool, team)] = ledger.share(team, pool)
     return [
-        {
-            **_share_api(share, ledger),
-            "waiting": deps.store.queued_count(share.pool, share.team) if share.team else 0,
-        }
-        for share in ledger.shares()
+        {**_share_api(share, ledger), "waiting": waiting[pool].get(team, 0)}
+        for (pool, team), share in sorted(shares.items())
     ]
 
 
 def team_quotas(deps: Dependencies, team: str) -> list[dict[str, Any]]:
-    """A team's quota and usage in every pool where it has a quota or holds instances of a governed pool."""
+    """A team's quota and usage in every pool with quotas where it has a quota, or holds or waits for
+    instances: its rows of all_teams."""
     _team(team)
     ledger = _ledger(deps)
-    return [
-        {**_share_api(share, ledger), "waiting": deps.store.queued_count(share.pool, team)}
-        for share in ledger.shares()
-        if share.team == team
-    ]
+    rows = []
+    for pool in sorted(ledger.quotas):
+        share = ledger.share(team, pool)
+        waiting = deps.store.queued_count(pool, team)
+        if team in ledger.quotas[pool] or share.used or waiting:
+            rows.append({**_share_api(share, ledger), "waiting": waiting})
+    return rows
 
 
 def set_quota(deps: Dependencies, team: str, body: Any, caller: str | None) -> dict[str, Any]:
     """Set `team`'s quota in one pool: {pool, nominal, borrowing_limit?, lending_limit?} (null: unlimited);
-    a nominal of null removes the quota."""
+    a nominal of null removes the quota.
+
+    A quota is set only under a name the rule accepts (check_team_name). One is removed under any name a
+    quota may be stored under (check_stored_team_name), so a quota stored before the rule ("-ops", "none")
+    can be removed; removing one the rule refuses when none is stored answers the rule, and that nothing
+    is stored under it."""
     me = require_caller(caller)
     require_admin(me, deps.settings.admin_role_arns, "set a team's quota")
-    _team(team)
+    _team(team, check_stored_team_name)
     if not isinstance(body, dict):
         raise RequestInvalid("the body must be an object {pool, nominal, borrowing_limit, lending_limit}")
     unknown = sorted(set(body) - {"pool", "nominal", "borrowing_limit", "lending_limit"})
@@ -104,9 +116,8 @@ def set_quota(deps: Dependencies, team: str, body: Any, caller: str | None) -> d
     if "nominal" not in body:
         raise RequestInvalid("nominal is required: instances guaranteed to the team (null removes the quota)")
     if body["nominal"] is None:
-        deps.store.remove_team_quota(team, pool)
-        _announce(deps, team, pool, None, me)
-        return {"team": team, "pool": pool, "removed": True, "warning": _warning(_ledger(deps), pool)}
+        return _remove(deps, team, pool, me)
+    _team(team)
     try:
         quota = TeamQuota(
             team=team,
@@ -129,6 +140,20 @@ def set_quota(deps: Dependencies, team: str, body: Any, caller: str | None) -> d
     return answer
 
 
+def _remove(deps: Dependencies, team: str, pool: str, by: str) -> dict[str, Any]:
+    removed = deps.store.remove_team_quota(team, pool)
+    if not removed:
+        try:
+            check_team_name(team)
+        except QuotaError as exc:
+            # nothing stored under a name no quota can be set under: the caller mistyped it
+            raise RequestInvalid(
+                f"team: {exc}; no quota of team {team!r} in {pool} is stored to remove"
+            ) from None
+    _announce(deps, team, pool, None, by)
+    return {"team": team, "pool": pool, "removed": True, "warning": _warning(_ledger(deps), pool)}
+
+
 def _announce(deps: Dependencies, team: str, pool: str, quota: TeamQuota | None, by: str) -> None:
     # a JobChanged makes the scheduler run a pass: a new quota may start or reclaim work now
     announce(
@@ -139,11 +164,13 @@ def _announce(deps: Dependencies, team: str, pool: str, quota: TeamQuota | None,
     logger.info("team quota set", extra={"team": team, "pool": pool, "by": by})
 
 
-def _team(team: str) -> str:
+def _team(team: str, rule: Callable[[object], str] = check_team_name) -> str:
+    """`team` if `rule` accepts it; else RequestInvalid naming the path's member and the rule, as the API's
+    path check does."""
     try:
-        return check_team_name(team)
+        return rule(team)
     except QuotaError as exc:
-        raise RequestInvalid(str(exc)) from None
+        raise RequestInvalid(f"team: {exc}") from None
 
 
 def _warning(ledger: TeamLedger, pool: str) -> str | None:
