@@ -13,14 +13,16 @@ Definitions (docs/simulator.md repeats them):
   borrow (a loan could have run it), one whose lenders took loans back as often as the preemption budget
   allows (it borrows no more), or only jobs without a CheckpointConfig (a loan taken back would restart
   them from zero).
-- idle while no waiting job fits: the rest of the free share, split by what runs on the pool. Behind equal
-  or higher priority: every attempt holding the pool's other instances (a stopping one included) runs a job at
-  least as important as the most important job waiting for the pool. No waiting job fits the free
-  instances and none may preempt that work, so no start, release or preemption a scheduler is allowed
-  could fill them at that moment: only its earlier choices could have led elsewhere. Behind lower
-  priority or a warm pool: some of that work is less important, but may not be stopped yet (its minimum
-  runtime, its preemption budget), is being stopped (the stop grace), or stopping it would not make room
-  for the waiting job; or releasing the pool's warm pools would make room for a waiting job.
+- idle while no waiting job fits: the rest of the free share, split by what holds the pool. Behind equal
+  or higher priority: no waiting job fits the free and warm instances together, and every attempt on the
+  pool (a stopping one included) runs a job at least as important as the most important job waiting for
+  it, so in that state no start, release or preemption the policy's rules allow (preempt only strictly
+  lower priority) could fill the free instances: only the scheduler's earlier choices could have led to
+  another state. Behind lower priority or a warm pool: everything else (less important work still inside
+  its minimum runtime or budget, being stopped, or whose preemption would not make room; a warm pool whose
+  release would; any idle while team quotas are set, since a team under its quota reclaims other teams'
+  work whatever its priority). Idle while only jobs backing off, or jobs that can never fit, wait is in
+  neither.
 - training share, warm idle share: of the pool's capacity over the whole run (first submission to the end).
 - warm reuse: attempts created on a warm pool, of all attempts.
 - preemptions: stops of a job's attempt for another job, within the preemption budget; loans taken back,
@@ -41,7 +43,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from sagequeue.sim.sagemaker import OCCUPANCY, Attempt, Outcome
-from sagequeue_core.domain import StopReason
+from sagequeue_core.domain import StopReason, never_fits
 from sagequeue_core.quotas import team_label
 
 if TYPE_CHECKING:
@@ -193,11 +195,18 @@ class Recorder:
     def _blocked_kind(
         self, sim: Simulation, pool: str, now: datetime, state: Mapping[str, int]
     ) -> str | None:
-        ready = [job for job in sim.queued[pool].values() if job.not_before is None or job.not_before <= now]
+        ready = [
+            job
+            for job in sim.queued[pool].values()
+            if (job.not_before is None or job.not_before <= now)
+            and never_fits(job.demand, sim.settings.capacity) is None
+        ]
         if not ready:
-            return None  # only jobs backing off wait: not a scheduling choice
+            return None  # only jobs backing off, or that can never fit, wait: not a scheduling choice
         if any(job.demand.get(pool, 0) <= state["free"] + state["warm"] for job in ready):
             return NOT_FITTING[1]  # releasing warm pools would make room for one
+        if sim.settings.team_quotas:
+            return NOT_FITTING[1]  # a team under its quota reclaims other teams' work whatever its priority
         waiting = [job.priority for job in ready]
         holders = [
             sim.runs[attempt.job_name].spec.priority

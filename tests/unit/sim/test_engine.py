@@ -313,27 +313,65 @@ def test_idle_behind_less_important_work_not_yet_preemptible_is_its_own_share() 
     assert at_once["behind equal or higher priority"] == 0
 
 
-def test_idle_a_warm_pool_release_would_fill_is_not_counted_as_forced() -> None:
-    # The simulated SageMaker releases warm pools at once, so this state is built by hand for the recorder
-    # alone: on a pool of 3, "a" (priority 9) trains on one instance, "w"'s warm pool keeps another, one is
-    # free, and "wide" (priority 5, two instances) waits. Everything running is more important than "wide",
-    # but releasing the warm pool would make room for it: that idle is not forced.
-    def sim(warm_instances: int) -> SimpleNamespace:
-        attempt = SimpleNamespace(pool=POOL, phase=Phase.TRAINING, instances=1, job_name="a")
-        warm = {"w": SimpleNamespace(pool=POOL, instances=warm_instances)} if warm_instances else {}
-        wide = SimpleNamespace(demand={POOL: 2}, not_before=None, priority=5, checkpointed=True)
-        return SimpleNamespace(
-            sagemaker=SimpleNamespace(live={"a": attempt}, warm=warm),
-            queued={POOL: {"wide": wide}},
-            runs={"a": SimpleNamespace(spec=SimpleNamespace(priority=9, team=None))},
-            now_dt=datetime(2026, 1, 1, tzinfo=UTC),
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
+FORCED, OTHER = "behind equal or higher priority", "behind lower priority or a warm pool"
+
+
+def _blocked(
+    capacity: int,
+    waiting: dict[str, tuple[int, int]],  # name -> (priority, instances)
+    holder_priority: int = 5,
+    warm_instances: int = 0,
+    backing_off: frozenset[str] = frozenset(),
+    team_quotas: tuple[object, ...] = (),
+) -> str | None:
+    """The recorder alone on a state built by hand (the simulated SageMaker releases warm pools at once,
+    so some states never last in a run): "a" trains on one instance of the pool, with `holder_priority`."""
+    attempt = SimpleNamespace(pool=POOL, phase=Phase.TRAINING, instances=1, job_name="a")
+    warm = {"w": SimpleNamespace(pool=POOL, instances=warm_instances)} if warm_instances else {}
+    later = datetime(2026, 1, 2, tzinfo=UTC)
+    queued = {
+        name: SimpleNamespace(
+            demand={POOL: instances},
+            not_before=later if name in backing_off else None,
+            priority=priority,
+            checkpointed=True,
         )
+        for name, (priority, instances) in waiting.items()
+    }
+    sim = SimpleNamespace(
+        sagemaker=SimpleNamespace(live={"a": attempt}, warm=warm),
+        queued={POOL: queued},
+        runs={"a": SimpleNamespace(spec=SimpleNamespace(priority=holder_priority, team=None))},
+        now_dt=NOW,
+        settings=SimpleNamespace(capacity={POOL: capacity}, team_quotas=team_quotas),
+    )
+    recorder = Recorder({POOL: capacity}, timeline=False)
+    recorder.occupancy(sim, POOL, 0.0)  # type: ignore[arg-type]
+    return recorder.pools[POOL].blocked
 
-    def blocked(warm_instances: int, capacity: int) -> str | None:
-        recorder = Recorder({POOL: capacity}, timeline=False)
-        recorder.occupancy(sim(warm_instances), POOL, 0.0)  # type: ignore[arg-type]
-        return recorder.pools[POOL].blocked
 
-    assert blocked(warm_instances=1, capacity=3) == "behind lower priority or a warm pool"
+def test_idle_a_warm_pool_release_would_fill_is_not_counted_as_forced() -> None:
+    # on a pool of 3, "a" (priority 9) trains on one instance, a warm pool keeps another, one is free, and
+    # "wide" (priority 5, two instances) waits: releasing the warm pool would make room for it
+    assert _blocked(3, {"wide": (5, 2)}, holder_priority=9, warm_instances=1) == OTHER
     # the same pool without the warm pool (one instance fewer): nothing but more important work holds it
-    assert blocked(warm_instances=0, capacity=2) == "behind equal or higher priority"
+    assert _blocked(2, {"wide": (5, 2)}, holder_priority=9) == FORCED
+
+
+def test_forced_idle_is_judged_against_the_most_important_job_that_may_start() -> None:
+    # "a" (priority 5) is more important than "low" but not than "high": "high" could preempt it
+    assert _blocked(2, {"low": (3, 2), "high": (9, 2)}) == OTHER
+    assert _blocked(2, {"low": (3, 2)}) == FORCED
+    # a job backing off may not start now: it does not make the idle preventable...
+    assert _blocked(2, {"low": (3, 2), "high": (9, 2)}, backing_off=frozenset({"high"})) == FORCED
+    # ...nor does a job that can never fit the pool (wider than its capacity)
+    assert _blocked(2, {"low": (3, 2), "huge": (9, 3)}) == FORCED
+    # and with only such jobs waiting, the idle is in neither share
+    assert _blocked(2, {"huge": (9, 3)}) is None
+    assert _blocked(2, {"high": (9, 2)}, backing_off=frozenset({"high"})) is None
+
+
+def test_with_team_quotas_no_idle_is_counted_as_forced() -> None:
+    # a team under its quota reclaims other teams' work whatever its priority
+    assert _blocked(2, {"low": (3, 2)}, team_quotas=(object(),)) == OTHER
