@@ -990,7 +990,10 @@ def _remove_quota(target: Target, as_json: bool, team: str, pool: str) -> None:
     if as_json:
         _print_json(answer)
     else:
-        click.echo(f"removed the quota of team {team} in {pool}")
+        if answer.get("removed"):
+            click.echo(f"removed the quota of team {team} in {pool}")
+        else:
+            click.echo(f"team {team} had no quota in {pool}: nothing to remove")
         _quota_warnings([answer])
 
 

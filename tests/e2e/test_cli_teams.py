@@ -191,3 +191,6 @@ def test_quota_remove_takes_out_a_quota_stored_under_a_name_the_rule_now_refuses
     gone = sagequeue("quota", "audio", POOL, "--remove", "--json", *endpoint, home=tmp_path, env=env)
     assert (gone.code, gone.json["removed"]) == (0, True), gone.err
     assert "audio" not in {r["team"] for r in sagequeue("teams", "--json", home=home).json["teams"]}
+    # AND removing it again says there was nothing to remove, not that it removed something
+    again = sagequeue("quota", "audio", POOL, "--remove", *endpoint, home=tmp_path, env=env)
+    assert (again.code, again.out.strip()) == (0, f"team audio had no quota in {POOL}: nothing to remove")

@@ -160,12 +160,26 @@ def test_a_name_no_quota_was_ever_stored_under_is_refused_whatever_the_request(w
         path = f"/teams/{team}/quotas".replace("%C3%A9", "é")
         status, body = world.api("PUT", path, {"pool": TRN1, "nominal": None}, caller=ADMIN)
         assert (status, body) == (400, {"message": f"team: {rule}", "code": "ValidationError"})
-    # AND a name the rule accepts is removed as before, stored or not
+    # AND a name the rule accepts is removed as before, and removing it again answers that nothing was
     world.deps.store.set_team_quota(TeamQuota("vision", TRN1, 2))
+    outcomes = []
     for _ in range(2):
         status, body = world.api("PUT", "/teams/vision/quotas", {"pool": TRN1, "nominal": None}, caller=ADMIN)
-        assert (status, body["removed"]) == (200, True), body
+        outcomes.append((status, body["removed"]))
+    assert outcomes == [(200, True), (200, False)]
     assert world.deps.store.team_quotas() == []
+
+
+def test_a_removal_carrying_limits_is_refused_and_the_quota_kept(world: QueueWorld) -> None:
+    world.deps.store.set_team_quota(TeamQuota("vision", TRN1, 2, borrowing_limit=1))
+    status, body = world.api(
+        "PUT", "/teams/vision/quotas", {"pool": TRN1, "nominal": None, "borrowing_limit": 5}, caller=ADMIN
+    )
+    assert (status, body["code"]) == (400, "ValidationError")
+    assert (
+        body["message"] == "nominal null removes the quota; borrowing_limit may only be given with a nominal"
+    )
+    assert world.deps.store.team_quotas() == [TeamQuota("vision", TRN1, 2, borrowing_limit=1)]
 
 
 def test_jobs_without_a_team_that_only_wait_are_counted_beside_teams_without_a_quota(

@@ -116,6 +116,11 @@ def set_quota(deps: Dependencies, team: str, body: Any, caller: str | None) -> d
     if "nominal" not in body:
         raise RequestInvalid("nominal is required: instances guaranteed to the team (null removes the quota)")
     if body["nominal"] is None:
+        limits = [name for name in ("borrowing_limit", "lending_limit") if body.get(name) is not None]
+        if limits:
+            raise RequestInvalid(
+                f"nominal null removes the quota; {' and '.join(limits)} may only be given with a nominal"
+            )
         return _remove(deps, team, pool, me)
     _team(team)
     try:
@@ -150,6 +155,8 @@ def _remove(deps: Dependencies, team: str, pool: str, by: str) -> dict[str, Any]
             raise RequestInvalid(
                 f"team: {exc}; no quota of team {team!r} in {pool} is stored to remove"
             ) from None
+        # idempotent: nothing stored to remove, nothing changed, nothing to announce
+        return {"team": team, "pool": pool, "removed": False, "warning": _warning(_ledger(deps), pool)}
     _announce(deps, team, pool, None, by)
     return {"team": team, "pool": pool, "removed": True, "warning": _warning(_ledger(deps), pool)}
 
@@ -161,7 +168,7 @@ def _announce(deps: Dependencies, team: str, pool: str, quota: TeamQuota | None,
         EventType.JOB_CHANGED,
         {"team": team, "pool": pool, "change": "quota", "quota": quota.to_dict() if quota else None},
     )
-    logger.info("team quota set", extra={"team": team, "pool": pool, "by": by})
+    logger.info("team quota " + ("set" if quota else "removed"), extra={"team": team, "pool": pool, "by": by})
 
 
 def _team(team: str, rule: Callable[[object], str] = check_team_name) -> str:
