@@ -88,9 +88,10 @@ def run(title: str, spec: WorkloadSpec, seed: int, markdown: bool, drain_days: f
     # jobs submitted together run one after another whatever else runs, so their wait alone, over the small
     # jobs' wait in the full run, says how much of the ratio is their own queue (a reference run of the
     # same policy, not a bound).
-    worst = _worst_gang_class(results[-1].recorder)
+    summary = results[-1].summary
+    worst = summary["gang_over_small_worst_class"]
     if worst is not None:
-        priority, ratio, small_wait = worst
+        priority = worst["priority"]
         gangs = tuple(job for job in trace.jobs if job.priority == priority and job.gang)
         (gangs_alone,) = simulate(
             dataclasses.replace(trace, jobs=gangs),
@@ -98,39 +99,15 @@ def run(title: str, spec: WorkloadSpec, seed: int, markdown: bool, drain_days: f
             horizon_seconds=horizon,
             timeline=False,
         )
-        alone = gangs_alone.recorder
-        alone_wait = sum(_wait(job, alone.end) for job in alone.jobs.values()) / len(gangs)
+        alone_wait = gangs_alone.summary["wait_gang"]["mean"]
         print(
-            f"worst gang / small class (priority {priority}, {len(gangs)} gangs): {ratio:.2f}; its gangs alone"
-            f" on the pools wait {alone_wait / small_wait:.2f} x its small jobs' mean wait"
+            f"worst gang / small class (priority {priority}, {len(gangs)} gangs):"
+            f" {summary['gang_over_small_wait_same_priority']:.2f}; its gangs alone on the pools wait"
+            f" {alone_wait / worst['small_mean_wait']:.2f} x its small jobs' mean wait"
         )
     walls = ", ".join(f"{r.variant.label} {r.wall_seconds:.1f} s" for r in results)
     print(f"\nwall time: {time.perf_counter() - began:.1f} s ({walls})")
     sys.stdout.flush()
-
-
-def _wait(job, end: float) -> float:  # type: ignore[no-untyped-def]
-    """The report's wait: submission to the first attempt's creation; never started: to the end."""
-    return (job.first_start if job.first_start is not None else end) - job.submitted
-
-
-def _worst_gang_class(recorder) -> tuple[int, float, float] | None:  # type: ignore[no-untyped-def]
-    """(priority, gang / small mean wait, small mean wait) of the priority where the ratio is largest, picked
-    as the report picks it (priorities from the highest, the first of equal ratios)."""
-    jobs = list(recorder.jobs.values())
-    worst = None
-    for priority in sorted({job.priority for job in jobs}, reverse=True):
-        waits = {
-            gang: [_wait(job, recorder.end) for job in jobs if job.priority == priority and job.gang is gang]
-            for gang in (True, False)
-        }
-        if not waits[True] or not waits[False]:
-            continue
-        gang_wait = sum(waits[True]) / len(waits[True])
-        small_wait = sum(waits[False]) / len(waits[False])
-        if small_wait > 0 and (worst is None or gang_wait / small_wait > worst[1]):
-            worst = (priority, gang_wait / small_wait, small_wait)
-    return worst
 
 
 def main() -> None:

@@ -327,12 +327,14 @@ def summarize(
     gang = [waits[j.name] for j in jobs if j.gang]
     small = [waits[j.name] for j in jobs if not j.gang]
     worst_gang_ratio = None
+    worst_gang_class = None  # the priority where gang / small is largest, and its small jobs' mean wait
     for p in priorities:
         wide = [waits[j.name] for j in jobs if j.priority == p and j.gang]
         narrow = [waits[j.name] for j in jobs if j.priority == p and not j.gang]
         ratio = _ratio(_mean(wide), _mean(narrow))
         if ratio is not None and (worst_gang_ratio is None or ratio > worst_gang_ratio):
             worst_gang_ratio = ratio
+            worst_gang_class = {"priority": p, "small_mean_wait": _mean(narrow)}
     top = [waits[j.name] for j in jobs if priorities and j.priority == priorities[0]]
     span = max(end - start, 0.0)
     capacity_seconds = sum(r.capacity for r in recorder.pools.values()) * span
@@ -394,6 +396,7 @@ def summarize(
         "wait_gang": _wait_stats(gang),
         "wait_small": _wait_stats(small),
         "gang_over_small_wait_same_priority": worst_gang_ratio,
+        "gang_over_small_worst_class": worst_gang_class,
         "top_priority": priorities[0] if priorities else None,
         "top_p95_wait_over_grace_and_provisioning": _ratio(
             percentile(top, 95), stop_grace_seconds + provisioning_seconds
