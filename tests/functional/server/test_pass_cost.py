@@ -9,6 +9,7 @@ from __future__ import annotations
 import uuid
 from collections import Counter
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -40,13 +41,23 @@ class ReadMeter:
         return sum(n for op, n in self.requests.items() if op in READ_OPERATIONS)
 
 
-def measure_pass(world: QueueWorld) -> ReadMeter:
-    """One scheduler invocation for a JobChanged event, metered."""
+@contextmanager
+def metered(world: QueueWorld) -> Iterator[ReadMeter]:
+    """Count the DynamoDB requests (and read units) the repository's client makes inside the block."""
     meter = ReadMeter()
     events = world.deps.store.client.meta.events
     events.register("before-call.dynamodb.*", meter.before)
     events.register("after-call.dynamodb.*", meter.after)
     try:
+        yield meter
+    finally:
+        events.unregister("before-call.dynamodb.*", meter.before)
+        events.unregister("after-call.dynamodb.*", meter.after)
+
+
+def measure_pass(world: QueueWorld) -> ReadMeter:
+    """One scheduler invocation for a JobChanged event, metered."""
+    with metered(world) as meter:
         world.schedule(
             {
                 "version": "0",
@@ -56,9 +67,6 @@ def measure_pass(world: QueueWorld) -> ReadMeter:
                 "detail": {"name": "x", "change": "changed"},
             }
         )
-    finally:
-        events.unregister("before-call.dynamodb.*", meter.before)
-        events.unregister("after-call.dynamodb.*", meter.after)
     return meter
 
 

@@ -227,18 +227,11 @@ def test_jobs_without_a_team_that_only_wait_are_counted_beside_teams_without_a_q
 
 
 def test_listing_teams_reads_one_query_per_governed_pool_however_many_teams_wait(moto_endpoint: str) -> None:
-    from test_pass_cost import ReadMeter
+    from test_pass_cost import ReadMeter, metered
 
     def listing_reads(world: QueueWorld) -> ReadMeter:
-        meter = ReadMeter()
-        events = world.deps.store.client.meta.events
-        events.register("before-call.dynamodb.*", meter.before)
-        events.register("after-call.dynamodb.*", meter.after)
-        try:
+        with metered(world) as meter:
             status, body = world.api("GET", "/teams", caller=ADMIN)
-        finally:
-            events.unregister("before-call.dynamodb.*", meter.before)
-            events.unregister("after-call.dynamodb.*", meter.after)
         assert status == 200, body
         return meter
 
