@@ -375,3 +375,28 @@ def test_forced_idle_is_judged_against_the_most_important_job_that_may_start() -
 def test_with_team_quotas_no_idle_is_counted_as_forced() -> None:
     # a team under its quota reclaims other teams' work whatever its priority
     assert _blocked(2, {"low": (3, 2)}, team_quotas=(object(),)) == OTHER
+
+
+def test_the_worst_gang_class_names_its_priority_and_its_small_jobs_mean_wait() -> None:
+    # a pool of 4 taken by one whole-pool job; then, in submission order, a small and a whole-pool job at
+    # priority 5 and the same at priority 3. Priority 5's gangs include the one that started at once, so its
+    # ratio is lower: the worst class is the second one looked at, not the first.
+    trace = Trace(
+        (
+            TraceJob("f5", 0, 5, POOL, 4, 1000),
+            TraceJob("s5", 1, 5, POOL, 1, 100),
+            TraceJob("g5", 2, 5, POOL, 4, 100),
+            TraceJob("s3", 3, 3, POOL, 1, 100),
+            TraceJob("g3", 4, 3, POOL, 4, 100),
+        )
+    )
+    out = run(trace, "fifo", capacity={POOL: 4})
+    jobs = out["jobs"]
+    wait = {name: job.first_start - job.submitted for name, job in jobs.items()}  # type: ignore[attr-defined]
+    ratio_5 = (wait["f5"] + wait["g5"]) / 2 / wait["s5"]
+    ratio_3 = wait["g3"] / wait["s3"]
+    assert wait["s3"] > 0
+    assert ratio_3 > ratio_5
+    summary = out["summary"]
+    assert summary["gang_over_small_worst_class"] == {"priority": 3, "small_mean_wait": wait["s3"]}  # type: ignore[index]
+    assert summary["gang_over_small_wait_same_priority"] == ratio_3  # type: ignore[index]
