@@ -195,7 +195,8 @@ def run_benchmark(args: argparse.Namespace, work: Path, env: dict[str, str]) -> 
     from huggingface_hub import HfApi
 
     from sagequeue.job import sync
-    from sagequeue.job.remote import Deadline, open_remote
+    from sagequeue.job.backends import open_remote
+    from sagequeue.job.remote import Deadline
 
     source = work / "source"
     started = time.monotonic()

@@ -17,7 +17,8 @@ from typing import Any
 import click
 
 from sagequeue.job import neuron, settings, sync
-from sagequeue.job.remote import Deadline, RemoteCache, RemoteCacheError, RemoteEntry, RemoteFile, open_remote
+from sagequeue.job.backends import open_remote
+from sagequeue.job.remote import Deadline, RemoteCache, RemoteCacheError, RemoteEntry, RemoteFile
 from sagequeue_core.defaults import NEFF_CACHE_ENV
 
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)i?B?\s*$", re.IGNORECASE)
@@ -305,8 +306,11 @@ def restore(
         f"{neuron.version_dir(resolved)}: restored {len(report.restored)} entries ({human(report.bytes_downloaded)}) "
         f"in {time.monotonic() - started:.1f}s; {len(report.already_local)} already local, "
         f"{len(report.busy)} busy, {len(report.failed)} failed"
+        + (f", {len(report.refused)} refused (names leading out of the cache)" if report.refused else "")
     )
-    if report.failed:
+    for key, problem in sorted(report.refused.items()):
+        click.echo(f"refused {key}: {problem}", err=True)
+    if report.failed or report.refused:
         raise SystemExit(1)
 
 

@@ -59,7 +59,8 @@ class CompilerNotFoundError(RuntimeError):
 class EntryState(enum.StrEnum):
     #: model.neff and model.done written, no lock: safe to share.
     COMPLETE = "complete"
-    #: The compiler left a log but no NEFF: the Neuron stack would answer "cached failed neff" forever.
+    #: The compiler left a log (`model.log`), whatever else is there: the Neuron stack would answer "cached
+    #: failed neff" forever.
     FAILED = "failed"
     #: A compiler holds a lock file in the entry: it is being written now.
     LOCKED = "locked"
@@ -82,7 +83,7 @@ class LocalEntry:
 
     def files(self) -> list[Path]:
         """The entry's files, relative paths included, lock files excluded: what a share carries."""
-        return sorted(p for p in self.path.rglob("*") if p.is_file() and not p.name.endswith(LOCK_SUFFIX))
+        return [path for _, path in iter_entry_files(self.path)]
 
     def size(self) -> int:
         return sum(p.stat().st_size for p in self.files())
@@ -117,17 +118,23 @@ def is_entry_dir(name: str) -> bool:
 def is_complete_file_set(names: Sequence[str]) -> bool:
     """Whether a set of file names (relative to the entry) makes a complete, shareable entry."""
     present = set(names)
-    return NEFF_FILE in present and DONE_FILE in present and not any(n.endswith(LOCK_SUFFIX) for n in present)
+    return (
+        NEFF_FILE in present
+        and DONE_FILE in present
+        and FAILURE_LOG_FILE not in present
+        and not any(n.endswith(LOCK_SUFFIX) for n in present)
+    )
 
 
 def entry_state(path: Path) -> EntryState:
     names = [p.name for p in path.iterdir()] if path.is_dir() else []
     if any(n.endswith(LOCK_SUFFIX) for n in names):
         return EntryState.LOCKED
+    # the compiler's log of a failure, with or without a NEFF beside it: never shared, compiled again
+    if FAILURE_LOG_FILE in names:
+        return EntryState.FAILED
     if is_complete_file_set(names):
         return EntryState.COMPLETE
-    if FAILURE_LOG_FILE in names and NEFF_FILE not in names:
-        return EntryState.FAILED
     return EntryState.INCOMPLETE
 
 
@@ -363,8 +370,21 @@ def parallel_compile_command(
     return [executable, *command]
 
 
+#: A folder of this prefix inside an entry is a remote writer's (S3), copied down by hand: never shared.
+WRITER_FOLDER_PREFIX = ".w-"
+
+
 def iter_entry_files(entry_path: Path) -> Iterator[tuple[str, Path]]:
-    """(name relative to the entry, path) for every shareable file of an entry directory."""
-    for path in sorted(entry_path.rglob("*")):
-        if path.is_file() and not path.name.endswith(LOCK_SUFFIX):
-            yield path.relative_to(entry_path).as_posix(), path
+    """(name relative to the entry, path) for every shareable file of an entry directory.
+
+    Only regular files inside the entry: a symbolic link (to a file or a folder) is never followed, so a
+    link to credentials elsewhere is not published, and a remote writer's folder (`.w-*`) is left out."""
+    found: list[tuple[str, Path]] = []
+    for folder, dirs, files in os.walk(entry_path, followlinks=False):
+        dirs[:] = [d for d in dirs if not d.startswith(WRITER_FOLDER_PREFIX)]
+        for name in files:
+            path = Path(folder) / name
+            if name.endswith(LOCK_SUFFIX) or path.is_symlink() or not path.is_file():
+                continue
+            found.append((path.relative_to(entry_path).as_posix(), path))
+    yield from sorted(found)

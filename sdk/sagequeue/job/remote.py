@@ -18,9 +18,17 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Protocol
 
-from sagequeue.job.neuron import LocalEntry, entry_key, is_version_dir, version_dir, version_of_dir
+from sagequeue.job.names import check_name
+from sagequeue.job.neuron import (
+    LocalEntry,
+    entry_key,
+    is_entry_dir,
+    is_version_dir,
+    version_dir,
+    version_of_dir,
+)
 
 REGISTRY_DIR = "registry"
 
@@ -118,11 +126,15 @@ class RegistryRecord:
         data = json.loads(raw)
         if not isinstance(data, dict) or not {"model", "compiler_version", "config"} <= data.keys():
             raise ValueError("a registry record needs model, compiler_version and config")
+        # names that become paths (the record's own, the entries it lists) pass the restore's check
+        model = check_name(str(data["model"]), "registry model")
+        if not is_version_dir(version_dir(str(data["compiler_version"]))):
+            raise ValueError(f"a registry record names no compiler version: {data['compiler_version']!r}")
         return cls(
-            model=str(data["model"]),
+            model=model,
             compiler_version=str(data["compiler_version"]),
             config={str(k): str(v) for k, v in dict(data["config"]).items()},
-            entries=[str(e) for e in data.get("entries", [])],
+            entries=[str(e) for e in data.get("entries", []) if is_entry_dir(str(e))],
             updated_at=str(data.get("updated_at", "")),
             training_job=data.get("training_job"),
             writer=str(data.get("writer") or uuid.uuid4().hex[:16]),
@@ -369,16 +381,3 @@ class RemoteCache(Protocol):
         ...
 
     def delete(self, entries: Sequence[RemoteEntry]) -> None: ...
-
-
-def open_remote(url: str, **options: Any) -> RemoteCache:
-    """The backend for `hf://<org>/<repo>` or `s3://<bucket>/<prefix>`."""
-    if url.startswith("hf://"):
-        from sagequeue.job.hub import HubCache
-
-        return HubCache(url, **options)
-    if url.startswith("s3://"):
-        from sagequeue.job.s3 import S3Cache
-
-        return S3Cache(url, **options)
-    raise ValueError(f"unknown NEFF cache URL {url!r}: expected hf://<org>/<repo> or s3://<bucket>/<prefix>")

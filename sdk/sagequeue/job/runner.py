@@ -28,10 +28,11 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from sagequeue.job import neuron, settings, sync
+from sagequeue.job.backends import open_remote
 from sagequeue.job.host import INSTANCE_TYPE_ENV, HostIdentityError
 from sagequeue.job.host import resolve as resolve_host
 from sagequeue.job.process import SignalForwarder, StopWatch, group_alive, wait_for_group
-from sagequeue.job.remote import Deadline, RegistryRecord, RemoteCache, matches_job, open_remote
+from sagequeue.job.remote import Deadline, RegistryRecord, RemoteCache, matches_job
 from sagequeue_core.defaults import METRIC_PERIOD_SECONDS
 
 log = logging.getLogger("sagequeue.job")
@@ -409,7 +410,8 @@ class JobRunner:
         if report is not None:
             outcome.restored = report.restored
             log.info(
-                "restored %d entries (%d bytes) in %.1fs; %d already local, %d busy, %d failed, %d over budget",
+                "restored %d entries (%d bytes) in %.1fs; %d already local, %d busy, %d failed, %d over budget, "
+                "%d refused",
                 len(report.restored),
                 report.bytes_downloaded,
                 time.monotonic() - started,
@@ -417,6 +419,7 @@ class JobRunner:
                 len(report.busy),
                 len(report.failed),
                 len(report.over_budget),
+                len(report.refused),
             )
         return known
 

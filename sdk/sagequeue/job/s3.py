@@ -33,6 +33,7 @@ from boto3.s3.transfer import TransferConfig
 from botocore.exceptions import ClientError
 
 from sagequeue.job import neuron
+from sagequeue.job.names import UnsafeNameError, check_name
 from sagequeue.job.remote import (
     OPTIMUM_REGISTRY_DIR,
     REGISTRY_DIR,
@@ -185,11 +186,27 @@ class S3Cache:
 
     def verified_files(self, entry: RemoteEntry) -> tuple[RemoteFile, ...]:
         manifest = self._manifest(entry.version, entry.module)
-        prefix = str(manifest.get("prefix") or entry.key).strip("/")
+        prefix = self._manifest_prefix(entry.key, manifest)
         return tuple(
-            RemoteFile(name, int(info["size"]), sha256=str(info["sha256"]), location=f"{prefix}/{name}")
+            RemoteFile(
+                check_name(name, f"{entry.key}: file"),
+                int(info["size"]),
+                sha256=str(info["sha256"]),
+                location=f"{prefix}/{name}",
+            )
             for name, info in sorted(manifest["files"].items())
         )
+
+    @staticmethod
+    def _manifest_prefix(key: str, manifest: Mapping[str, Any]) -> str:
+        """Where a manifest says the entry's objects are: the entry's own folder or a writer prefix in it,
+        never another entry's objects or a key outside the cache."""
+        prefix = str(manifest.get("prefix") or key)
+        check_name(prefix, f"{key}: manifest prefix")
+        rest = prefix[len(key) :]
+        if prefix != key and not (rest.startswith(f"/{WRITER_PREFIX}") and rest.count("/") == 1):
+            raise UnsafeNameError(f"{key}: manifest prefix {prefix!r} is not {key}/{WRITER_PREFIX}<writer>")
+        return prefix
 
     @contextmanager
     def open_file(
@@ -322,7 +339,12 @@ class S3Cache:
                 manifest = self._manifest(version, module)
             except RemoteCacheError:
                 return []  # no manifest, nothing published to copy
-            prefix = str(manifest.get("prefix") or key).strip("/")
+            try:
+                prefix = self._manifest_prefix(key, manifest)
+                for name in manifest["files"]:
+                    check_name(name, f"{key}: file")
+            except UnsafeNameError:
+                return []  # a hostile manifest: `verify` reports it, nothing is copied from it
             sizes = manifest["files"]
         if prefix == key:
             return []  # written before writer prefixes: the files are already there

@@ -35,6 +35,7 @@ from typing import Any
 from tqdm import tqdm
 
 from sagequeue.job import neuron
+from sagequeue.job.names import UnsafeNameError, check_name, path_inside
 from sagequeue.job.remote import (
     OPTIMUM_REGISTRY_DIR,
     Cancelled,
@@ -141,6 +142,8 @@ class RestoreReport:
     over_budget: list[str] = field(default_factory=list)
     #: Why the restore stopped early (called off, disk full, below the floor), or None.
     stopped: str | None = None
+    #: Entries refused because a name in them would write outside the cache (entry key -> the name).
+    refused: dict[str, str] = field(default_factory=dict)
 
 
 class _Hasher:
@@ -188,7 +191,8 @@ class _Download:
         self.guard = guard
         self.entry = entry
         self.file = file
-        self.target = staging / file.name
+        # the name came from the remote: refused when it, or a link on its way, leads out of staging
+        self.target = path_inside(staging, file.name, f"{entry.key}: file")
         self.part = self.target.with_name(self.target.name + PART_SUFFIX)
         #: Large files: indices of the ranges already written into .part, one per line.
         self.ledger = self.target.with_name(self.target.name + LEDGER_SUFFIX)
@@ -395,7 +399,9 @@ def restore(
         )
         ready: dict[str, tuple[RemoteFile, ...]] = {}
         for module, answer in described.items():
-            if isinstance(answer, Exception):
+            if isinstance(answer, UnsafeNameError):
+                _refuse(report, neuron.entry_key(version, module), answer)
+            elif isinstance(answer, Exception):
                 report.failed[neuron.entry_key(version, module)] = str(answer)
             else:
                 ready[module] = answer
@@ -420,6 +426,18 @@ def restore(
         if report.stopped is None:
             log.warning("could not restore %s: %s", key, problem)
     return report
+
+
+def _refuse(report: RestoreReport, key: str, problem: UnsafeNameError) -> None:
+    report.refused[key] = str(problem)
+    log.warning("refusing the remote entry %s: %s (nothing of it is written)", key, problem)
+
+
+def checked_files(entry: RemoteEntry, files: Sequence[RemoteFile]) -> tuple[RemoteFile, ...]:
+    """`files` when every name is a safe relative path inside the entry, else UnsafeNameError naming it."""
+    for file in files:
+        check_name(file.name, f"{entry.key}: file")
+    return tuple(files)
 
 
 def _remove_empty_dirs(top: Path) -> None:
@@ -504,9 +522,15 @@ def _download_all(
                     report.busy.append(key)
 
         staged_already: list[str] = []
-        for module, files in ready.items():
-            for file in files:
-                job = _Download(remote, entry_of[module], file, staging_root / module, guard)
+        for module, files in list(ready.items()):
+            try:
+                jobs = [_Download(remote, entry_of[module], f, staging_root / module, guard) for f in files]
+            except UnsafeNameError as exc:
+                _refuse(report, neuron.entry_key(version, module), exc)
+                del remaining[module]
+                continue
+            for job in jobs:
+                file = job.file
                 if job.already_staged():
                     advance(file.size)
                     staged_already.append(module)
@@ -551,7 +575,7 @@ def _describe(
         if control.cancel.is_set():
             return Cancelled("restore called off")
         try:
-            files = entry.files if entry.verified else remote.verified_files(entry)
+            files = checked_files(entry, entry.files if entry.verified else remote.verified_files(entry))
         except Exception as exc:  # noqa: BLE001 - reported per entry by the caller
             return exc
         control.touch()
@@ -579,10 +603,13 @@ def local_optimum_records(root: Path, version: str) -> dict[str, bytes]:
     found: dict[str, bytes] = {}
     if not registry.is_dir():
         return found
+    inside = Path(os.path.realpath(registry))
     for path in sorted(registry.rglob("*.json")):
         relative = path.relative_to(root).as_posix()
         if optimum_record_path(relative) is None:
             continue
+        if not Path(os.path.realpath(path)).is_relative_to(inside):
+            continue  # a link out of the registry: its target's bytes are not a record to publish
         with contextlib.suppress(OSError):  # a dangling link, a file removed meanwhile
             found[relative] = path.read_bytes()
     return found
@@ -639,7 +666,10 @@ def verify(remote: RemoteCache, version: str, *, workers: int = 16) -> VerifyRep
 
     def check(entry: RemoteEntry) -> str | None:
         try:
-            files = entry.files if entry.verified else remote.verified_files(entry)
+            files = checked_files(entry, entry.files if entry.verified else remote.verified_files(entry))
+        except UnsafeNameError as exc:
+            return f"refused: {exc}"
+        try:
             for file in files:
                 hasher = _Hasher(file)
                 size = 0

@@ -79,7 +79,7 @@ def base_env(
 
 
 def make_cache(kind: str, env: dict[str, str], hub_server: HubServer) -> Cache:
-    from sagequeue.job.remote import open_remote
+    from sagequeue.job.backends import open_remote
 
     name = f"neff-{uuid.uuid4().hex[:10]}"
     if kind == "s3":

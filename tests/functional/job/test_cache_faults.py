@@ -16,7 +16,8 @@ from fault_proxy import FaultProxy
 from support.hub_server import HubServer
 
 from sagequeue.job import neuron, sync
-from sagequeue.job.remote import Deadline, RemoteCache, open_remote
+from sagequeue.job.backends import open_remote
+from sagequeue.job.remote import Deadline, RemoteCache
 
 #: What the issue promises: a dead cache delays training by at most this much (defaults).
 DEAD_CACHE_BOUND = 60.0
