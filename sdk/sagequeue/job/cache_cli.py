@@ -408,6 +408,8 @@ def prune(
         return
     remote = _remote(cache_url)
     try:
+        # entry times are the server's (S3's LastModified, the Hub's commit dates): so is "now"
+        now = remote.server_time()
         candidates: list[tuple[float, RemoteEntry]] = []
         for version in remote.versions():
             entries = _with_files(remote, remote.entries(version))

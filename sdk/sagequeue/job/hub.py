@@ -44,6 +44,7 @@ from sagequeue.job.remote import (
     RemoteEntry,
     RemoteFile,
     combine_records,
+    http_date,
     optimum_record_path,
     optimum_records_from,
     registry_path_parts,
@@ -534,6 +535,15 @@ class HubCache:
             self._revision = info.oid
             return result
         raise ConflictError(f"{self.url}: no commit after {self.max_attempts} attempts")
+
+    def server_time(self) -> float:
+        response = get_session().head(
+            f"{self.api.endpoint}/api/models/{self.repo_id}", headers=build_hf_headers(token=self.api.token)
+        )
+        when = http_date(response.headers.get("date"))
+        if when is None:
+            raise RemoteCacheError(f"{self.url}: the answer carries no Date header to tell the server's time")
+        return when
 
     def delete(self, entries: Sequence[RemoteEntry]) -> None:
         if not entries:

@@ -381,3 +381,20 @@ class RemoteCache(Protocol):
         ...
 
     def delete(self, entries: Sequence[RemoteEntry]) -> None: ...
+
+    def server_time(self) -> float:
+        """The remote's clock now (seconds since the epoch, from an answer's Date header): what entry times
+        it recorded are compared with, never the local clock."""
+        ...
+
+
+def http_date(value: str | None) -> float | None:
+    """Seconds since the epoch of an HTTP Date header, or None when there is none or it does not parse."""
+    if not value:
+        return None
+    from email.utils import parsedate_to_datetime
+
+    try:
+        return parsedate_to_datetime(value).timestamp()
+    except (TypeError, ValueError):
+        return None

@@ -45,6 +45,7 @@ from sagequeue.job.remote import (
     RemoteEntry,
     RemoteFile,
     combine_records,
+    http_date,
     optimum_record_path,
     optimum_records_from,
     registry_path_parts,
@@ -519,6 +520,16 @@ class S3Cache:
         with ThreadPoolExecutor(max_workers=self.max_workers) as pool:
             texts = dict(zip(wanted, pool.map(read, wanted), strict=True))
         return [r for r in optimum_records_from(texts).values() if model is None or r.model == model]
+
+    def server_time(self) -> float:
+        try:
+            answer = self._client.head_bucket(Bucket=self.bucket)
+        except ClientError as exc:
+            raise self._error("head bucket", exc) from exc
+        when = http_date(answer.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get("date"))
+        if when is None:
+            raise RemoteCacheError(f"{self.url}: the answer carries no Date header to tell the server's time")
+        return when
 
     def delete(self, entries: Sequence[RemoteEntry]) -> None:
         for entry in entries:

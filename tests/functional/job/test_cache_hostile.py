@@ -11,7 +11,7 @@ from pathlib import Path
 
 import boto3
 import pytest
-from conftest import VERSION, Cache
+from conftest import VERSION, Cache, make_cache
 from support.hub_server import HubServer
 
 from sagequeue.job import neuron, sync
@@ -101,9 +101,11 @@ def test_a_symbolic_link_in_staging_does_not_carry_a_restore_out_of_it(
     assert "outside" in report.refused[neuron.entry_key(VERSION, MODULE)]
 
 
-def test_a_manifest_pointing_outside_its_entry_is_refused(cache: Cache, tmp_path: Path) -> None:
-    if cache.kind != "s3":
-        pytest.skip("only S3 keeps manifests naming where the bytes are")
+def test_a_manifest_pointing_outside_its_entry_is_refused(
+    base_env: dict[str, str], hub_server: HubServer, tmp_path: Path
+) -> None:
+    # only S3 keeps manifests that name where an entry's bytes are
+    cache = make_cache("s3", base_env, hub_server)
     # another entry's objects, or a key outside the cache's prefix
     _plant_s3(cache, "MODULE_1+aaaa", dict(GOOD))
     _plant_s3(cache, MODULE, dict(GOOD), prefix=f"{neuron.entry_key(VERSION, 'MODULE_1+aaaa')}/.w-planted")
