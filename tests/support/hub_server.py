@@ -66,6 +66,8 @@ class Commit:
     files: dict[str, Blob]
     #: path -> commit that last changed it (for expanded tree listings)
     last_change: dict[str, tuple[str, str, datetime]]
+    #: The user whose token made the commit (the Hub records it; a client cannot choose it).
+    author: str = ""
 
 
 @dataclass
@@ -87,6 +89,10 @@ class Repo:
         return None
 
 
+#: The user of the token the server is started with.
+DEFAULT_USER = "sq-bot"
+
+
 class HubState:
     def __init__(self, storage: Path, token: str | None = None) -> None:
         self.storage = storage
@@ -103,6 +109,8 @@ class HubState:
         self.lfs_arrivals = 0
         self.lfs_puts = 0
         self.commit_statuses: list[int] = []
+        #: token -> user: the main token is DEFAULT_USER's; more users (other teams' machine users) are added
+        self.users: dict[str, str] = {token: DEFAULT_USER} if token else {}
 
     def race_next_commits(self, count: int) -> None:
         """Hold the next `count` commits until all have arrived, then let them through together."""
@@ -169,7 +177,16 @@ class HubServer:
     def files(self, repo_id: str) -> dict[str, Blob]:
         return dict(self.head(repo_id).files)
 
-    def plant(self, repo_id: str, files: dict[str, bytes], title: str = "planted") -> str:
+    def add_user(self, user: str) -> str:
+        """A new user of the server (another team's machine user, say); returns its token."""
+        token = f"hf_{user}_{uuid.uuid4().hex[:12]}"
+        with self.state.lock:
+            self.state.users[token] = user
+        return token
+
+    def plant(
+        self, repo_id: str, files: dict[str, bytes], title: str = "planted", author: str = "planter"
+    ) -> str:
         """Commit `files` (path -> bytes, kept in git) as they are, paths unchecked: what a writer that
         talks to the commit API directly, past huggingface_hub's checks, can put in a repository."""
         with self.state.lock:
@@ -181,7 +198,7 @@ class HubServer:
             for path, data in files.items():
                 tree[path] = Blob(len(data), git_blob_sha1(data), None, data)
                 changes[path] = (oid, title, now)
-            repo.commits.append(Commit(oid, repo.head.oid, title, now, tree, changes))
+            repo.commits.append(Commit(oid, repo.head.oid, title, now, tree, changes, author))
             return oid
 
     def read(self, repo_id: str, path: str) -> bytes:
@@ -247,10 +264,14 @@ class HubHandler(BaseHTTPRequestHandler):
             headers["X-Error-Code"] = code
         self._json(status, {"error": message}, headers)
 
+    def _user(self) -> str:
+        header = self.headers.get("Authorization") or ""
+        return self.state.users.get(header.removeprefix("Bearer "), "")
+
     def _authorized(self) -> bool:
         if self.state.token is None:
             return True
-        if self.headers.get("Authorization") == f"Bearer {self.state.token}":
+        if self._user():
             return True
         self._error(401, "Invalid credentials in Authorization header")
         return False
@@ -296,6 +317,10 @@ class HubHandler(BaseHTTPRequestHandler):
         m = re.fullmatch(r"/api/models/([^/]+/[^/]+)/tree/([^/]+)(?:/(.*))?", path)
         if m and self.command == "GET":
             self._tree(m.group(1), m.group(2), (m.group(3) or "").strip("/"), query)
+            return
+        m = re.fullmatch(r"/api/models/([^/]+/[^/]+)/commits/(.+)", path)
+        if m and self.command == "GET":
+            self._commits(m.group(1), m.group(2))
             return
         m = re.fullmatch(r"/api/models/([^/]+/[^/]+)/preupload/(.+)", path)
         if m and self.command == "POST":
@@ -616,7 +641,7 @@ class HubHandler(BaseHTTPRequestHandler):
             last_change = {p: c for p, c in repo.head.last_change.items() if p in files}
             for path in changed:
                 last_change[path] = (oid, title, now)
-            repo.commits.append(Commit(oid, repo.head.oid, title, now, files, last_change))
+            repo.commits.append(Commit(oid, repo.head.oid, title, now, files, last_change, self._user()))
             self.state.commit_statuses.append(200)
         self._json(
             200,
@@ -626,6 +651,32 @@ class HubHandler(BaseHTTPRequestHandler):
                 "pullRequestUrl": None,
             },
         )
+
+    def _commits(self, repo_id: str, revision: str) -> None:
+        """The commits reachable from `revision`, newest first, with their authors (one page)."""
+        with self.state.lock:
+            repo = self._repo(repo_id)
+            if repo is None:
+                return
+            head = repo.resolve(unquote(revision))
+            if head is None:
+                self._error(404, f"Revision Not Found: {revision}", "RevisionNotFound")
+                return
+            by_oid = {c.oid: c for c in repo.commits}
+            listed = []
+            current: Commit | None = head
+            while current is not None:
+                listed.append(
+                    {
+                        "id": current.oid,
+                        "title": current.title,
+                        "message": "",
+                        "authors": [{"user": current.author}] if current.author else [],
+                        "date": hub_date(current.date),
+                    }
+                )
+                current = by_oid.get(current.parent) if current.parent else None
+        self._json(200, listed)
 
     def _commit_answer(self, status: int, message: str) -> None:
         with self.state.lock:

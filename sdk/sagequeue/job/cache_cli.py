@@ -18,7 +18,7 @@ import click
 
 from sagequeue.job import neuron, settings, sync
 from sagequeue.job.backends import open_remote
-from sagequeue.job.remote import Deadline, RemoteCache, RemoteCacheError, RemoteEntry, RemoteFile
+from sagequeue.job.remote import Deadline, RemoteCache, RemoteCacheError, RemoteEntry, RemoteFile, Trust
 from sagequeue_core.defaults import NEFF_CACHE_ENV
 
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)i?B?\s*$", re.IGNORECASE)
@@ -47,7 +47,8 @@ def _remote(url: str | None) -> RemoteCache:
             f"no NEFF cache: pass --cache, set {NEFF_CACHE_ENV}, or run `sagequeue cache set <url>`"
         )
     try:
-        return open_remote(resolved)
+        writer = settings.cache_writer()
+        return open_remote(resolved, **({"writer": writer} if writer else {}))
     except ValueError as exc:
         raise click.UsageError(str(exc)) from exc
 
@@ -75,6 +76,20 @@ _cache_option = click.option(
     "cache_url",
     help=f"hf://<org>/<repo> or s3://<bucket>/<prefix> (default: {NEFF_CACHE_ENV}, then `cache set`).",
 )
+_trust_option = click.option(
+    "--trust",
+    help="Writers whose entries count as trusted, comma-separated; '*' any "
+    f"(default: {settings.CACHE_TRUST_ENV}, else any).",
+)
+
+
+def _trust(text: str | None) -> Trust:
+    try:
+        return Trust.parse(text or settings.cache_trust())
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from exc
+
+
 _dir_option = click.option(
     "--cache-dir",
     type=click.Path(path_type=Path),
@@ -276,6 +291,7 @@ cache.add_command(sync_cmd, name="sync")
     "--workers", type=click.IntRange(1, 128), default=16, show_default=True, help="Parallel downloads."
 )
 @click.option("--progress/--no-progress", default=True, show_default=True)
+@_trust_option
 def restore(
     cache_url: str | None,
     cache_dir: Path | None,
@@ -283,8 +299,10 @@ def restore(
     model: str | None,
     workers: int,
     progress: bool,
+    trust: str | None,
 ) -> None:
     """Download the remote's complete entries for a compiler version into the local cache."""
+    trusted = _trust(trust)
     remote = _remote(cache_url)
     root = _local_root(cache_dir)
     try:
@@ -299,7 +317,7 @@ def restore(
             modules = {m for r in records if r.compiler_version == resolved for m in r.entries}
         # like the other commands' bars, only on a terminal (the job wrapper's restore logs its own)
         shown = progress and sys.stderr.isatty()
-        report = sync.restore(remote, root, resolved, modules, workers=workers, progress=shown)
+        report = sync.restore(remote, root, resolved, modules, workers=workers, progress=shown, trust=trusted)
     except RemoteCacheError as exc:
         raise click.ClickException(str(exc)) from exc
     click.echo(
@@ -307,6 +325,7 @@ def restore(
         f"in {time.monotonic() - started:.1f}s; {len(report.already_local)} already local, "
         f"{len(report.busy)} busy, {len(report.failed)} failed"
         + (f", {len(report.refused)} refused (names leading out of the cache)" if report.refused else "")
+        + (f", {len(report.untrusted)} of untrusted writers left out" if report.untrusted else "")
     )
     for key, problem in sorted(report.refused.items()):
         click.echo(f"refused {key}: {problem}", err=True)
@@ -328,17 +347,31 @@ def restore(
 @click.option(
     "--workers", type=click.IntRange(1, 128), default=16, show_default=True, help="Parallel downloads."
 )
-def verify(cache_url: str | None, versions: tuple[str, ...], repair: bool, workers: int) -> None:
+@_trust_option
+def verify(
+    cache_url: str | None, versions: tuple[str, ...], repair: bool, workers: int, trust: str | None
+) -> None:
     """Download every remote entry and check its files against the recorded checksums, and that the Neuron
-    compiler's own cache client finds it (S3: its files at `neuronxcc-<version>/MODULE_.../`)."""
+    compiler's own cache client finds it (S3: its files at `neuronxcc-<version>/MODULE_.../`). With a trust
+    list, entries of other writers are reported (`cache rm` removes one)."""
+    trusted = _trust(trust)
     remote = _remote(cache_url)
+    untrusted = 0
+    #: entries the Neuron SDK wrote, sound, with the SHA-256 verify measured
+    adoptable: list[tuple[RemoteEntry, dict[str, str]]] = []
     broken: list[RemoteEntry] = []
     #: (version, module) of entries sound for sagequeue but not where the Neuron compiler reads them
     unreadable: list[tuple[str, str]] = []
     try:
         for version in _versions(remote, versions):
-            report = sync.verify(remote, version, workers=workers)
+            report = sync.verify(remote, version, workers=workers, trust=trusted)
             entries = remote.entries(version)
+            for key, writer in sorted(report.untrusted.items()):
+                click.echo(f"untrusted {key}: written by {writer}, not one of {trusted.describe()}")
+            untrusted += len(report.untrusted)
+            for key, digests in sorted(report.adoptable.items()):
+                click.echo(f"adoptable {key}: written by the Neuron SDK, not recorded by sagequeue")
+                adoptable.append((entries[key.split("/", 1)[1]], digests))
             for key, problem in sorted(report.broken.items()):
                 click.echo(f"broken {key}: {problem}")
                 broken.append(entries[key.split("/", 1)[1]])
@@ -353,18 +386,56 @@ def verify(cache_url: str | None, versions: tuple[str, ...], repair: bool, worke
             click.echo(
                 f"{neuron.version_dir(version)}: {len(report.checked)} entries checked, {len(report.broken)} broken, "
                 f"{len(layout)} not readable by the Neuron compiler"
+                + (f", {len(report.untrusted)} of untrusted writers" if trusted.restricted else "")
             )
         if broken and repair:
             remote.delete(broken)
             click.echo(f"removed {len(broken)} broken entries: the next upload publishes them again")
+        if adoptable and repair:
+            taken = sum(remote.adopt(entry, digests) for entry, digests in adoptable)
+            click.echo(f"adopted {taken} entries the Neuron SDK wrote (manifests with their SHA-256)")
         if unreadable and repair:
             for version in sorted({v for v, _ in unreadable}):
                 remote.repair_compiler_layout(version, [m for v, m in unreadable if v == version])
             click.echo(f"copied {len(unreadable)} entries to where the Neuron compiler reads them")
     except RemoteCacheError as exc:
         raise click.ClickException(str(exc)) from exc
-    if (broken or unreadable) and not repair:
+    if ((broken or unreadable or adoptable) and not repair) or untrusted:
         raise SystemExit(1)
+
+
+@cache.command(name="rm")
+@_cache_option
+@click.argument("keys", nargs=-1, required=True)
+@click.option("--yes", is_flag=True, help="Delete for real (the default is a dry run).")
+def remove(cache_url: str | None, keys: tuple[str, ...], yes: bool) -> None:
+    """Remove entries, each named KEY = neuronxcc-<version>/MODULE_... (as `verify` and `ls` print them)."""
+    wanted: dict[str, list[str]] = {}
+    for key in keys:
+        folder, _, module = key.strip("/").partition("/")
+        if not neuron.is_version_dir(folder) or not neuron.is_entry_dir(module):
+            raise click.UsageError(f"not an entry: {key!r} (expected neuronxcc-<version>/MODULE_<...>)")
+        wanted.setdefault(neuron.version_of_dir(folder), []).append(module)
+    remote = _remote(cache_url)
+    try:
+        doomed: list[RemoteEntry] = []
+        for version, modules in sorted(wanted.items()):
+            present = remote.entries(version)
+            missing = [m for m in modules if m not in present]
+            if missing:
+                raise click.ClickException(
+                    f"no such entry in {remote.url}: {', '.join(neuron.entry_key(version, m) for m in missing)}"
+                )
+            doomed += [present[m] for m in sorted(set(modules))]
+        for entry in doomed:
+            click.echo(f"{'removing' if yes else 'would remove'} {entry.key}")
+        if not yes:
+            click.echo("dry run: pass --yes to delete")
+            return
+        remote.delete(doomed)
+        click.echo(f"removed {len(doomed)} entries from {remote.url}")
+    except RemoteCacheError as exc:
+        raise click.ClickException(str(exc)) from exc
 
 
 def _published_times(remote: RemoteCache, version: str, entries: dict[str, RemoteEntry]) -> dict[str, float]:

@@ -62,6 +62,14 @@ def main(verbose: bool) -> None:
     help=f"Remote cache, hf://<org>/<repo> or s3://<bucket>/<prefix> (env {NEFF_CACHE_ENV}).",
 )
 @click.option(
+    "--cache-writer",
+    help=f"S3: publish as this writer, under writers/<name>/ (env {settings.CACHE_WRITER_ENV}).",
+)
+@click.option(
+    "--cache-trust",
+    help=f"Restore only entries of these writers, comma-separated; '*' any (env {settings.CACHE_TRUST_ENV}).",
+)
+@click.option(
     "--cache-dir",
     help="Local compile cache (default: warm-pool cache, NEURON_CC_FLAGS --cache_dir, /var/tmp/neuron-compile-cache).",
 )
@@ -173,6 +181,8 @@ def main(verbose: bool) -> None:
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def run(
     cache_url: str | None,
+    cache_writer: str | None,
+    cache_trust: str | None,
     cache_dir: str | None,
     compiler_version: str | None,
     model: str | None,
@@ -198,6 +208,8 @@ def run(
     options = JobOptions(
         command=list(command),
         cache_url=settings.cache_url(cache_url),
+        cache_writer=cache_writer or settings.cache_writer(),
+        cache_trust=cache_trust or settings.cache_trust(),
         cache_dir=cache_dir,
         compiler_version=compiler_version,
         model=model,

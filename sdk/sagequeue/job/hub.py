@@ -119,7 +119,10 @@ class HubCache:
         upload_threads: int = 8,
         connect_timeout: float = CONNECT_TIMEOUT,
         read_timeout: float = READ_TIMEOUT,
+        writer: str | None = None,
     ) -> None:
+        # `writer` is S3's: on the Hub the writer is the user of the token, which the Hub records
+        del writer
         if not url.startswith("hf://"):
             raise ValueError(f"not a Hub URL: {url!r}")
         repo_id = url[len("hf://") :].strip("/")
@@ -357,6 +360,20 @@ class HubCache:
             if isinstance(item, RepoFolder) and commit is not None and neuron.is_entry_dir(name):
                 out[name] = commit.oid
         return out
+
+    def writers(self, version: str, modules: Sequence[str]) -> dict[str, str | None]:
+        """The author the Hub recorded for the commit that added each entry folder (an entry folder is
+        never changed afterwards, so its last commit is that one)."""
+        folders = self._folder_commits(version)
+        try:
+            commits = self.api.list_repo_commits(self.repo_id, revision=self.revision())
+        except HfHubHTTPError as exc:
+            raise self._error("list commits", exc) from exc
+        author = {c.commit_id: (c.authors[0] if c.authors else None) for c in commits}
+        return {m: author.get(folders.get(m, "")) for m in modules}
+
+    def adopt(self, entry: RemoteEntry, sha256: Mapping[str, str]) -> bool:
+        return False  # the Neuron SDK writes no cache to the Hub: every entry came by a commit
 
     def compiler_layout_problems(self, version: str) -> dict[str, str]:
         # entries are kept at the Neuron layout's own paths, the paths optimum-neuron's Hub proxy reads

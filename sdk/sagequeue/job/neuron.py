@@ -250,6 +250,16 @@ def choose_cache_dir(env: Mapping[str, str], explicit: str | None = None) -> Cac
     return CacheLocation(Path(DEFAULT_NEURON_CACHE_DIR), "default")
 
 
+def sdk_remote_cache(env: Mapping[str, str]) -> tuple[str, str] | None:
+    """(URL, variable) of the S3 cache the Neuron compiler itself is told to use (`--cache_dir=s3://...` in
+    NEURON_CC_FLAGS, which outranks NEURON_COMPILE_CACHE_URL=s3://...), or None."""
+    from_flags = cache_dir_from_flags(env.get(CC_FLAGS_ENV, ""))
+    if from_flags:
+        return (from_flags, CC_FLAGS_ENV) if from_flags.startswith("s3://") else None
+    url = env.get(CACHE_URL_ENV, "")
+    return (url, CACHE_URL_ENV) if url.startswith("s3://") else None
+
+
 def child_environment(env: Mapping[str, str], cache_dir: Path) -> dict[str, str]:
     """The training command's environment, pointing the compiler at `cache_dir` whatever set it before."""
     child = dict(env)

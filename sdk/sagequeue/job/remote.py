@@ -60,6 +60,11 @@ class RemoteFile:
     #: Where the bytes are, relative to the cache root, when not at `<entry key>/<name>` (S3: the
     #: writer-unique prefix the manifest names).
     location: str | None = None
+    #: MD5 of the bytes (S3's ETag of an object stored in one part): the only checksum of a file the Neuron
+    #: SDK wrote itself; a file it stored in parts has none and is checked by size.
+    md5: str | None = None
+    #: A file without any checksum (the Neuron SDK's, stored in parts): its size is all that is checked.
+    size_only: bool = False
 
 
 @dataclass(frozen=True)
@@ -71,6 +76,9 @@ class RemoteEntry:
     published_at: float | None = None
     #: Whether `files` carries checksums; when False, `RemoteCache.verified_files` fetches them.
     verified: bool = True
+    #: Who laid the entry out: "sagequeue" (a manifest, or a Hub commit), or "neuron-sdk" (the Neuron
+    #: compiler's own S3 cache wrote its files, with no manifest: `verify --repair` adopts it).
+    origin: str = "sagequeue"
 
     @property
     def key(self) -> str:
@@ -324,6 +332,45 @@ class Deadline:
         return self.cancel.is_set() or self.remaining() <= reserve
 
 
+#: A writer name: what names a team's `writers/<name>/` folder on S3 (and its IAM policy), or a Hub user.
+_WRITER_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,95}$")
+#: In a trust list: every writer, those the cache cannot name included (the behaviour without a list).
+ANY_WRITER = "*"
+#: RemoteEntry.origin of an entry the Neuron compiler's own S3 cache wrote.
+SDK_ORIGIN = "neuron-sdk"
+
+
+def check_writer(name: str) -> str:
+    if not _WRITER_RE.match(name):
+        raise ValueError(f"not a writer name: {name!r} (letters, digits, '.', '_' and '-', at most 96)")
+    return name
+
+
+@dataclass(frozen=True)
+class Trust:
+    """The writers a job restores from; None: any writer, unknown ones included."""
+
+    writers: frozenset[str] | None = None
+
+    @classmethod
+    def parse(cls, text: str | None) -> Trust:
+        """A comma-separated list of writer names; empty, unset or `*`: any writer."""
+        names = [n.strip() for n in (text or "").split(",") if n.strip()]
+        if not names or ANY_WRITER in names:
+            return cls(None)
+        return cls(frozenset(check_writer(n) for n in names))
+
+    @property
+    def restricted(self) -> bool:
+        return self.writers is not None
+
+    def allows(self, writer: str | None) -> bool:
+        return self.writers is None or (writer is not None and writer in self.writers)
+
+    def describe(self) -> str:
+        return "any writer" if self.writers is None else ", ".join(sorted(self.writers))
+
+
 class RemoteCache(Protocol):
     """A NEFF cache another host can read; one implementation per URL scheme."""
 
@@ -381,6 +428,20 @@ class RemoteCache(Protocol):
         ...
 
     def delete(self, entries: Sequence[RemoteEntry]) -> None: ...
+
+    def writers(self, version: str, modules: Sequence[str]) -> dict[str, str | None]:
+        """Who published each entry (module -> writer; None when the cache cannot tell: an entry written
+        before writers were recorded, or by the Neuron SDK itself). The writer is what the storage's own
+        access control binds, never what an entry says about itself: on S3 the `writers/<name>/` folder
+        holding its bytes (IAM lets each team write only its own), on the Hub the user whose token made
+        the commit that added it."""
+        ...
+
+    def adopt(self, entry: RemoteEntry, sha256: Mapping[str, str]) -> bool:
+        """Record an entry the Neuron SDK wrote (its files, sizes and the SHA-256 `verify` measured) the way
+        sagequeue records its own; False when someone recorded it first. Backends without such entries
+        return False."""
+        ...
 
     def server_time(self) -> float:
         """The remote's clock now (seconds since the epoch, from an answer's Date header): what entry times

@@ -32,7 +32,7 @@ from sagequeue.job.backends import open_remote
 from sagequeue.job.host import INSTANCE_TYPE_ENV, HostIdentityError
 from sagequeue.job.host import resolve as resolve_host
 from sagequeue.job.process import SignalForwarder, StopWatch, group_alive, wait_for_group
-from sagequeue.job.remote import Deadline, RegistryRecord, RemoteCache, matches_job
+from sagequeue.job.remote import Deadline, RegistryRecord, RemoteCache, Trust, matches_job
 from sagequeue_core.defaults import METRIC_PERIOD_SECONDS
 
 log = logging.getLogger("sagequeue.job")
@@ -70,6 +70,10 @@ T = TypeVar("T")
 class JobOptions:
     command: list[str]
     cache_url: str | None = None
+    #: S3: the writer folder this job publishes under (its team's); the Hub: the token's user.
+    cache_writer: str | None = None
+    #: The writers whose entries this job restores, comma-separated; None or "*": any.
+    cache_trust: str | None = None
     cache_dir: str | None = None
     compiler_version: str | None = None
     model: str | None = None
@@ -199,6 +203,9 @@ class JobRunner:
         self.env = dict(os.environ if env is None else env)
         self.watch = StopWatch()
         self.forwarder = SignalForwarder(self.watch)
+        self._trust = Trust()
+        #: The remote is the Neuron SDK's own S3 cache, which the compiler searched whole.
+        self._adopted_sdk = False
 
     def run(self) -> JobOutcome:
         self.forwarder.install()
@@ -289,7 +296,11 @@ class JobRunner:
         return thread
 
     def _run_command_only(self, root: Path) -> JobOutcome:
-        child_env = neuron.child_environment(self.env, root)
+        if not self.options.cache_url and neuron.sdk_remote_cache(self.env) is not None:
+            # nothing to restore or publish without a version: the compiler's own S3 cache is left alone
+            child_env = dict(self.env)
+        else:
+            child_env = neuron.child_environment(self.env, root)
         publisher = self._start_metrics()
         try:
             if self.watch.stopped:
@@ -303,10 +314,28 @@ class JobRunner:
                 group.join()
 
     def _remote(self) -> RemoteCache | None:
+        sdk = neuron.sdk_remote_cache(self.env)
+        if not self.options.cache_url and sdk is not None:
+            # the team's Neuron SDK cache on S3 becomes the remote: restored before the command, published
+            # to after it, and still where the compiler's own S3 client finds the entries (both ways)
+            self.options.cache_url = sdk[0]
+            self._adopted_sdk = True
+            log.info(
+                "adopting the Neuron SDK's S3 cache %s (from %s) as the remote NEFF cache", sdk[0], sdk[1]
+            )
+        elif sdk is not None and sdk[0].rstrip("/") != (self.options.cache_url or "").rstrip("/"):
+            log.warning(
+                "%s names the S3 cache %s; the command compiles into the local cache and %s is the remote",
+                sdk[1],
+                sdk[0],
+                self.options.cache_url,
+            )
         if not self.options.cache_url:
             log.info("no remote NEFF cache configured: compiling locally only")
             return None
         options = dict(self.options.remote_options)
+        if self.options.cache_writer:
+            options.setdefault("writer", self.options.cache_writer)
         secret = self.env.get(settings.HF_TOKEN_SECRET_ENV)
         if self.options.cache_url.startswith("hf://") and secret and "token" not in options:
             try:
@@ -314,10 +343,20 @@ class JobRunner:
             except settings.SecretError as exc:
                 log.warning("using the default Hub credentials: %s", exc)
         try:
-            return open_remote(self.options.cache_url, **options)
+            self._trust = Trust.parse(self.options.cache_trust)
+            remote = open_remote(self.options.cache_url, **options)
         except ValueError as exc:
             log.warning("ignoring the remote cache: %s", exc)
             return None
+        if self._trust.restricted:
+            log.info("restoring only entries written by %s", self._trust.describe())
+        else:
+            log.info(
+                "restoring entries of any writer of %s (%s names the trusted ones)",
+                remote.url,
+                settings.CACHE_TRUST_ENV,
+            )
+        return remote
 
     def _restore(
         self,
@@ -365,7 +404,11 @@ class JobRunner:
                         log.info(
                             "no registry record for this configuration: restoring %s's entries", record.model
                         )
-            if options.restore in ("auto", "registry") and not modules:
+            if options.restore == "auto" and not modules and self._adopted_sdk:
+                # the compiler would have looked every graph up in its S3 cache: so does the restore
+                modules = None
+                log.info("restoring every entry of the adopted Neuron SDK cache (its registry knows none)")
+            elif options.restore in ("auto", "registry") and not modules:
                 log.info(
                     "the registry knows no entries for %s: restoring nothing (--restore all takes the whole version)",
                     record.model if record is not None else "a job without --model",
@@ -381,6 +424,7 @@ class JobRunner:
                 control=control,
                 min_free_bytes=min_free,
                 max_bytes=options.restore_max_bytes,
+                trust=self._trust,
             )
             return known, report
 
@@ -411,7 +455,7 @@ class JobRunner:
             outcome.restored = report.restored
             log.info(
                 "restored %d entries (%d bytes) in %.1fs; %d already local, %d busy, %d failed, %d over budget, "
-                "%d refused",
+                "%d refused, %d of untrusted writers",
                 len(report.restored),
                 report.bytes_downloaded,
                 time.monotonic() - started,
@@ -420,6 +464,7 @@ class JobRunner:
                 len(report.failed),
                 len(report.over_budget),
                 len(report.refused),
+                len(report.untrusted),
             )
         return known
 

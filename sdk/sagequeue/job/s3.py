@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -37,6 +38,7 @@ from sagequeue.job.names import UnsafeNameError, check_name
 from sagequeue.job.remote import (
     OPTIMUM_REGISTRY_DIR,
     REGISTRY_DIR,
+    SDK_ORIGIN,
     Deadline,
     PublishResult,
     RegistryRecord,
@@ -44,6 +46,7 @@ from sagequeue.job.remote import (
     RemoteCacheNotFoundError,
     RemoteEntry,
     RemoteFile,
+    check_writer,
     combine_records,
     http_date,
     optimum_record_path,
@@ -53,8 +56,12 @@ from sagequeue.job.remote import (
 from sagequeue_core.retry import botocore_config
 
 MANIFEST_DIR = "manifests"
-#: Writer-unique object prefix inside an entry's folder.
+#: Writer-unique object prefix inside an entry's folder (a job that names no writer).
 WRITER_PREFIX = ".w-"
+#: Where a named writer's objects go: `writers/<writer>/neuronxcc-<version>/MODULE_.../<unique id>/`. The
+#: writer comes first in the key, so an IAM policy can give each team `writers/<team>/*` and nothing else
+#: under this folder, and the folder an entry's bytes sit in says which team wrote them.
+WRITERS_DIR = "writers"
 _MISSING_CODES = {"NoSuchBucket", "404", "NotFound"}
 #: The manifest already exists (If-None-Match: *), or a concurrent conditional write is in flight.
 _TAKEN_CODES = {"PreconditionFailed", "412", "ConditionalRequestConflict", "409"}
@@ -86,6 +93,7 @@ class S3Cache:
         region: str | None = None,
         connect_timeout: float = CONNECT_TIMEOUT,
         read_timeout: float = READ_TIMEOUT,
+        writer: str | None = None,
     ) -> None:
         if not url.startswith("s3://"):
             raise ValueError(f"not an S3 URL: {url!r}")
@@ -97,6 +105,10 @@ class S3Cache:
         self.prefix = prefix.strip("/")
         self.max_workers = max_workers
         self._region = region
+        #: The writer this handle publishes as (None: in the entry's own folder, writer unknown).
+        self.writer = check_writer(writer) if writer else None
+        #: Manifests read by `writers`, kept for the `verified_files` call that follows in a restore.
+        self._manifests: dict[tuple[str, str], dict[str, Any]] = {}
         self._client = client or boto3.client(
             "s3",
             region_name=region,
@@ -165,28 +177,54 @@ class S3Cache:
                 raise self._error("create bucket", exc) from exc
 
     def versions(self) -> list[str]:
+        """Versions with manifests, and those the Neuron compiler's own S3 cache wrote folders of."""
         found = set()
-        for item in self._list(f"{MANIFEST_DIR}/", delimiter="/"):
-            name = item.get("CommonPrefix", "").rstrip("/").rsplit("/", 1)[-1]
-            if neuron.is_version_dir(name):
-                found.add(neuron.version_of_dir(name))
+        for folder in (f"{MANIFEST_DIR}/", ""):
+            for item in self._list(folder, delimiter="/"):
+                name = item.get("CommonPrefix", "").rstrip("/").rsplit("/", 1)[-1]
+                if neuron.is_version_dir(name):
+                    found.add(neuron.version_of_dir(name))
         return sorted(found)
 
     def entries(self, version: str) -> dict[str, RemoteEntry]:
-        """Entries with a manifest; their file lists come from the manifest (`verified_files`)."""
+        """Entries with a manifest (their file lists come from it, `verified_files`), and the complete
+        entries the Neuron compiler's own S3 cache wrote at `neuronxcc-<version>/MODULE_.../` with none."""
         vdir = neuron.version_dir(version)
         found: dict[str, RemoteEntry] = {}
-        for item in self._list(f"{MANIFEST_DIR}/{vdir}/"):
-            name = item["Key"].rsplit("/", 1)[-1]
-            module = name.removesuffix(".json")
-            if name.endswith(".json") and neuron.is_entry_dir(module):
-                found[module] = RemoteEntry(
-                    version, module, (), item["LastModified"].timestamp(), verified=False
-                )
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            compiler_view = pool.submit(self._compiler_entries, version)
+            for item in self._list(f"{MANIFEST_DIR}/{vdir}/"):
+                name = item["Key"].rsplit("/", 1)[-1]
+                module = name.removesuffix(".json")
+                if name.endswith(".json") and neuron.is_entry_dir(module):
+                    found[module] = RemoteEntry(
+                        version, module, (), item["LastModified"].timestamp(), verified=False
+                    )
+            for module, (names, when) in compiler_view.result().items():
+                if module not in found and neuron.is_complete_file_set(names):
+                    found[module] = RemoteEntry(version, module, (), when, verified=False, origin=SDK_ORIGIN)
         return found
 
+    def _compiler_entries(self, version: str) -> dict[str, tuple[list[str], float]]:
+        """module -> (file names, latest write) of what sits at `neuronxcc-<version>/MODULE_.../<name>`:
+        the Neuron compiler's own S3 cache's entries, and sagequeue's copies for it."""
+        vdir = neuron.version_dir(version)
+        out: dict[str, tuple[list[str], float]] = {}
+        for item in self._list(f"{vdir}/"):
+            parts = self._relative(item.get("Key", "")).split("/")
+            if len(parts) != 3 or not neuron.is_entry_dir(parts[1]):
+                continue  # writer folders, optimum-neuron's registry, anything deeper
+            names, when = out.get(parts[1], ([], 0.0))
+            names.append(parts[2])
+            out[parts[1]] = (names, max(when, item["LastModified"].timestamp()))
+        return out
+
     def verified_files(self, entry: RemoteEntry) -> tuple[RemoteFile, ...]:
-        manifest = self._manifest(entry.version, entry.module)
+        if entry.origin == SDK_ORIGIN:
+            return self._sdk_files(entry)
+        manifest = self._manifests.pop((entry.version, entry.module), None) or self._manifest(
+            entry.version, entry.module
+        )
         prefix = self._manifest_prefix(entry.key, manifest)
         return tuple(
             RemoteFile(
@@ -198,16 +236,80 @@ class S3Cache:
             for name, info in sorted(manifest["files"].items())
         )
 
+    def _sdk_files(self, entry: RemoteEntry) -> tuple[RemoteFile, ...]:
+        """An SDK-written entry's files, from the listing: S3's ETag is the MD5 of an object stored in one
+        part; for one stored in parts there is no checksum of the bytes, only the size."""
+        files = []
+        for item in self._list(f"{entry.key}/", delimiter="/"):
+            if "Key" not in item:
+                continue
+            name = self._relative(item["Key"])[len(entry.key) + 1 :]
+            etag = str(item.get("ETag", "")).strip('"')
+            whole = bool(re.fullmatch(r"[0-9a-f]{32}", etag))
+            files.append(
+                RemoteFile(
+                    check_name(name, f"{entry.key}: file"),
+                    int(item.get("Size", 0)),
+                    location=f"{entry.key}/{name}",
+                    md5=etag if whole else None,
+                    size_only=not whole,
+                )
+            )
+        return tuple(sorted(files, key=lambda f: f.name))
+
+    def adopt(self, entry: RemoteEntry, sha256: Mapping[str, str]) -> bool:
+        files = self._sdk_files(entry)
+        if {f.name for f in files} != set(sha256):
+            raise RemoteCacheError(f"{self.url}: {entry.key} changed while it was checked; verify it again")
+        manifest = {
+            "version": entry.version,
+            "module": entry.module,
+            # the bytes stay where the Neuron SDK put them, the path its own cache reads
+            "prefix": entry.key,
+            "files": {f.name: {"size": f.size, "sha256": sha256[f.name]} for f in files},
+            "adopted_from": SDK_ORIGIN,
+        }
+        try:
+            self._client.put_object(
+                Bucket=self.bucket,
+                Key=self._manifest_key(entry.version, entry.module),
+                Body=json.dumps(manifest, sort_keys=True).encode(),
+                ContentType="application/json",
+                IfNoneMatch="*",
+            )
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code", "") in _TAKEN_CODES:
+                return False
+            raise self._error(f"write manifest of {entry.key}", exc) from exc
+        return True
+
     @staticmethod
     def _manifest_prefix(key: str, manifest: Mapping[str, Any]) -> str:
         """Where a manifest says the entry's objects are: the entry's own folder or a writer prefix in it,
         never another entry's objects or a key outside the cache."""
         prefix = str(manifest.get("prefix") or key)
         check_name(prefix, f"{key}: manifest prefix")
-        rest = prefix[len(key) :]
-        if prefix != key and not (rest.startswith(f"/{WRITER_PREFIX}") and rest.count("/") == 1):
-            raise UnsafeNameError(f"{key}: manifest prefix {prefix!r} is not {key}/{WRITER_PREFIX}<writer>")
-        return prefix
+        if prefix == key or _writer_of_prefix(key, prefix) is not None:
+            return prefix
+        rest = prefix[len(key) :] if prefix.startswith(key) else ""
+        if rest.startswith(f"/{WRITER_PREFIX}") and rest.count("/") == 1:
+            return prefix
+        raise UnsafeNameError(
+            f"{key}: manifest prefix {prefix!r} is neither {key}/{WRITER_PREFIX}<id> nor "
+            f"{WRITERS_DIR}/<writer>/{key}/<id>"
+        )
+
+    def writers(self, version: str, modules: Sequence[str]) -> dict[str, str | None]:
+        def one(module: str) -> str | None:
+            try:
+                manifest = self._manifest(version, module)
+            except RemoteCacheError:
+                return None  # no manifest (the Neuron SDK's entry) or none readable: the writer is unknown
+            self._manifests[(version, module)] = manifest
+            return _writer_of_prefix(neuron.entry_key(version, module), str(manifest.get("prefix") or ""))
+
+        with ThreadPoolExecutor(max_workers=self.max_workers) as pool:
+            return dict(zip(modules, pool.map(one, modules), strict=True))
 
     @contextmanager
     def open_file(
@@ -285,7 +387,12 @@ class S3Cache:
         """
         if deadline.expired():
             return "skipped"
-        prefix = f"{entry.key}/{WRITER_PREFIX}{uuid.uuid4().hex[:16]}"
+        unique = uuid.uuid4().hex[:16]
+        prefix = (
+            f"{WRITERS_DIR}/{self.writer}/{entry.key}/{unique}"
+            if self.writer
+            else f"{entry.key}/{WRITER_PREFIX}{unique}"
+        )
         listed: dict[str, dict[str, Any]] = {}
         for name, path in neuron.iter_entry_files(entry.path):
             listed[name] = {
@@ -407,7 +514,8 @@ class S3Cache:
             if len(parts) == 3 and neuron.is_entry_dir(parts[1]):
                 canonical.setdefault(parts[1], {})[parts[2]] = int(item.get("Size", -1))
         problems: dict[str, str] = {}
-        modules = sorted(self.entries(version))
+        # an entry the Neuron SDK wrote is where its compiler reads it by definition
+        modules = sorted(m for m, e in self.entries(version).items() if e.origin != SDK_ORIGIN)
         with ThreadPoolExecutor(max_workers=self.max_workers) as pool:
             manifests = list(pool.map(lambda m: self._manifest(version, m), modules))
         for module, manifest in zip(modules, manifests, strict=True):
@@ -533,6 +641,14 @@ class S3Cache:
 
     def delete(self, entries: Sequence[RemoteEntry]) -> None:
         for entry in entries:
+            # a named writer's objects are outside the entry's folder: found through the manifest
+            elsewhere: str | None = None
+            try:
+                prefix = str(self._manifest(entry.version, entry.module).get("prefix") or "")
+                if _writer_of_prefix(entry.key, prefix) is not None:
+                    elsewhere = prefix
+            except RemoteCacheError:
+                pass  # no manifest (already gone, or an entry the Neuron SDK wrote)
             # The manifest goes first so readers stop seeing the entry before its files disappear.
             try:
                 self._client.delete_object(
@@ -541,6 +657,8 @@ class S3Cache:
             except ClientError as exc:
                 raise self._error(f"delete manifest of {entry.key}", exc) from exc
             self._delete_prefix(f"{entry.key}/")
+            if elsewhere is not None:
+                self._delete_prefix(f"{elsewhere}/")
         self._drop_from_records({(e.version, e.module) for e in entries})
 
     def _drop_from_records(self, gone: set[tuple[str, str]]) -> None:
@@ -570,3 +688,17 @@ class S3Cache:
                     self._client.delete_object(Bucket=self.bucket, Key=key)
             except ClientError as exc:
                 raise self._error(f"update {key}", exc) from exc
+
+
+def _writer_of_prefix(key: str, prefix: str) -> str | None:
+    """The writer of a `writers/<writer>/<entry key>/<id>` prefix of the entry `key`, else None."""
+    parts = prefix.split("/")
+    key_parts = key.split("/")
+    if len(parts) != 3 + len(key_parts) or parts[0] != WRITERS_DIR or parts[2:-1] != key_parts:
+        return None
+    try:
+        check_writer(parts[1])
+        check_name(parts[-1])
+    except ValueError:
+        return None
+    return parts[1]

@@ -44,6 +44,21 @@ def cache_url(explicit: str | None, env: Mapping[str, str] | None = None) -> str
     return explicit or environment.get(NEFF_CACHE_ENV) or saved_cache_url(environment)
 
 
+#: The writer a job publishes as on S3 (its team's `writers/<name>/` folder, the only one its IAM policy lets
+#: it write); unset: the entry's own folder, as before writers were recorded.
+CACHE_WRITER_ENV = "SAGEQUEUE_NEFF_CACHE_WRITER"
+#: The writers a job restores from, comma-separated (S3: writer folders; the Hub: users); unset or `*`: any.
+CACHE_TRUST_ENV = "SAGEQUEUE_NEFF_CACHE_TRUST"
+
+
+def cache_writer(env: Mapping[str, str] | None = None) -> str | None:
+    return (os.environ if env is None else env).get(CACHE_WRITER_ENV) or None
+
+
+def cache_trust(env: Mapping[str, str] | None = None) -> str | None:
+    return (os.environ if env is None else env).get(CACHE_TRUST_ENV) or None
+
+
 #: Secrets Manager secret (name or ARN) holding the Hub token, so the token stays out of the training
 #: job's environment, which DescribeTrainingJob shows to anyone allowed to describe it.
 HF_TOKEN_SECRET_ENV = "SAGEQUEUE_HF_TOKEN_SECRET"  # noqa: S105 - a variable name, not a secret

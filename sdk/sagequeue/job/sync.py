@@ -38,6 +38,7 @@ from sagequeue.job import neuron
 from sagequeue.job.names import UnsafeNameError, check_name, path_inside
 from sagequeue.job.remote import (
     OPTIMUM_REGISTRY_DIR,
+    SDK_ORIGIN,
     Cancelled,
     Deadline,
     IntegrityError,
@@ -47,6 +48,7 @@ from sagequeue.job.remote import (
     RemoteCacheError,
     RemoteEntry,
     RemoteFile,
+    Trust,
     optimum_record_path,
 )
 
@@ -144,26 +146,41 @@ class RestoreReport:
     stopped: str | None = None
     #: Entries refused because a name in them would write outside the cache (entry key -> the name).
     refused: dict[str, str] = field(default_factory=dict)
+    #: Entries left out because their writer is not one the job trusts (entry key -> writer or "unknown").
+    untrusted: dict[str, str] = field(default_factory=dict)
 
 
 class _Hasher:
-    """SHA-256, or the git blob SHA-1 the Hub records for files kept in git."""
+    """SHA-256, or the git blob SHA-1 the Hub records for files kept in git, or the MD5 of S3's ETag (a
+    file the Neuron SDK wrote in one part); a file the SDK wrote in parts is checked by size alone. Its
+    SHA-256 is measured whatever the recorded checksum (`sha256()`), for adopting the SDK's entries."""
 
     def __init__(self, file: RemoteFile) -> None:
         self.file = file
+        self._sha256 = hashlib.sha256()
+        self._digest: Any = None
+        self._expected = file.sha256 or file.git_sha1 or file.md5
         if file.sha256:
-            self._digest = hashlib.sha256()
+            self._digest = self._sha256
         elif file.git_sha1:
             self._digest = hashlib.sha1(usedforsecurity=False)
             self._digest.update(b"blob %d\x00" % file.size)
-        else:
+        elif file.md5:
+            self._digest = hashlib.md5(usedforsecurity=False)
+        elif not file.size_only:
             raise IntegrityError(f"the remote recorded no checksum for {file.name}")
 
     def update(self, data: bytes) -> None:
-        self._digest.update(data)
+        self._sha256.update(data)
+        if self._digest is not None and self._digest is not self._sha256:
+            self._digest.update(data)
 
     def matches(self) -> bool:
-        return self._digest.hexdigest() == (self.file.sha256 or self.file.git_sha1)
+        # size_only: the caller compares the size, which is all there is to compare
+        return self._digest is None or self._digest.hexdigest() == self._expected
+
+    def sha256(self) -> str:
+        return self._sha256.hexdigest()
 
 
 def _progress(total: int, enabled: bool, description: str) -> Any:
@@ -357,12 +374,14 @@ def restore(
     control: Deadline | None = None,
     min_free_bytes: int = 0,
     max_bytes: int | None = None,
+    trust: Trust | None = None,
 ) -> RestoreReport:
     """Bring the remote's complete entries of `version` (or only `modules`) into the local cache `root`.
 
     `control.cancel` calls the restore off (each download stops at its next chunk, queued ones never
     start); `control.touch()` is called on every answer and chunk. At most `max_bytes` are fetched, and
-    never so much that less than `min_free_bytes` would stay free.
+    never so much that less than `min_free_bytes` would stay free. Only entries of the writers `trust`
+    names are restored (None: any writer).
     """
     control = control or Deadline(None)
     report = RestoreReport(version)
@@ -382,6 +401,9 @@ def restore(
             report.busy.append(entry.key)
         else:
             todo.append(entry)
+    if todo and trust is not None and trust.restricted:
+        todo = _trusted(remote, version, todo, trust, report)
+        control.touch()
     if not todo or control.cancel.is_set():
         return report
     staging_top = staging_dir(root)
@@ -426,6 +448,27 @@ def restore(
         if report.stopped is None:
             log.warning("could not restore %s: %s", key, problem)
     return report
+
+
+def _trusted(
+    remote: RemoteCache, version: str, todo: list[RemoteEntry], trust: Trust, report: RestoreReport
+) -> list[RemoteEntry]:
+    writers = remote.writers(version, [e.module for e in todo])
+    kept = []
+    for entry in todo:
+        writer = writers.get(entry.module)
+        if trust.allows(writer):
+            kept.append(entry)
+        else:
+            report.untrusted[entry.key] = writer or "unknown"
+    if report.untrusted:
+        log.warning(
+            "not restoring %d entries of writers this job does not trust (it trusts %s): %s",
+            len(report.untrusted),
+            trust.describe(),
+            ", ".join(f"{k} by {w}" for k, w in sorted(report.untrusted.items())[:10]),
+        )
+    return kept
 
 
 def _refuse(report: RestoreReport, key: str, problem: UnsafeNameError) -> None:
@@ -654,9 +697,15 @@ class VerifyReport:
     checked: list[str] = field(default_factory=list)
     #: Entry key -> what is wrong (a file missing, of the wrong size, or with other bytes).
     broken: dict[str, str] = field(default_factory=dict)
+    #: Entry key -> its writer ("unknown" when the cache cannot tell), for writers the trust list lacks.
+    untrusted: dict[str, str] = field(default_factory=dict)
+    #: Sound entries the Neuron SDK wrote without a manifest: entry key -> file name -> measured SHA-256.
+    adoptable: dict[str, dict[str, str]] = field(default_factory=dict)
 
 
-def verify(remote: RemoteCache, version: str, *, workers: int = 16) -> VerifyReport:
+def verify(
+    remote: RemoteCache, version: str, *, workers: int = 16, trust: Trust | None = None
+) -> VerifyReport:
     """Download every file of every visible entry of `version` and check it against the recorded checksum.
 
     A broken entry is one no restore can install; deleting it (`remote.delete`) lets the next writer
@@ -665,6 +714,7 @@ def verify(remote: RemoteCache, version: str, *, workers: int = 16) -> VerifyRep
     report = VerifyReport(version)
 
     def check(entry: RemoteEntry) -> str | None:
+        digests: dict[str, str] = {}
         try:
             files = checked_files(entry, entry.files if entry.verified else remote.verified_files(entry))
         except UnsafeNameError as exc:
@@ -681,11 +731,21 @@ def verify(remote: RemoteCache, version: str, *, workers: int = 16) -> VerifyRep
                     return f"{file.name}: {size} bytes, the manifest says {file.size}"
                 if not hasher.matches():
                     return f"{file.name}: the bytes do not match the recorded checksum"
+                digests[file.name] = hasher.sha256()
         except RemoteCacheError as exc:
             return str(exc)
+        if entry.origin == SDK_ORIGIN:
+            report.adoptable[entry.key] = digests
         return None
 
     entries = sorted(remote.entries(version).values(), key=lambda e: e.module)
+    if trust is not None and trust.restricted and entries:
+        writers = remote.writers(version, [e.module for e in entries])
+        report.untrusted = {
+            e.key: writers.get(e.module) or "unknown"
+            for e in entries
+            if not trust.allows(writers.get(e.module))
+        }
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="neff-verify") as pool:
         for entry, problem in zip(entries, pool.map(check, entries), strict=True):
             report.checked.append(entry.key)
