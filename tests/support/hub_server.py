@@ -107,6 +107,8 @@ class HubState:
         self.commit_gate: threading.Event | None = None
         self.lfs_gate: threading.Event | None = None
         self.lfs_arrivals = 0
+        #: Seconds each LFS upload takes (a slow link to the Hub).
+        self.lfs_delay = 0.0
         self.lfs_puts = 0
         self.commit_statuses: list[int] = []
         #: token -> user: the main token is DEFAULT_USER's; more users (other teams' machine users) are added
@@ -566,6 +568,8 @@ class HubHandler(BaseHTTPRequestHandler):
             self.state.lfs_arrivals += 1
         if self.state.lfs_gate is not None:
             self.state.lfs_gate.wait(timeout=60)
+        if self.state.lfs_delay:
+            time.sleep(self.state.lfs_delay)
         oid = tail.split("?", 1)[0]
         if hashlib.sha256(body).hexdigest() != oid:
             self._error(400, f"content does not match oid {oid}")

@@ -98,6 +98,9 @@ COMPACT_WRITER = "compacted"
 #: A batch of entries uploaded together: at most this many entries or bytes.
 BATCH_ENTRIES = 32
 BATCH_BYTES = 512 * 1024 * 1024
+#: Under a deadline, a batch is sized to take at most this long at the measured throughput: a stop that
+#: comes while it is in flight (its grace shortens the deadline) still finds time to commit what is up.
+BATCH_SECONDS = 20.0
 
 
 def _status(exc: HfHubHTTPError) -> int | None:
@@ -117,6 +120,7 @@ class HubCache:
         backoff_max: float = 8.0,
         commit_reserve: float = 10.0,
         upload_threads: int = 8,
+        batch_seconds: float = BATCH_SECONDS,
         connect_timeout: float = CONNECT_TIMEOUT,
         read_timeout: float = READ_TIMEOUT,
         writer: str | None = None,
@@ -138,6 +142,7 @@ class HubCache:
         #: Seconds kept free before the deadline for the commit call itself.
         self.commit_reserve = commit_reserve
         self.upload_threads = upload_threads
+        self.batch_seconds = batch_seconds
         self._revision: str | None = None
         #: Measured upload throughput (bytes per second), None before the first batch.
         self._rate: float | None = None
@@ -413,14 +418,15 @@ class HubCache:
         self, pending: Sequence[neuron.LocalEntry], deadline: Deadline, reserve: float
     ) -> list[neuron.LocalEntry]:
         """The next entries to upload together: as many as fit BATCH_ENTRIES, BATCH_BYTES and, under a
-        deadline, half the time left at the measured throughput (the first batch, unmeasured, is one entry)."""
+        deadline, half the time left and at most `batch_seconds` at the measured throughput (the first batch,
+        unmeasured, is one entry): a batch in flight when a stop shortens the deadline ends in time to commit."""
         if deadline.expired(reserve):
             return []
         limit = float(BATCH_BYTES)
         if deadline.remaining() != float("inf"):
             if self._rate is None:
                 return [pending[0]]  # the smallest entry first: it measures the throughput
-            limit = min(limit, self._rate * (deadline.remaining() - reserve) * 0.5)
+            limit = min(limit, self._rate * min((deadline.remaining() - reserve) * 0.5, self.batch_seconds))
         batch: list[neuron.LocalEntry] = []
         size = 0
         for entry in pending:

@@ -328,6 +328,10 @@ class Deadline:
     def remaining(self) -> float:
         return float("inf") if self._at is None else self._at - time.monotonic()
 
+    def cut(self, at: float) -> None:
+        """Bring the end forward to the monotonic time `at` (a stop's grace), never back."""
+        self._at = at if self._at is None else min(self._at, at)
+
     def expired(self, reserve: float = 0.0) -> bool:
         return self.cancel.is_set() or self.remaining() <= reserve
 

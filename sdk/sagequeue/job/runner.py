@@ -167,6 +167,9 @@ def _bounded(
             if stop_end is None:
                 break
             limit = min(end, stop_end())
+            if control is not None:
+                # the transfer sizes what it starts next, and when it commits, to the stop's grace
+                control.cut(limit)
         if time.monotonic() >= limit:
             break
         if control is not None:
