@@ -20,6 +20,7 @@ import logging
 import os
 import shutil
 import signal
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -41,6 +42,15 @@ log = logging.getLogger("sagequeue.job")
 SAGEMAKER_STOP_GRACE_SECONDS = 120.0
 #: Environment the precompile run gets: the step limit a training script should honour.
 PRECOMPILE_STEPS_ENV = "SAGEQUEUE_PRECOMPILE_STEPS"
+#: Set to "1" for the precompile run: under neuron_parallel_compile nothing really executes and every output
+#: is invalid, so the script must skip every save (checkpoints, the model, metrics) when it sees it.
+PRECOMPILE_ENV = "SAGEQUEUE_PRECOMPILE"
+#: SageMaker's output directories a script finds in its environment: a scratch directory stands in for each
+#: during the precompile run, so a script that writes where they point writes nothing that is kept.
+SAGEMAKER_OUTPUT_ENVS = ("SM_MODEL_DIR", "SM_OUTPUT_DATA_DIR", "SM_OUTPUT_DIR", "SM_CHECKPOINT_DIR")
+#: Where SageMaker keeps (and syncs to S3) the checkpoints a resumed job loads; watched during a precompile.
+CHECKPOINT_DIR_ENV = "SAGEQUEUE_CHECKPOINT_DIR"
+DEFAULT_CHECKPOINT_DIR = "/opt/ml/checkpoints"
 #: Set for the training command: the local cache the wrapper chose.
 CACHE_DIR_ENV = "SAGEQUEUE_NEURON_CACHE_DIR"
 _CORES_ENV = "NEURON_RT_NUM_CORES"
@@ -111,6 +121,19 @@ class JobOutcome:
     restored: list[str] = field(default_factory=list)
     published: list[str] = field(default_factory=list)
     precompiled: bool = False
+
+
+def _snapshot(folders: list[Path]) -> dict[Path, tuple[int, int]]:
+    """(size, mtime in ns) of every file under `folders`, links not followed."""
+    found: dict[Path, tuple[int, int]] = {}
+    for folder in folders:
+        for top, _dirs, files in os.walk(folder):
+            for name in files:
+                path = Path(top) / name
+                with contextlib.suppress(OSError):
+                    stat = path.lstat()
+                    found[path] = (stat.st_size, stat.st_mtime_ns)
+    return found
 
 
 def job_record(options: JobOptions, env: Mapping[str, str], version: str) -> RegistryRecord | None:
@@ -475,6 +498,31 @@ class JobRunner:
         steps = self.options.precompile_steps
         env = dict(child_env)
         env[PRECOMPILE_STEPS_ENV] = str(steps)
+        env[PRECOMPILE_ENV] = "1"
+        scratch = Path(tempfile.mkdtemp(prefix="sagequeue-precompile-"))
+        for name in SAGEMAKER_OUTPUT_ENVS:
+            if name in env:
+                env[name] = str(scratch / name.lower())
+                Path(env[name]).mkdir(parents=True, exist_ok=True)
+        watched = [Path(self.env.get(CHECKPOINT_DIR_ENV) or DEFAULT_CHECKPOINT_DIR)]
+        watched += [Path(child_env[n]) for n in SAGEMAKER_OUTPUT_ENVS if child_env.get(n)]
+        before = _snapshot(watched)
+        try:
+            self._run_precompile(env, steps, on_stop)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        changed = sorted(path for path, stamp in _snapshot(watched).items() if before.get(path) != stamp)
+        if changed:
+            log.error(
+                "the precompile run wrote %s although its outputs are invalid (%s=1 asks the script to skip "
+                "every save); the training run may resume from them",
+                ", ".join(str(p) for p in changed[:10]),
+                PRECOMPILE_ENV,
+            )
+
+    def _run_precompile(
+        self, env: dict[str, str], steps: int | None, on_stop: Callable[[], None] | None
+    ) -> None:
         env.setdefault(neuron.PARALLEL_COMPILE_MAX_RETRIES_ENV, "1")
         executable = shutil.which(neuron.PARALLEL_COMPILE_EXECUTABLE, path=env.get("PATH"))
         if executable is None:
