@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from conftest import HUB_TOKEN, VERSION, Cache
+from conftest import HUB_TOKEN, VERSION, Cache, run_wrapper
 from support.hub_server import DEFAULT_USER, HubServer
 
 from sagequeue.cli import main
@@ -66,6 +66,26 @@ def test_a_job_restores_only_its_trusted_writers_and_verify_names_a_planted_entr
     assert report.restored == [neuron.entry_key(VERSION, "MODULE_1+aaaa")]
     assert report.untrusted == {neuron.entry_key(VERSION, "MODULE_2+aaaa"): "team-b"}
     assert not (root / neuron.version_dir(VERSION) / "MODULE_2+aaaa").exists()
+    # the job image does the same with the trust list in its environment
+    job = run_wrapper(
+        [
+            "run",
+            "--cache",
+            cache.url,
+            "--cache-dir",
+            str(tmp_path / "wrapped"),
+            "--restore",
+            "all",
+            "--no-progress",
+            "--",
+            "true",
+        ],
+        dict(cache.env, SAGEQUEUE_NEFF_CACHE_TRUST=me),
+    )
+    assert job.returncode == 0, job.stderr
+    assert f"restoring only entries written by {me}" in job.stderr
+    assert "not restoring 1 entries of writers this job does not trust" in job.stderr
+    assert {e.module for e in neuron.scan(tmp_path / "wrapped", VERSION)} == {"MODULE_1+aaaa"}
     # trusting the other team too (or any writer) takes its entry
     both = sync.restore(mine, root, VERSION, progress=False, trust=Trust.parse(f"{me},team-b"))
     assert both.restored == [neuron.entry_key(VERSION, "MODULE_2+aaaa")]
