@@ -622,6 +622,10 @@ def _describe(
         except Exception as exc:  # noqa: BLE001 - reported per entry by the caller
             return exc
         control.touch()
+        if any(f.name == neuron.FAILURE_LOG_FILE for f in files):
+            return RemoteCacheError(
+                f"{entry.key} holds {neuron.FAILURE_LOG_FILE}: a failed compile, not restored"
+            )
         return files
 
     return describe

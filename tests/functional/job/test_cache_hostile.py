@@ -139,3 +139,15 @@ def test_upload_never_follows_a_file_link_out_of_the_entry(cache: Cache, tmp_pat
         entries[MODULE].files if entries[MODULE].verified else cache.remote.verified_files(entries[MODULE])
     )
     assert sorted(f.name for f in files) == ["model.done", "model.neff"]
+
+
+def test_a_remote_entry_holding_a_compiler_log_is_not_restored(
+    cache: Cache, hub_server: HubServer, tmp_path: Path
+) -> None:
+    # a NEFF beside the compiler's failure log: the Neuron stack would replay the failure
+    _plant(cache, hub_server, MODULE, {**GOOD, "model.log": b"ERROR: compilation failed\n"})
+    _plant(cache, hub_server, "MODULE_78+deadbeef", dict(GOOD))
+    root = tmp_path / "local"
+    report = sync.restore(cache.remote, root, VERSION, progress=False)
+    assert report.restored == [neuron.entry_key(VERSION, "MODULE_78+deadbeef")]
+    assert not (root / neuron.entry_key(VERSION, MODULE)).exists()
