@@ -188,11 +188,14 @@ class S3Cache:
 
     def entries(self, version: str) -> dict[str, RemoteEntry]:
         """Entries with a manifest (their file lists come from it, `verified_files`), and the complete
-        entries the Neuron compiler's own S3 cache wrote at `neuronxcc-<version>/MODULE_.../` with none."""
+        entries the Neuron compiler's own S3 cache wrote at `neuronxcc-<version>/MODULE_.../` with none.
+
+        The compiler's folders are listed one level deep (one key per entry, not per file); only a folder
+        without a manifest, rare in a cache sagequeue writes, is listed further."""
         vdir = neuron.version_dir(version)
         found: dict[str, RemoteEntry] = {}
         with ThreadPoolExecutor(max_workers=2) as pool:
-            compiler_view = pool.submit(self._compiler_entries, version)
+            folders = pool.submit(self._entry_folders, version)
             for item in self._list(f"{MANIFEST_DIR}/{vdir}/"):
                 name = item["Key"].rsplit("/", 1)[-1]
                 module = name.removesuffix(".json")
@@ -200,24 +203,34 @@ class S3Cache:
                     found[module] = RemoteEntry(
                         version, module, (), item["LastModified"].timestamp(), verified=False
                     )
-            for module, (names, when) in compiler_view.result().items():
-                if module not in found and neuron.is_complete_file_set(names):
+            unrecorded = sorted(folders.result() - set(found))
+        if unrecorded:
+            with ThreadPoolExecutor(max_workers=self.max_workers) as pool:
+                listed = list(pool.map(lambda m: self._folder_files(version, m), unrecorded))
+            for module, (names, when) in zip(unrecorded, listed, strict=True):
+                if neuron.is_complete_file_set(names):
                     found[module] = RemoteEntry(version, module, (), when, verified=False, origin=SDK_ORIGIN)
         return found
 
-    def _compiler_entries(self, version: str) -> dict[str, tuple[list[str], float]]:
-        """module -> (file names, latest write) of what sits at `neuronxcc-<version>/MODULE_.../<name>`:
-        the Neuron compiler's own S3 cache's entries, and sagequeue's copies for it."""
+    def _entry_folders(self, version: str) -> set[str]:
+        """The entry folders at `neuronxcc-<version>/MODULE_.../`: the Neuron compiler's own S3 cache's
+        entries, and sagequeue's copies for it."""
         vdir = neuron.version_dir(version)
-        out: dict[str, tuple[list[str], float]] = {}
-        for item in self._list(f"{vdir}/"):
-            parts = self._relative(item.get("Key", "")).split("/")
-            if len(parts) != 3 or not neuron.is_entry_dir(parts[1]):
-                continue  # writer folders, optimum-neuron's registry, anything deeper
-            names, when = out.get(parts[1], ([], 0.0))
-            names.append(parts[2])
-            out[parts[1]] = (names, max(when, item["LastModified"].timestamp()))
-        return out
+        return {
+            name
+            for item in self._list(f"{vdir}/", delimiter="/")
+            if neuron.is_entry_dir(name := item.get("CommonPrefix", "").rstrip("/").rsplit("/", 1)[-1])
+        }
+
+    def _folder_files(self, version: str, module: str) -> tuple[list[str], float]:
+        """(file names, latest write) directly in one entry folder (a writer's folder inside is not)."""
+        key = neuron.entry_key(version, module)
+        names, when = [], 0.0
+        for item in self._list(f"{key}/", delimiter="/"):
+            if "Key" in item:
+                names.append(self._relative(item["Key"])[len(key) + 1 :])
+                when = max(when, item["LastModified"].timestamp())
+        return names, when
 
     def verified_files(self, entry: RemoteEntry) -> tuple[RemoteFile, ...]:
         if entry.origin == SDK_ORIGIN:
