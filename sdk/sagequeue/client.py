@@ -40,6 +40,7 @@ from sagequeue.exceptions import (
     EndpointUnreachable,
     Forbidden,
     NotFound,
+    NotTheQueue,
     SageQueueError,
     ServerError,
     Throttled,
@@ -673,9 +674,17 @@ class QueueClient:
                 "/jobs",
                 query={"state": state, "pool": pool, "owner": owner, "limit": page_size, "next_token": token},
             )
-            if not isinstance(answer, Mapping):
-                raise ServerError(f"GET /jobs answered {answer!r}, not a page of jobs", status=200)
-            for item in answer.get("jobs") or ():
+            if (
+                not isinstance(answer, Mapping)
+                or not isinstance(answer.get("jobs"), list)
+                or "next_token" not in answer
+            ):
+                # the API always answers both keys (docs/contracts.md); another service's answer, such as
+                # moto's `{"jobs": []}` on its own route, would otherwise read as an empty queue
+                raise NotTheQueue(
+                    self.endpoint, f"GET /jobs answered {str(answer)[:120]!r}, not a page of jobs"
+                )
+            for item in answer["jobs"]:
                 yield Job.from_api(item)
             token = answer.get("next_token")
             if not token:
