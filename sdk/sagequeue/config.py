@@ -7,7 +7,7 @@ platform's (platformdirs' user config dir: `~/.config/sagequeue` on Linux, honou
 
     {"endpoint": "http://127.0.0.1:8765", "region": "us-east-1",
      "access_key_id": "...", "secret_access_key": "...",
-     "sagemaker_endpoint": "http://127.0.0.1:8766", "pid": 4242}
+     "sagemaker_endpoint": "http://127.0.0.1:8766", "s3_endpoint": "http://127.0.0.1:8767", "pid": 4242}
 
 This module imports only the standard library and sagequeue.exceptions, so reading it costs nothing.
 """
@@ -49,6 +49,8 @@ class LocalConnection:
     secret_access_key: str = field(repr=False)
     #: The SageMaker emulator's URL (its port changes at every start).
     sagemaker_endpoint: str | None = None
+    #: The URL of the stack's S3 (moto's server), where `sagequeue cache` and training outputs go.
+    s3_endpoint: str | None = None
     #: The process serving the stack.
     pid: int | None = None
 
@@ -65,12 +67,14 @@ class LocalConnection:
         if pid is not None and (not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0):
             raise ConfigurationError(f"{source}: pid must be a positive whole number, got {pid!r}")
         sagemaker = data.get("sagemaker_endpoint")
+        s3 = data.get("s3_endpoint")
         return cls(
             endpoint=str(data["endpoint"]),
             region=str(data["region"]),
             access_key_id=str(data["access_key_id"]),
             secret_access_key=str(data["secret_access_key"]),
             sagemaker_endpoint=str(sagemaker) if sagemaker else None,
+            s3_endpoint=str(s3) if s3 else None,
             pid=pid,
         )
 

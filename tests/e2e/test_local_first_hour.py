@@ -219,6 +219,17 @@ def test_local_env_points_plain_boto3_at_the_emulator(served: Served) -> None:
     assert exported.returncode == 0, exported.stderr
     assert f"export AWS_ENDPOINT_URL_SAGEMAKER={saved['sagemaker_endpoint']}" in exported.stdout.splitlines()
     assert f"export SAGEQUEUE_ENDPOINT={saved['endpoint']}" in exported.stdout.splitlines()
+    # S3 too: `sagequeue cache` against the local stack must not reach the real S3
+    assert f"export AWS_ENDPOINT_URL_S3={saved['s3_endpoint']}" in exported.stdout.splitlines()
+    cached = subprocess.run(
+        ["bash", "-c", 'eval "$(sagequeue local env)" && sagequeue cache create s3://local-neff/cache'],
+        capture_output=True,
+        text=True,
+        env=clean_environment(served.home),
+        timeout=60,
+        check=False,
+    )
+    assert cached.returncode == 0, cached.stderr
     listed = subprocess.run(
         [
             "bash",

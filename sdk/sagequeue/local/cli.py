@@ -265,8 +265,9 @@ def local(
 )
 def local_env(identity: str) -> None:
     """Print shell `export` lines for the running local stack: its API endpoint, region, the identity's
-    keys, and the SageMaker emulator's URL (AWS_ENDPOINT_URL_SAGEMAKER, which boto3 and the SageMaker SDK
-    follow). Use: eval "$(sagequeue local env)"."""
+    keys, the SageMaker emulator's URL (AWS_ENDPOINT_URL_SAGEMAKER, which boto3 and the SageMaker SDK
+    follow) and the stack's S3 (AWS_ENDPOINT_URL_S3, which `sagequeue cache` follows too). Use:
+    eval "$(sagequeue local env)"."""
     import shlex
 
     from sagequeue.config import ENDPOINT_ENV, load_local_connection, local_connection_path
@@ -301,6 +302,9 @@ def local_env(identity: str) -> None:
     ]
     if saved.sagemaker_endpoint:
         values.append(("AWS_ENDPOINT_URL_SAGEMAKER", saved.sagemaker_endpoint))
+    if saved.s3_endpoint:
+        # `sagequeue cache` and boto3 then use the stack's S3, not the real one
+        values.append(("AWS_ENDPOINT_URL_S3", saved.s3_endpoint))
     # a session token or a profile left from real AWS would be sent with, or chosen over, these keys
     click.echo("unset AWS_SESSION_TOKEN AWS_PROFILE")
     for name, value in values:

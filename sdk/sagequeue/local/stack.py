@@ -742,6 +742,8 @@ class LocalStack:
             access_key_id=who.access_key_id,
             secret_access_key=who.secret_access_key,
             sagemaker_endpoint=self.emulator.endpoint_url,
+            # in process, moto has no address another process can use
+            s3_endpoint=self.moto_endpoint if self._in_process is None else None,
             pid=os.getpid(),
         )
 
