@@ -388,6 +388,10 @@ class LocalStack:
             assert rule.schedule is not None
             arn = f"arn:aws:events:{self.region}:{self.account_id}:rule/{rule_name}"
             self._router.add_schedule(rule_name, arn, function, rule.schedule, input_, now)
+        if any(self.restored.values()):
+            # attempts restored as starting or running died with the last emulator: the reconcile says so
+            # (and requeues them) now, not at its first tick a minute on
+            self._router.fire_every_schedule(now)
 
         from sagequeue.local.alarms import AlarmEvaluator
 
