@@ -419,7 +419,7 @@ def _banner(stack: Any, saved: Path, identities_file: Path) -> str:
     help="Print the functions' logs and metric documents.",
 )
 def demo(speed: float | None, function_logs: bool) -> None:
-    """Show sagequeue doing its job on the local stack: the article's priority scenario (preemption and
+    """Show sagequeue doing its job on the local stack: a priority scenario (preemption and
     resume), warm-pool reuse and an idle job stopped, checked at every step."""
     from sagequeue.local.demo import Demo, DemoFailed, settings, timings
     from sagequeue.local.stack import LocalStack, LocalStackError
