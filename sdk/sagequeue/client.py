@@ -306,8 +306,8 @@ def _check_endpoint(endpoint: str, origin: str) -> str:
     return endpoint.rstrip("/")
 
 
-def stack_endpoint(stack_name: str, session: boto3.Session, region: str | None = None) -> str:
-    """The `ApiUrl` output of a deployed sagequeue stack."""
+def stack_outputs(stack_name: str, session: boto3.Session, region: str | None = None) -> dict[str, str]:
+    """The outputs of a deployed stack, by key."""
     from botocore.exceptions import BotoCoreError, ClientError
 
     try:
@@ -321,14 +321,25 @@ def stack_endpoint(stack_name: str, session: boto3.Session, region: str | None =
         ) from exc
     except BotoCoreError as exc:
         raise ConfigurationError(f"cannot read the outputs of stack {stack_name!r}: {exc}") from exc
-    outputs = (
-        {o.get("OutputKey"): o.get("OutputValue") for o in (stacks[0].get("Outputs") or [])} if stacks else {}
+    return (
+        {
+            str(o.get("OutputKey")): str(o.get("OutputValue"))
+            for o in (stacks[0].get("Outputs") or [])
+            if o.get("OutputKey")
+        }
+        if stacks
+        else {}
     )
+
+
+def stack_endpoint(stack_name: str, session: boto3.Session, region: str | None = None) -> str:
+    """The `ApiUrl` output of a deployed sagequeue stack."""
+    outputs = stack_outputs(stack_name, session, region)
     url = outputs.get(API_URL_OUTPUT)
     if not url:
         raise ConfigurationError(
             f"stack {stack_name!r} has no {API_URL_OUTPUT} output; is it a sagequeue stack? "
-            f"(outputs: {', '.join(sorted(k for k in outputs if k)) or 'none'})"
+            f"(outputs: {', '.join(sorted(outputs)) or 'none'})"
         )
     return str(url)
 

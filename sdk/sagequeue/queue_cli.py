@@ -1076,9 +1076,66 @@ def whoami(target: Target, as_json: bool) -> None:
     click.echo(f"region    {client.region}")
 
 
+@_queue_command("notify")
+@click.argument("to", metavar="ENDPOINT")
+@click.option(
+    "--events",
+    "events",
+    metavar="KINDS",
+    help="Only these notices, comma-separated: started, preempted, requeued, finished, failed, cancelled, "
+    "idle_stopped (default: all).",
+)
+@click.option(
+    "--topic", metavar="ARN", help="The job notices topic (default: the stack's JobNoticesTopicArn)."
+)
+def notify(target: Target, as_json: bool, to: str, events: str | None, topic: str | None) -> None:
+    """Send notices of your jobs (start, preemption, requeue, end) to ENDPOINT: an e-mail address, an
+    https URL, or an SQS queue or Lambda function ARN.
+
+    Subscribes ENDPOINT to the stack's job notices topic with a filter policy on your identity (as
+    `whoami` shows it), so it receives your jobs' notices and no one else's. An e-mail or https endpoint
+    receives a confirmation first.
+    """
+    from sagequeue.notices import subscribe
+
+    kinds = tuple(k.strip() for k in (events or "").split(",") if k.strip())
+    done = subscribe(target.client(), to, events=kinds, topic=topic, stack_name=target.stack_name)
+    if as_json:
+        _print_json(
+            {
+                "subscription_arn": done.subscription_arn,
+                "topic_arn": done.topic_arn,
+                "protocol": done.protocol,
+                "endpoint": done.endpoint,
+                "owner": done.owner,
+                "events": list(done.events) or None,
+                "pending_confirmation": done.pending,
+            }
+        )
+        return
+    which = ", ".join(done.events) if done.events else "every notice"
+    click.echo(f"{done.endpoint} gets {which} of the jobs of {done.owner} ({done.topic_arn})")
+    if done.pending:
+        click.echo(f"confirm the subscription: SNS sent a confirmation to {done.endpoint}")
+
+
 #: What `sagequeue` (sagequeue.cli) adds to its command group.
 COMMANDS: dict[str, click.Command] = {
     command.name: command
-    for command in (submit, ls, show, cancel, priority, hold, release, pools, capacity, teams, quota, whoami)
+    for command in (
+        submit,
+        ls,
+        show,
+        cancel,
+        priority,
+        hold,
+        release,
+        pools,
+        capacity,
+        teams,
+        quota,
+        whoami,
+        notify,
+    )
     if command.name
 }

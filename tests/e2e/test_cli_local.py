@@ -83,7 +83,8 @@ def test_a_job_submitted_from_the_cli_runs_on_the_local_stack(local_stack: tuple
         "access_key_id",
         "secret_access_key",
         "sagemaker_endpoint",
-        "s3_endpoint",
+        "aws_endpoint",
+        "job_notices_topic_arn",
         "pid",
     }
     assert saved["pid"] == server.pid

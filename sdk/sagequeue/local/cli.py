@@ -236,8 +236,11 @@ def local(
         _write_private(identities_file, json.dumps(stack.identities.to_dict(), indent=2) + "\n")
         click.echo(_banner(stack, saved, identities_file))
         sys.stdout.flush()
+        notices = _NoticeWatch(stack)
         while not stopping.wait(0.5):
-            pass
+            for line in notices.lines():
+                click.echo(line)
+            sys.stdout.flush()
         click.echo("\nstopping the local stack...")
     finally:
         for sig, handler in previous.items():
@@ -254,6 +257,36 @@ def local(
     click.echo("stopped.")
 
 
+class _NoticeWatch:
+    """The terminal's own subscriber to the stack's job notices: every notice, as a line."""
+
+    def __init__(self, stack: Any) -> None:
+        self.sqs = stack.aws_client("sqs")
+        self.url: str | None = None
+        topic = stack.spec.outputs.get("JobNoticesTopicArn") if stack.spec else None
+        if not topic:
+            return  # a template without notices
+        self.url = self.sqs.create_queue(QueueName="sagequeue-local-terminal-notices")["QueueUrl"]
+        arn = self.sqs.get_queue_attributes(QueueUrl=self.url, AttributeNames=["QueueArn"])["Attributes"]
+        stack.aws_client("sns").subscribe(TopicArn=topic, Protocol="sqs", Endpoint=arn["QueueArn"])
+
+    def lines(self) -> list[str]:
+        if self.url is None:
+            return []
+        out = []
+        for message in self.sqs.receive_message(QueueUrl=self.url, MaxNumberOfMessages=10).get(
+            "Messages", []
+        ):
+            self.sqs.delete_message(QueueUrl=self.url, ReceiptHandle=message["ReceiptHandle"])
+            try:
+                envelope = json.loads(message["Body"])
+                owner = envelope["MessageAttributes"]["owner"]["Value"]
+                out.append(f"notice: {envelope['Subject']} (owner {owner.rsplit('/', 1)[-1]})")
+            except (ValueError, KeyError, TypeError):
+                continue
+        return out
+
+
 @local.command("env")
 @click.option(
     "--identity",
@@ -266,7 +299,8 @@ def local(
 def local_env(identity: str) -> None:
     """Print shell `export` lines for the running local stack: its API endpoint, region, the identity's
     keys, the SageMaker emulator's URL (AWS_ENDPOINT_URL_SAGEMAKER, which boto3 and the SageMaker SDK
-    follow) and the stack's S3 (AWS_ENDPOINT_URL_S3, which `sagequeue cache` follows too). Use:
+    follow) and the stack's S3 and SNS (AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL_SNS, which `sagequeue cache` and
+    `sagequeue notify` follow too). Use:
     eval "$(sagequeue local env)"."""
     import shlex
 
@@ -302,9 +336,10 @@ def local_env(identity: str) -> None:
     ]
     if saved.sagemaker_endpoint:
         values.append(("AWS_ENDPOINT_URL_SAGEMAKER", saved.sagemaker_endpoint))
-    if saved.s3_endpoint:
-        # `sagequeue cache` and boto3 then use the stack's S3, not the real one
-        values.append(("AWS_ENDPOINT_URL_S3", saved.s3_endpoint))
+    if saved.aws_endpoint:
+        # `sagequeue cache`, `sagequeue notify` and boto3 then use the stack's S3 and SNS, not the real ones
+        values.append(("AWS_ENDPOINT_URL_S3", saved.aws_endpoint))
+        values.append(("AWS_ENDPOINT_URL_SNS", saved.aws_endpoint))
     # a session token or a profile left from real AWS would be sent with, or chosen over, these keys
     click.echo("unset AWS_SESSION_TOKEN AWS_PROFILE")
     for name, value in values:

@@ -755,7 +755,8 @@ class LocalStack:
             secret_access_key=who.secret_access_key,
             sagemaker_endpoint=self.emulator.endpoint_url,
             # in process, moto has no address another process can use
-            s3_endpoint=self.moto_endpoint if self._in_process is None else None,
+            aws_endpoint=self.moto_endpoint if self._in_process is None else None,
+            job_notices_topic_arn=(self.spec.outputs.get("JobNoticesTopicArn") if self.spec else None),
             pid=os.getpid(),
         )
 
