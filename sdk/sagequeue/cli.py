@@ -18,6 +18,7 @@ _COMMANDS: dict[str, str] = {
     "demo": "sagequeue.local.cli:demo",
     "cache": "sagequeue.job.cache_cli:cache",
     "simulate": "sagequeue.sim.cli:simulate_command",
+    "preflight": "sagequeue.preflight:preflight",
 }
 # the queue commands (submit, ls, show, cancel, ...) live in sagequeue.queue_cli
 _QUEUE_COMMANDS_MODULE = "sagequeue.queue_cli"
