@@ -19,6 +19,7 @@ _COMMANDS: dict[str, str] = {
     "cache": "sagequeue.job.cache_cli:cache",
     "simulate": "sagequeue.sim.cli:simulate_command",
     "preflight": "sagequeue.preflight:preflight",
+    "configure": "sagequeue.deploy_config:configure",
 }
 # the queue commands (submit, ls, show, cancel, ...) live in sagequeue.queue_cli
 _QUEUE_COMMANDS_MODULE = "sagequeue.queue_cli"
