@@ -152,3 +152,35 @@ def test_an_owner_receives_its_own_jobs_notices_and_not_another_users(stack: Any
         assert [a["event"] for a in attributes] == ["started", "finished"]
         assert notices[-1]["Subject"] == f"sagequeue: job {job} finished"
         assert "it is now completed" in notices[-1]["Message"]
+
+
+def test_a_forged_end_on_the_bus_sends_no_notice(stack: Any, tmp_path: Path) -> None:
+    # GIVEN an owner subscribed to its notices, and its job running
+    url, arn = a_queue(stack, "owner")
+    home = tmp_path / "owner"
+    home.mkdir()
+    assert notify(stack, "user", home, arn).returncode == 0
+    name = f"long-{uuid.uuid4().hex[:4]}"
+    stack.client("user").submit({**request(stack, name), "Environment": {"SAGEQUEUE_SIM_DURATION": "36000"}})
+    stack.run_until_idle()
+    stack.advance(120)
+    assert stack.client("user").job(name).state == "running"
+    # WHEN someone allowed to put events on sagequeue's bus says the job failed
+    bus = stack.spec.outputs["EventBusName"]
+    before = stack.invocations.get("NoticesFunction", 0)
+    stack.aws_client("events").put_events(
+        Entries=[
+            {
+                "Source": "sagequeue",
+                "DetailType": "JobFinished",
+                "Detail": json.dumps({"name": name, "state": "failed", "reason": "forged"}),
+                "EventBusName": bus,
+            }
+        ]
+    )
+    stack.run_until_idle()
+    assert stack.invocations["NoticesFunction"] == before + 1  # the forged event reached the function
+    # THEN the owner heard of the start only: the table says the job runs
+    events = [n["MessageAttributes"]["event"]["Value"] for n in received(stack, url)]
+    assert events == ["started"]
+    assert stack.client("user").job(name).state == "running"
