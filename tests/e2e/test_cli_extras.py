@@ -44,13 +44,13 @@ def runner(tmp_path: Path, hidden: Sequence[str]):  # type: ignore[no-untyped-de
     return run
 
 
-@pytest.mark.parametrize("hidden", [WITHOUT_JOB, BARE], ids=["local-without-job", "bare-wheel"])
+@pytest.mark.parametrize("hidden", [(), WITHOUT_JOB, BARE], ids=["dev", "local-without-job", "bare-wheel"])
 def test_every_help_runs_without_the_extras(tmp_path: Path, hidden: tuple[str, ...]) -> None:
     answers = every_help(runner(tmp_path, hidden))
 
     assert failures(answers) == []
     # the walk reached the groups' subcommands, not only the top
-    assert {("ls",), ("cache",), ("cache", "ls"), ("local",), ("simulate",)} <= set(answers)
+    assert {("ls",), ("cache",), ("cache", "ls"), ("local",), ("simulate",), ("preflight",)} <= set(answers)
 
 
 @pytest.mark.parametrize(
