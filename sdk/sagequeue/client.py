@@ -40,6 +40,7 @@ from sagequeue.exceptions import (
     EndpointUnreachable,
     Forbidden,
     NotFound,
+    NotTheQueue,
     SageQueueError,
     ServerError,
     Throttled,
@@ -305,8 +306,8 @@ def _check_endpoint(endpoint: str, origin: str) -> str:
     return endpoint.rstrip("/")
 
 
-def stack_endpoint(stack_name: str, session: boto3.Session, region: str | None = None) -> str:
-    """The `ApiUrl` output of a deployed sagequeue stack."""
+def stack_outputs(stack_name: str, session: boto3.Session, region: str | None = None) -> dict[str, str]:
+    """The outputs of a deployed stack, by key."""
     from botocore.exceptions import BotoCoreError, ClientError
 
     try:
@@ -320,14 +321,25 @@ def stack_endpoint(stack_name: str, session: boto3.Session, region: str | None =
         ) from exc
     except BotoCoreError as exc:
         raise ConfigurationError(f"cannot read the outputs of stack {stack_name!r}: {exc}") from exc
-    outputs = (
-        {o.get("OutputKey"): o.get("OutputValue") for o in (stacks[0].get("Outputs") or [])} if stacks else {}
+    return (
+        {
+            str(o.get("OutputKey")): str(o.get("OutputValue"))
+            for o in (stacks[0].get("Outputs") or [])
+            if o.get("OutputKey")
+        }
+        if stacks
+        else {}
     )
+
+
+def stack_endpoint(stack_name: str, session: boto3.Session, region: str | None = None) -> str:
+    """The `ApiUrl` output of a deployed sagequeue stack."""
+    outputs = stack_outputs(stack_name, session, region)
     url = outputs.get(API_URL_OUTPUT)
     if not url:
         raise ConfigurationError(
             f"stack {stack_name!r} has no {API_URL_OUTPUT} output; is it a sagequeue stack? "
-            f"(outputs: {', '.join(sorted(k for k in outputs if k)) or 'none'})"
+            f"(outputs: {', '.join(sorted(outputs)) or 'none'})"
         )
     return str(url)
 
@@ -673,9 +685,17 @@ class QueueClient:
                 "/jobs",
                 query={"state": state, "pool": pool, "owner": owner, "limit": page_size, "next_token": token},
             )
-            if not isinstance(answer, Mapping):
-                raise ServerError(f"GET /jobs answered {answer!r}, not a page of jobs", status=200)
-            for item in answer.get("jobs") or ():
+            if (
+                not isinstance(answer, Mapping)
+                or not isinstance(answer.get("jobs"), list)
+                or "next_token" not in answer
+            ):
+                # the API always answers both keys (docs/contracts.md); another service's answer, such as
+                # moto's `{"jobs": []}` on its own route, would otherwise read as an empty queue
+                raise NotTheQueue(
+                    self.endpoint, f"GET /jobs answered {str(answer)[:120]!r}, not a page of jobs"
+                )
+            for item in answer["jobs"]:
                 yield Job.from_api(item)
             token = answer.get("next_token")
             if not token:

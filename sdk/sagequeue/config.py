@@ -7,7 +7,8 @@ platform's (platformdirs' user config dir: `~/.config/sagequeue` on Linux, honou
 
     {"endpoint": "http://127.0.0.1:8765", "region": "us-east-1",
      "access_key_id": "...", "secret_access_key": "...",
-     "sagemaker_endpoint": "http://127.0.0.1:8766", "pid": 4242}
+     "sagemaker_endpoint": "http://127.0.0.1:8766", "aws_endpoint": "http://127.0.0.1:8767",
+     "job_notices_topic_arn": "arn:aws:sns:us-east-1:...:sagequeue-local-job-notices", "pid": 4242}
 
 This module imports only the standard library and sagequeue.exceptions, so reading it costs nothing.
 """
@@ -49,6 +50,11 @@ class LocalConnection:
     secret_access_key: str = field(repr=False)
     #: The SageMaker emulator's URL (its port changes at every start).
     sagemaker_endpoint: str | None = None
+    #: The URL of the stack's AWS services (moto's server: S3, SNS, ...), where `sagequeue cache`, training
+    #: outputs and notice subscriptions go.
+    aws_endpoint: str | None = None
+    #: The stack's JobNoticesTopicArn output (`sagequeue notify` subscribes to it).
+    job_notices_topic_arn: str | None = None
     #: The process serving the stack.
     pid: int | None = None
 
@@ -65,12 +71,16 @@ class LocalConnection:
         if pid is not None and (not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0):
             raise ConfigurationError(f"{source}: pid must be a positive whole number, got {pid!r}")
         sagemaker = data.get("sagemaker_endpoint")
+        aws = data.get("aws_endpoint")
+        notices = data.get("job_notices_topic_arn")
         return cls(
             endpoint=str(data["endpoint"]),
             region=str(data["region"]),
             access_key_id=str(data["access_key_id"]),
             secret_access_key=str(data["secret_access_key"]),
             sagemaker_endpoint=str(sagemaker) if sagemaker else None,
+            aws_endpoint=str(aws) if aws else None,
+            job_notices_topic_arn=str(notices) if notices else None,
             pid=pid,
         )
 

@@ -18,6 +18,17 @@ class ConfigurationError(SageQueueError):
     read; the message says which and how to fix it."""
 
 
+class NotTheQueue(ConfigurationError):
+    """The endpoint answered, but not as a sagequeue API does: it is another service's."""
+
+    def __init__(self, endpoint: str, detail: str) -> None:
+        super().__init__(
+            f"{endpoint} is not a sagequeue API ({detail}): point --endpoint or SAGEQUEUE_ENDPOINT at the "
+            "stack's ApiUrl output, or the endpoint `sagequeue local` prints"
+        )
+        self.endpoint = endpoint
+
+
 class CredentialsError(SageQueueError):
     """No AWS credentials to sign requests with."""
 

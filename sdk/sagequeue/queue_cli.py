@@ -315,6 +315,7 @@ COLUMNS: dict[str, tuple[str, Callable[[Job, datetime, dict[str, datetime | None
     "ran": ("RAN", lambda j, now, starts: _duration(ran(j, now))),
     "start": ("START", lambda j, now, starts: _start_cell(starts.get(j.name), j, now)),
     "owner": ("OWNER", lambda j, now, starts: j.owner),
+    "user": ("USER", lambda j, now, starts: user_name(j.owner)),
     "team": ("TEAM", lambda j, now, starts: j.raw.get("team")),
     "training_job": ("TRAINING_JOB", lambda j, now, starts: j.training_job_name),
     "submitted": ("SUBMITTED", lambda j, now, starts: _when(j.submitted_at)),
@@ -341,17 +342,21 @@ def _columns(spec: str | None, with_start: bool) -> list[str]:
     return names
 
 
+def _in_order(jobs: Iterable[Job]) -> list[Job]:
+    """The queue's order as `ls` shows it: highest priority first, then by time of submission."""
+    return sorted(
+        jobs, key=lambda j: (-j.priority, j.submitted_at or datetime.max.replace(tzinfo=UTC), j.name)
+    )
+
+
 def jobs_table(
     jobs: Sequence[Job],
     now: datetime,
     columns: Sequence[str] = DEFAULT_COLUMNS,
     starts: dict[str, datetime | None] | None = None,
 ) -> str:
-    ordered = sorted(
-        jobs, key=lambda j: (-j.priority, j.submitted_at or datetime.max.replace(tzinfo=UTC), j.name)
-    )
     chosen = [COLUMNS[name] for name in columns]
-    rows = [[cell(j, now, starts or {}) for _, cell in chosen] for j in ordered]
+    rows = [[cell(j, now, starts or {}) for _, cell in chosen] for j in _in_order(jobs)]
     return _table([heading for heading, _ in chosen], rows)
 
 
@@ -632,17 +637,40 @@ def submit(
         sys.exit(EXIT_REFUSED)
 
 
+def user_name(owner: str) -> str:
+    """The short name of an owner ARN, as `ls` shows it: a role's or a user's name (`role/ml-alice` ->
+    `ml-alice`), any other principal as it is."""
+    if owner.startswith("arn:") and "/" in owner:
+        return owner.rsplit("/", 1)[1]
+    return owner
+
+
 def _list(
-    client: QueueClient, states: Sequence[str], pool: str | None, owner: str | None, limit: int | None
+    client: QueueClient,
+    states: Sequence[str],
+    *,
+    pool: str | None = None,
+    owner: str | None = None,
+    user: str | None = None,
+    team: str | None = None,
 ) -> list[Job]:
-    if not states:
-        return client.jobs(pool=pool, owner=owner, limit=limit)
+    """Every job the caller may see in `states` (the server decides what that is), narrowed to a pool, an
+    owner ARN (both filtered by the server), a user's short name and a team."""
     found: dict[str, Job] = {}
-    for state in states:
-        for job in client.jobs(state=state, pool=pool, owner=owner, limit=limit):
-            found[job.name] = job
-    merged = list(found.values())
-    return merged if limit is None else merged[:limit]
+    if owner is not None:
+        # one owner's jobs come from one index; the states are picked here
+        for job in client.iter_jobs(pool=pool, owner=owner):
+            if job.state in states:
+                found[job.name] = job
+    else:
+        for state in states:
+            for job in client.iter_jobs(state=state, pool=pool):
+                found[job.name] = job
+    return [
+        job
+        for job in found.values()
+        if (user is None or user_name(job.owner) == user) and (team is None or job.raw.get("team") == team)
+    ]
 
 
 @_queue_command("ls")
@@ -651,13 +679,23 @@ def _list(
     "states",
     multiple=True,
     type=click.Choice(_STATES),
-    help="Only jobs in this state (repeatable).",
+    help="Only jobs in this state (repeatable); ended states included when asked for.",
 )
-@click.option("--active", is_flag=True, help="Only jobs that have not ended.")
+@click.option("--all", "every_state", is_flag=True, help="Jobs that ended too (completed, failed, ...).")
+@click.option("--active", is_flag=True, hidden=True, help="Jobs that have not ended (the default).")
 @click.option("--pool", metavar="TYPE", help="Only jobs in this pool (instance type).")
-@click.option("--owner", metavar="ARN", help="Only jobs submitted by this IAM principal.")
-@click.option("--mine", is_flag=True, help="Only my jobs (the caller's ARN, as `whoami` shows).")
-@click.option("--limit", type=click.IntRange(min=1), help="At most this many jobs.")
+@click.option("--mine", is_flag=True, help="Only my jobs (the caller's, as `whoami` shows).")
+@click.option(
+    "--user",
+    "--owner",
+    "user",
+    metavar="USER",
+    help="Only this user's jobs: an IAM role or user ARN, or its name (the USER column).",
+)
+@click.option("--team", metavar="TEAM", help="Only this team's jobs.")
+@click.option(
+    "--limit", type=click.IntRange(min=1), help="At most this many jobs (the first in the order shown)."
+)
 @click.option("--watch", "watch", is_flag=True, help="Refresh until interrupted.")
 @click.option(
     "--interval",
@@ -683,10 +721,12 @@ def ls(
     target: Target,
     as_json: bool,
     states: tuple[str, ...],
+    every_state: bool,
     active: bool,
     pool: str | None,
-    owner: str | None,
     mine: bool,
+    user: str | None,
+    team: str | None,
     limit: int | None,
     watch: bool,
     interval: float,
@@ -694,41 +734,58 @@ def ls(
     columns: str | None,
     with_start: bool,
 ) -> None:
-    """List the queue: name, state, priority, attempt, pool, position, time waited, time run and reason.
+    """Show the queue: every job you may see that has not ended, of every user and team, like squeue.
 
-    Highest priority first, then by time of submission. --format picks the columns; --start adds an
-    estimate of when each waiting job starts (see sagequeue.estimate). With --watch and --json, prints one
-    JSON document per refresh.
+    Highest priority first, then by time of submission; a USER column appears when the jobs shown belong
+    to more than one user, a TEAM column when jobs have teams. --all adds the jobs that ended; --state
+    picks states; --mine, --user, --team and --pool narrow the list. --format picks the columns; --start
+    adds an estimate of when each waiting job starts (see sagequeue.estimate). With --watch and --json,
+    prints one JSON document per refresh.
     """
-    if mine and owner:
-        _usage_error("--mine and --owner cannot be used together", as_json)
+    if mine and user:
+        _usage_error("--mine and --user cannot be used together", as_json)
+    if every_state and states:
+        _usage_error("--all and --state cannot be used together: --all is every state", as_json)
+    if team is not None:
+        try:
+            check_team_name(team)
+        except QuotaError as exc:
+            _usage_error(f"--team: {exc}", as_json)
     try:
         chosen = _columns(columns, with_start)
     except click.BadParameter as exc:
         _usage_error(exc.format_message(), as_json)
     client = target.client()
+    owner = None
     if mine:
         owner = client.whoami().arn
-    wanted = list(states) or (list(_ACTIVE_STATES) if active else [])
-    if active and states:
-        wanted = [s for s in states if s in _ACTIVE_STATES]
+    elif user is not None and user.startswith("arn:"):
+        owner, user = user, None
+    if states:
+        wanted = [s for s in states if s in _ACTIVE_STATES] if active else list(states)
+    else:
+        wanted = list(_STATES if every_state else _ACTIVE_STATES)
     refreshes = 0
     try:
         while True:
-            jobs = _with_positions(client, _list(client, wanted, pool, owner, limit))
-            if columns is None and "team" not in chosen and any(j.raw.get("team") for j in jobs):
-                chosen.insert(chosen.index("pool") + 1, "team")  # teams in use: show whose job it is
+            listed = _list(client, wanted, pool=pool, owner=owner, user=user, team=team)
+            jobs = _with_positions(client, _in_order(listed)[:limit])
+            if columns is None:
+                if "team" not in chosen and any(j.raw.get("team") for j in jobs):
+                    chosen.insert(chosen.index("pool") + 1, "team")  # teams in use: show whose job it is
+                if "user" not in chosen and len({j.owner for j in jobs}) > 1:
+                    chosen.insert(chosen.index("name") + 1, "user")  # several users' jobs: say whose
             now = client.server_time or datetime.now(UTC)
             starts = _estimate(client, jobs, now) if with_start else {}
             if as_json:
-                listed = []
+                entries = []
                 for j in jobs:
                     entry = {**j.to_dict(), "position": j.position}
                     if with_start and j.waiting:
                         start = starts.get(j.name)
                         entry["estimated_start"] = start.isoformat() if start else None
-                    listed.append(entry)
-                document = {"jobs": listed}
+                    entries.append(entry)
+                document = {"jobs": entries}
                 click.echo(
                     json.dumps(document, default=str)
                     if watch
@@ -1019,9 +1076,66 @@ def whoami(target: Target, as_json: bool) -> None:
     click.echo(f"region    {client.region}")
 
 
+@_queue_command("notify")
+@click.argument("to", metavar="ENDPOINT")
+@click.option(
+    "--events",
+    "events",
+    metavar="KINDS",
+    help="Only these notices, comma-separated: started, preempted, requeued, finished, failed, cancelled, "
+    "idle_stopped (default: all).",
+)
+@click.option(
+    "--topic", metavar="ARN", help="The job notices topic (default: the stack's JobNoticesTopicArn)."
+)
+def notify(target: Target, as_json: bool, to: str, events: str | None, topic: str | None) -> None:
+    """Send notices of your jobs (start, preemption, requeue, end) to ENDPOINT: an e-mail address, an
+    https URL, or an SQS queue or Lambda function ARN.
+
+    Subscribes ENDPOINT to the stack's job notices topic with a filter policy on your identity (as
+    `whoami` shows it), so it receives your jobs' notices and no one else's. An e-mail or https endpoint
+    receives a confirmation first.
+    """
+    from sagequeue.notices import subscribe
+
+    kinds = tuple(k.strip() for k in (events or "").split(",") if k.strip())
+    done = subscribe(target.client(), to, events=kinds, topic=topic, stack_name=target.stack_name)
+    if as_json:
+        _print_json(
+            {
+                "subscription_arn": done.subscription_arn,
+                "topic_arn": done.topic_arn,
+                "protocol": done.protocol,
+                "endpoint": done.endpoint,
+                "owner": done.owner,
+                "events": list(done.events) or None,
+                "pending_confirmation": done.pending,
+            }
+        )
+        return
+    which = ", ".join(done.events) if done.events else "every notice"
+    click.echo(f"{done.endpoint} gets {which} of the jobs of {done.owner} ({done.topic_arn})")
+    if done.pending:
+        click.echo(f"confirm the subscription: SNS sent a confirmation to {done.endpoint}")
+
+
 #: What `sagequeue` (sagequeue.cli) adds to its command group.
 COMMANDS: dict[str, click.Command] = {
     command.name: command
-    for command in (submit, ls, show, cancel, priority, hold, release, pools, capacity, teams, quota, whoami)
+    for command in (
+        submit,
+        ls,
+        show,
+        cancel,
+        priority,
+        hold,
+        release,
+        pools,
+        capacity,
+        teams,
+        quota,
+        whoami,
+        notify,
+    )
     if command.name
 }

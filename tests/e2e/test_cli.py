@@ -287,6 +287,17 @@ def test_a_priority_out_of_range_is_refused_by_the_server(
     no_traceback(run)
 
 
+def test_an_endpoint_of_another_service_is_exit_3_not_an_empty_queue(stack: Any, user_home: Path) -> None:
+    # moto's server answers GET /jobs with a `{"jobs": []}` of its own: not the queue, not "no jobs"
+    keys = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
+    run = sagequeue("ls", "--endpoint", stack.moto_endpoint, home=user_home, env=keys)
+    assert run.code == 3, run.out + run.err
+    assert run.out == ""
+    (line,) = run.err.strip().splitlines()
+    assert line.startswith(f"error: {stack.moto_endpoint} is not a sagequeue API (GET /jobs answered ")
+    assert "ApiUrl" in line
+
+
 def test_an_unreachable_endpoint_is_exit_3_with_the_address(user_home: Path) -> None:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))

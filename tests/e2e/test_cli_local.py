@@ -83,6 +83,8 @@ def test_a_job_submitted_from_the_cli_runs_on_the_local_stack(local_stack: tuple
         "access_key_id",
         "secret_access_key",
         "sagemaker_endpoint",
+        "aws_endpoint",
+        "job_notices_topic_arn",
         "pid",
     }
     assert saved["pid"] == server.pid
@@ -123,7 +125,7 @@ def test_a_job_submitted_from_the_cli_runs_on_the_local_stack(local_stack: tuple
     history = [entry["state"] for entry in json.loads(shown.stdout)["history"]]
     assert history[-3:] == ["starting", "running", "completed"], history
 
-    table = sagequeue(home, "ls")
+    table = sagequeue(home, "ls", "--all")  # the queue is what has not ended; --all shows the rest
     assert [name, "completed", "50", "1", POOL] == table.stdout.splitlines()[1].split()[:5]
 
     # --wait follows a job to its end and says how it went in the exit code

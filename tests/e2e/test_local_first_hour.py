@@ -54,6 +54,18 @@ class Served:
     home: Path
     process: subprocess.Popen[str]
     lines: list[str] = field(default_factory=list)
+    #: what it prints after its banner, line by line (None once it exits)
+    later: queue.Queue[str | None] = field(default_factory=queue.Queue)
+
+    def wait_for_line(self, text: str, timeout: float = 60) -> str:
+        """The first line printed from now on that holds `text`."""
+        deadline = time.monotonic() + timeout
+        while True:
+            line = self.later.get(timeout=max(0.1, deadline - time.monotonic()))
+            assert line is not None, "sagequeue local exited:\n" + "\n".join(self.lines)
+            self.lines.append(line)
+            if text in line:
+                return line
 
     def run(self, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
@@ -81,7 +93,7 @@ def serve(home: Path, *args: str) -> Served:
         text=True,
     )
     served = Served(home, process)
-    lines: queue.Queue[str | None] = queue.Queue()
+    lines = served.later
 
     def read() -> None:
         assert process.stdout is not None
@@ -219,6 +231,17 @@ def test_local_env_points_plain_boto3_at_the_emulator(served: Served) -> None:
     assert exported.returncode == 0, exported.stderr
     assert f"export AWS_ENDPOINT_URL_SAGEMAKER={saved['sagemaker_endpoint']}" in exported.stdout.splitlines()
     assert f"export SAGEQUEUE_ENDPOINT={saved['endpoint']}" in exported.stdout.splitlines()
+    # S3 too: `sagequeue cache` against the local stack must not reach the real S3
+    assert f"export AWS_ENDPOINT_URL_S3={saved['aws_endpoint']}" in exported.stdout.splitlines()
+    cached = subprocess.run(
+        ["bash", "-c", 'eval "$(sagequeue local env)" && sagequeue cache create s3://local-neff/cache'],
+        capture_output=True,
+        text=True,
+        env=clean_environment(served.home),
+        timeout=60,
+        check=False,
+    )
+    assert cached.returncode == 0, cached.stderr
     listed = subprocess.run(
         [
             "bash",
@@ -335,3 +358,15 @@ def test_a_state_file_that_is_not_one_is_left_alone(tmp_path: Path) -> None:
     assert ran.stderr.strip().startswith(f"error: the local stack did not start: {state} is not a sagequeue")
     assert state.read_text() == '{"some": "other file"}'
     assert not (home / "local.json").exists()
+
+
+def test_the_terminal_shows_each_jobs_notices(served: Served) -> None:
+    account = account_of(served)
+    submitted = served.run("submit", "-", stdin=json.dumps(training_request("noticed", account, 60)))
+    assert submitted.returncode == 0, submitted.stderr
+
+    started = served.wait_for_line("job noticed started")
+    finished = served.wait_for_line("job noticed finished", timeout=120)
+
+    assert started == "notice: sagequeue: job noticed started (owner sagequeue-local-user)"
+    assert finished == "notice: sagequeue: job noticed finished (owner sagequeue-local-user)"

@@ -63,6 +63,10 @@ PROJECT = {
         "alarms", "config", "defaults", "domain", "errors", "events", "governance", "notify", "observability",
         "retry", "runtime", "sagemaker", "service", "service.exemptions", "service.stop_idle", "store",
     },
+    "notices": {
+        "config", "defaults", "domain", "errors", "events", "notify", "observability", "retry", "runtime",
+        "sagemaker", "service", "service.notices", "store",
+    },
 }  # fmt: skip
 #: Modules that only some handlers need, and the handlers that may load them.
 ONLY_FOR = {
@@ -78,7 +82,8 @@ ONLY_FOR = {
     "sagequeue_core.service.govern": {"governance"},
     "sagequeue_core.service.stop_idle": {"idle_stop"},
     "sagequeue_core.alarms": {"governance", "idle_stop"},
-    "sagequeue_core.notify": {"governance", "idle_stop"},
+    "sagequeue_core.notify": {"governance", "idle_stop", "notices"},
+    "sagequeue_core.service.notices": {"notices"},
     # the tag and policy rules: the API checks submissions, governance checks running jobs
     "sagequeue_core.governance": {"api", "governance", "idle_stop"},
 }

@@ -297,6 +297,8 @@ class Settings:
     alarm_topic_arn: str = setting("", _text)
     #: SNS topic for notifications to people (policy violations, idle stops).
     notification_topic_arn: str = setting("", _text)
+    #: SNS topic of job notices to their owners (start, preemption, requeue, finish; docs/adr/0020).
+    job_notices_topic_arn: str = setting("", _text)
     #: The tag whose value names a job's team (team quotas, docs/adr/0011-team-quotas.md).
     team_tag: str = setting("team", _text)
     #: `<role ARN>=<team>` pairs: the team of a job without the tag, from the role that submitted it.

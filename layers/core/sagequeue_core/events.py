@@ -49,6 +49,7 @@ class EventType(StrEnum):
     JOB_RESUMED = "JobResumed"
     JOB_PREEMPTED = "JobPreempted"
     JOB_FINISHED = "JobFinished"
+    JOB_REQUEUED = "JobRequeued"  # an attempt ended and the job waits again (after a preemption or a retry)
     WARM_POOL_REUSED = "WarmPoolReused"
     JOB_RESERVED = "JobReserved"  # a waiting job was promised capacity, or its promise ended
     QUOTA_BORROWED = "QuotaBorrowed"  # a job started on capacity its team borrows beyond its quota

@@ -144,6 +144,13 @@ class _OneLineErrors(click.Group):
             raise
         except BrokenPipeError:
             raise  # the reader of the output went away: the command group ends quietly
+        except ModuleNotFoundError as exc:
+            from sagequeue.cli import missing_extra
+
+            if missing_extra(exc) is not None:
+                raise  # the `sagequeue` command names the extra to install
+            command = ctx.invoked_subcommand or "cache"
+            raise CacheError(f"sagequeue cache {command}: {one_line(exc)}") from None
         except Exception as exc:  # noqa: BLE001 - a CLI says what failed in one line, never a traceback
             command = ctx.invoked_subcommand or "cache"
             raise CacheError(f"sagequeue cache {command}: {one_line(exc)}") from None

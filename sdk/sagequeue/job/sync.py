@@ -32,8 +32,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tqdm import tqdm
-
 from sagequeue.job import neuron
 from sagequeue.job.names import UnsafeNameError, check_name, path_inside
 from sagequeue.job.remote import (
@@ -184,6 +182,8 @@ class _Hasher:
 
 
 def _progress(total: int, enabled: bool, description: str) -> Any:
+    from tqdm import tqdm  # the [job] extra: imported here so `sagequeue cache --help` runs without it
+
     interactive = sys.stderr.isatty()
     # In CloudWatch logs a bar redrawn many times a second is noise: fewer, longer-spaced updates.
     return tqdm(

@@ -236,8 +236,11 @@ def local(
         _write_private(identities_file, json.dumps(stack.identities.to_dict(), indent=2) + "\n")
         click.echo(_banner(stack, saved, identities_file))
         sys.stdout.flush()
+        notices = _NoticeWatch(stack)
         while not stopping.wait(0.5):
-            pass
+            for line in notices.lines():
+                click.echo(line)
+            sys.stdout.flush()
         click.echo("\nstopping the local stack...")
     finally:
         for sig, handler in previous.items():
@@ -254,6 +257,36 @@ def local(
     click.echo("stopped.")
 
 
+class _NoticeWatch:
+    """The terminal's own subscriber to the stack's job notices: every notice, as a line."""
+
+    def __init__(self, stack: Any) -> None:
+        self.sqs = stack.aws_client("sqs")
+        self.url: str | None = None
+        topic = stack.spec.outputs.get("JobNoticesTopicArn") if stack.spec else None
+        if not topic:
+            return  # a template without notices
+        self.url = self.sqs.create_queue(QueueName="sagequeue-local-terminal-notices")["QueueUrl"]
+        arn = self.sqs.get_queue_attributes(QueueUrl=self.url, AttributeNames=["QueueArn"])["Attributes"]
+        stack.aws_client("sns").subscribe(TopicArn=topic, Protocol="sqs", Endpoint=arn["QueueArn"])
+
+    def lines(self) -> list[str]:
+        if self.url is None:
+            return []
+        out = []
+        for message in self.sqs.receive_message(QueueUrl=self.url, MaxNumberOfMessages=10).get(
+            "Messages", []
+        ):
+            self.sqs.delete_message(QueueUrl=self.url, ReceiptHandle=message["ReceiptHandle"])
+            try:
+                envelope = json.loads(message["Body"])
+                owner = envelope["MessageAttributes"]["owner"]["Value"]
+                out.append(f"notice: {envelope['Subject']} (owner {owner.rsplit('/', 1)[-1]})")
+            except (ValueError, KeyError, TypeError):
+                continue
+        return out
+
+
 @local.command("env")
 @click.option(
     "--identity",
@@ -265,8 +298,10 @@ def local(
 )
 def local_env(identity: str) -> None:
     """Print shell `export` lines for the running local stack: its API endpoint, region, the identity's
-    keys, and the SageMaker emulator's URL (AWS_ENDPOINT_URL_SAGEMAKER, which boto3 and the SageMaker SDK
-    follow). Use: eval "$(sagequeue local env)"."""
+    keys, the SageMaker emulator's URL (AWS_ENDPOINT_URL_SAGEMAKER, which boto3 and the SageMaker SDK
+    follow) and the stack's S3 and SNS (AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL_SNS, which `sagequeue cache` and
+    `sagequeue notify` follow too). Use:
+    eval "$(sagequeue local env)"."""
     import shlex
 
     from sagequeue.config import ENDPOINT_ENV, load_local_connection, local_connection_path
@@ -301,6 +336,10 @@ def local_env(identity: str) -> None:
     ]
     if saved.sagemaker_endpoint:
         values.append(("AWS_ENDPOINT_URL_SAGEMAKER", saved.sagemaker_endpoint))
+    if saved.aws_endpoint:
+        # `sagequeue cache`, `sagequeue notify` and boto3 then use the stack's S3 and SNS, not the real ones
+        values.append(("AWS_ENDPOINT_URL_S3", saved.aws_endpoint))
+        values.append(("AWS_ENDPOINT_URL_SNS", saved.aws_endpoint))
     # a session token or a profile left from real AWS would be sent with, or chosen over, these keys
     click.echo("unset AWS_SESSION_TOKEN AWS_PROFILE")
     for name, value in values:
@@ -415,7 +454,7 @@ def _banner(stack: Any, saved: Path, identities_file: Path) -> str:
     help="Print the functions' logs and metric documents.",
 )
 def demo(speed: float | None, function_logs: bool) -> None:
-    """Show sagequeue doing its job on the local stack: the article's priority scenario (preemption and
+    """Show sagequeue doing its job on the local stack: a priority scenario (preemption and
     resume), warm-pool reuse and an idle job stopped, checked at every step."""
     from sagequeue.local.demo import Demo, DemoFailed, settings, timings
     from sagequeue.local.stack import LocalStack, LocalStackError

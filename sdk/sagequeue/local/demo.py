@@ -1,7 +1,7 @@
 """`sagequeue demo`: the queue doing its job on the local stack, checked at every step.
 
-Part 1 replays the source article's scenario (two ml.trn1.32xlarge instances; job1 priority 1, job2 priority
-2, job3 priority 1, then job4 priority 3): job1 is preempted for job4, resumes when job2 finishes, job3 runs
+Part 1 is a priority scenario (two ml.trn1.32xlarge instances; job1 priority 1, job2 priority 2, job3
+priority 1, then job4 priority 3): job1 is preempted for job4, resumes when job2 finishes, job3 runs
 last, nothing is lost. Part 2 shows a queued job starting on the warm instances a finished job left behind,
 and an idle job (0% NeuronCore utilization) stopped by its idle alarm while a busy one trains on.
 
@@ -24,7 +24,7 @@ CAPACITY = 2
 IMAGE = "763104351884.dkr.ecr.us-east-1.amazonaws.com/pytorch-training-neuronx:2.1.2-neuronx-py310-sdk2.20.0"
 #: Emulated SageMaker phases, shortened so the demo spans minutes of virtual time (seconds).
 TIMINGS = {"provisioning_seconds": 30, "download_seconds": 5, "upload_seconds": 5, "stop_grace_seconds": 15}
-#: Settings of the demo's stack: preemption allowed at once (the article's), a 3-minute idle window.
+#: Settings of the demo's stack: preemption allowed at once, a 3-minute idle window.
 SETTINGS: dict[str, Any] = {
     "capacity": {POOL: CAPACITY},
     "min_runtime_before_preemption_seconds": 0,
@@ -57,7 +57,8 @@ class Summary:
     instance_seconds: float = 0.0
     waits: dict[str, float] = field(default_factory=dict)
     preemptions: int = 0
-    warm_pool_reuses: int = 0
+    #: (training job that started on warm instances, training job that left them), in start order
+    warm_pool_reuses: list[tuple[str, str]] = field(default_factory=list)
     idle_stops: int = 0
     jobs: int = 0
     completed: int = 0
@@ -237,8 +238,8 @@ class Demo:
             training_request(name, self.stack.training_role_arn, seconds, **options), priority=priority
         )
 
-    def article(self) -> None:
-        self.out(f"Part 1: the article's scenario, {CAPACITY} x {POOL}")
+    def priorities(self) -> None:
+        self.out(f"Part 1: priorities and a preemption, {CAPACITY} x {POOL}")
         self.submit("job1", 1, self.seconds(180))
         self.submit("job2", 2, self.seconds(90))
         self.submit("job3", 1, self.seconds(60))
@@ -338,12 +339,14 @@ class Demo:
         paginator = self.stack.sagemaker.get_paginator("list_training_jobs")
         for page in paginator.paginate():
             for item in page["TrainingJobSummaries"]:
-                status = (item.get("WarmPoolStatus") or {}).get("Status")
-                summary.warm_pool_reuses += status == "Reused"
+                warm = item.get("WarmPoolStatus") or {}
+                if warm.get("Status") == "Reused":
+                    summary.warm_pool_reuses.append((str(warm.get("ReusedByJob")), item["TrainingJobName"]))
+        summary.warm_pool_reuses.sort()
         return summary
 
     def run(self) -> Summary:
-        self.article()
+        self.priorities()
         self.warm_and_idle()
         result = self.summary()
         self.out("")
@@ -392,7 +395,11 @@ def render_summary(summary: Summary) -> str:
             f"  instance utilization: {utilization:.0%} (instances held by jobs / instances available)",
             f"  waits: mean {duration_text(mean_wait)}, longest {duration_text(longest[1])} ({longest[0]})",
             f"  preemptions: {summary.preemptions}",
-            f"  warm-pool reuses: {summary.warm_pool_reuses}",
+            f"  warm-pool reuses: {len(summary.warm_pool_reuses)}"
+            + "".join(
+                f"\n    {reuser} started on {left}'s warm instances"
+                for reuser, left in summary.warm_pool_reuses
+            ),
             f"  idle stops: {summary.idle_stops}",
         ]
     )

@@ -351,27 +351,36 @@ class EventRouter:
         fired = 0
         for target in self.schedules:
             while target.schedule.next_due <= now:
-                due = target.schedule.next_due
-                if target.input is not None:
-                    body = target.input
-                else:
-                    body = json.dumps(
-                        {
-                            "version": "0",
-                            "id": str(uuid.uuid4()),
-                            "detail-type": "Scheduled Event",
-                            "source": "aws.events",
-                            "account": self.account_id,
-                            "time": due.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-                            "region": self.region,
-                            "resources": [target.rule_arn],
-                            "detail": {},
-                        }
-                    )
-                self.sqs.send_message(QueueUrl=self.inboxes[target.function], MessageBody=body)
+                self._send_scheduled(target, target.schedule.next_due)
                 target.schedule.advance()
                 fired += 1
         return fired
+
+    def fire_every_schedule(self, now: datetime) -> int:
+        """Send every schedule's event once, now, leaving its timetable as it was: a stack restored from a
+        saved queue reconciles at once instead of at its first tick."""
+        for target in self.schedules:
+            self._send_scheduled(target, now)
+        return len(self.schedules)
+
+    def _send_scheduled(self, target: ScheduledTarget, due: datetime) -> None:
+        if target.input is not None:
+            body = target.input
+        else:
+            body = json.dumps(
+                {
+                    "version": "0",
+                    "id": str(uuid.uuid4()),
+                    "detail-type": "Scheduled Event",
+                    "source": "aws.events",
+                    "account": self.account_id,
+                    "time": due.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                    "region": self.region,
+                    "resources": [target.rule_arn],
+                    "detail": {},
+                }
+            )
+        self.sqs.send_message(QueueUrl=self.inboxes[target.function], MessageBody=body)
 
     # --- delivery ---------------------------------------------------------------------------------------------
 

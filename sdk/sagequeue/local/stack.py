@@ -251,6 +251,7 @@ class LocalStack:
         #: Items restored from `state_path` at start, per table logical id.
         self.restored: dict[str, int] = {}
         self._log_filter: logging.Filter | None = None
+        self._log_formats: list[logging.Handler] = []
         self._stdout: _FunctionStdout | None = None
         self._warnings: warnings.catch_warnings[None] | None = None
         self.identities = IdentityTable(default_identities(self.account_id).values())
@@ -388,6 +389,10 @@ class LocalStack:
             assert rule.schedule is not None
             arn = f"arn:aws:events:{self.region}:{self.account_id}:rule/{rule_name}"
             self._router.add_schedule(rule_name, arn, function, rule.schedule, input_, now)
+        if any(self.restored.values()):
+            # attempts restored as starting or running died with the last emulator: the reconcile says so
+            # (and requeues them) now, not at its first tick a minute on
+            self._router.fire_every_schedule(now)
 
         from sagequeue.local.alarms import AlarmEvaluator
 
@@ -491,6 +496,10 @@ class LocalStack:
         # On the handlers, not the logger: records of child loggers reach them by propagation.
         for handler in logging.getLogger(_FUNCTION_LOGGER).handlers:
             handler.addFilter(self._log_filter)
+            # a terminal reads a line, not the JSON document CloudWatch Logs would index; the handler keeps
+            # its formatter, which Powertools keeps the logger's keys in
+            handler.format = _ReadableRecord(handler).format  # type: ignore[method-assign]
+            self._log_formats.append(handler)
         self._stdout = _FunctionStdout(sys.stdout)
         sys.stdout = self._stdout
         self._warnings = warnings.catch_warnings()
@@ -503,6 +512,9 @@ class LocalStack:
             for handler in logging.getLogger(_FUNCTION_LOGGER).handlers:
                 handler.removeFilter(self._log_filter)
             self._log_filter = None
+        for handler in self._log_formats:
+            vars(handler).pop("format", None)  # the class's format again
+        self._log_formats.clear()
         if self._stdout is not None:
             if sys.stdout is self._stdout:
                 sys.stdout = self._stdout.target
@@ -742,6 +754,9 @@ class LocalStack:
             access_key_id=who.access_key_id,
             secret_access_key=who.secret_access_key,
             sagemaker_endpoint=self.emulator.endpoint_url,
+            # in process, moto has no address another process can use
+            aws_endpoint=self.moto_endpoint if self._in_process is None else None,
+            job_notices_topic_arn=(self.spec.outputs.get("JobNoticesTopicArn") if self.spec else None),
             pid=os.getpid(),
         )
 
@@ -835,6 +850,41 @@ class LocalStack:
 class _BelowWarning(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         return record.levelno >= logging.WARNING
+
+
+#: what every LogRecord carries; anything else on a record is a key a function logged with it
+_RECORD_ATTRIBUTES = frozenset(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
+
+
+class _ReadableRecord(logging.Formatter):
+    """A function's warning as one line a person reads: `<function> WARNING: <message> (key=value, ...)`,
+    with the keys it was logged with and an exception as its type and message (no JSON, no traceback)."""
+
+    def __init__(self, handler: logging.Handler) -> None:
+        super().__init__()
+        self.handler = handler
+
+    def _function(self, record: logging.LogRecord) -> str:
+        # Powertools keeps the invocation's keys (function_name among them) in the handler's formatter
+        keys = getattr(self.handler.formatter, "log_format", None) or {}
+        name = str(keys.get("function_name") or record.name)
+        # `<stack>-<logical id>-<suffix>`, as the local stack names functions: the logical id says which
+        parts = name.split("-")
+        return parts[-2] if len(parts) >= 3 else name
+
+    def format(self, record: logging.LogRecord) -> str:
+        keys = {
+            name: value
+            for name, value in vars(record).items()
+            if name not in _RECORD_ATTRIBUTES and not name.startswith("_") and value not in (None, "")
+        }
+        line = f"{self._function(record)} {record.levelname}: {record.getMessage()}"
+        if keys:
+            line += " (" + ", ".join(f"{name}={value}" for name, value in sorted(keys.items())) + ")"
+        if record.exc_info and record.exc_info[1] is not None:
+            error = record.exc_info[1]
+            line += f": {type(error).__name__}: {' '.join(str(error).split())}"
+        return line
 
 
 class _FunctionStdout(io.TextIOBase):

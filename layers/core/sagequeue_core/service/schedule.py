@@ -314,6 +314,11 @@ def _backoff(deps: Dependencies, retries: int) -> int:
 def _announce_end(deps: Dependencies, job: Job, target: JobState) -> None:
     if target is JobState.QUEUED:
         count(REQUEUES)
+        announce(
+            deps.publisher,
+            EventType.JOB_REQUEUED,
+            {"name": job.name, "attempt": job.attempt, "reason": job.reason},
+        )
         return
     if target.is_terminal:
         count(FINISHED)
