@@ -23,6 +23,11 @@ class StaleVersion(StoreError):
     """The item changed since it was read (another writer, a replayed event); re-read and decide again."""
 
 
+class LedgerMoved(StoreError):
+    """A pool's ledger changed since the pass read it (another pass started work there): the start it was
+    about to record could exceed the pool; the next pass decides again on what is there now."""
+
+
 class JobAlreadyExists(StoreError):
     """A job with this name is already in the queue (or was, and still is in the table)."""
 

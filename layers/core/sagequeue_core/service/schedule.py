@@ -37,6 +37,7 @@ from sagequeue_core.domain import (
 from sagequeue_core.errors import (
     AttemptNameTaken,
     JobAlreadyExists,
+    LedgerMoved,
     ResourceLimitExceeded,
     SageMakerError,
     SageMakerValidationError,
@@ -817,6 +818,9 @@ def run_pass(deps: Dependencies) -> PassReport:
     _announce_quota_moves(deps, snapshot, decided.actions, queued, live)
     report.waiting.update(decided.waiting)
     statuses = {status.pool.instance_type: status for status in pool_statuses}
+    # each pool's ledger as this pass read it, before the live jobs: a start is recorded only if no other
+    # pass started on its pools since (and moves the ledger on, here and in the table)
+    ledger = {status.pool.instance_type: status.ledger for status in pool_statuses}
     held: Counter[str] = Counter()
     for attempt in snapshot.running:
         held.update(attempt.demand)
@@ -838,7 +842,16 @@ def run_pass(deps: Dependencies) -> PassReport:
                 report.waiting[action.job_name] = "waiting for a warm pool to be released"
                 continue
             _guarded(
-                report, action.job_name, _start, deps, queued[action.job_name], action, report, held, statuses
+                report,
+                action.job_name,
+                _start,
+                deps,
+                queued[action.job_name],
+                action,
+                report,
+                held,
+                statuses,
+                ledger,
             )
     _note_waiting(deps, queued, report.waiting, decided.reservations)
     logger.info(
@@ -964,6 +977,7 @@ def _start(
     report: PassReport,
     held: Counter[str],
     quotas: Mapping[str, PoolStatus],
+    ledger: dict[str, int] | None = None,
 ) -> None:
     """Intent, side effect, confirmation: the attempt is recorded (conditional on the job's version) before
     CreateTrainingJob, so a cancel or hold that wins the race leaves nothing to start, and a crash after the
@@ -972,7 +986,9 @@ def _start(
     A training job outside the queue holding the attempt's name makes the job take its next attempt number
     (a reserved form no submission can take), never fails it. `held` counts the instances SageMaker holds
     per pool (live attempts and warm pools, updated here); `quotas` the pools, with the account quota each
-    last met."""
+    last met. `ledger`: each pool's ledger as the pass read it (moved on by each start it records); the
+    intent is written only if no other pass started on the job's pools since, so two passes never both
+    start on one instance."""
     if action.warm_pool is not None and not _warm_start_is_safe(deps, job, action.warm_pool, held, quotas):
         # The plan counted the pool's instances as the job's: started cold, it would take instances the
         # ledger does not have. The job keeps its place; the next pass plans with what is really there.
@@ -986,9 +1002,21 @@ def _start(
         request = attempt_request(fresh_job, attempt, action.keep_alive_seconds)
         name = request["TrainingJobName"]
         undo = partial(_not_created, deps, name=name, previous=fresh_job.training_job_name)
-        intent = _with_retries(
-            deps, job.name, partial(_intent, deps, name=name, action=action), first=fresh_job
-        )
+        planned = None if ledger is None else {pool: ledger.get(pool, 0) for pool in job.demand}
+        try:
+            intent = _with_retries(
+                deps,
+                job.name,
+                partial(_intent, deps, name=name, action=action, ledger=planned),
+                first=fresh_job,
+            )
+        except LedgerMoved:
+            report.waiting[job.name] = "waiting: another pass started work on its pool since this one planned"
+            logger.info("start abandoned: the pool's ledger moved", extra={"job": job.name})
+            return
+        if planned is not None and ledger is not None and intent == "started":
+            for pool in planned:
+                ledger[pool] = planned[pool] + 1
         if intent != "started":
             report.waiting.pop(job.name, None)
             logger.info("start abandoned", extra={"job": job.name, "attempt": attempt, "outcome": intent})
@@ -1086,8 +1114,11 @@ def _warm_start_is_safe(
     return True
 
 
-def _intent(deps: Dependencies, job: Job, *, name: str, action: Start) -> str:
-    """The start recorded before CreateTrainingJob (announced once SageMaker has it)."""
+def _intent(
+    deps: Dependencies, job: Job, *, name: str, action: Start, ledger: Mapping[str, int] | None = None
+) -> str:
+    """The start recorded before CreateTrainingJob (announced once SageMaker has it), conditional on the
+    pools' `ledger` as the pass planned on it."""
     return _record_start(
         deps,
         job,
@@ -1097,6 +1128,7 @@ def _intent(deps: Dependencies, job: Job, *, name: str, action: Start) -> str:
         keep_alive_seconds=action.keep_alive_seconds or 0,
         on_loan_for=action.on_loan_for,
         created=False,
+        ledger=ledger,
     )
 
 
@@ -1111,6 +1143,7 @@ def _record_start(
     keep_alive_seconds: int = 0,
     on_loan_for: str | None = None,
     created: bool = True,
+    ledger: Mapping[str, int] | None = None,
 ) -> str:
     """Record `training_job_name` as the job's current attempt. `created` is False for the intent written
     before CreateTrainingJob: the start is announced once SageMaker has it."""
@@ -1134,7 +1167,7 @@ def _record_start(
     elif reason is None and on_loan_for:
         reason = f"on loan: capacity reserved for {on_loan_for}, which preempts this attempt as soon as it can start"
     job.transition(JobState.STARTING, now, reason=reason)
-    deps.store.save_job(job, was=was)
+    deps.store.save_job(job, was=was, ledger=ledger)
     logger.append_keys(job=job.name, attempt=job.attempt)
     logger.info("attempt started", extra={"training_job_name": training_job_name, "warm_pool": warm_pool})
     logger.remove_keys(["job", "attempt"])
