@@ -56,7 +56,25 @@ class AttemptNameTaken(SageMakerError):
 
 
 class ResourceLimitExceeded(SageMakerError):
-    """The account's quota for the instance type is used up; the job stays queued."""
+    """The account's quota for the instance type is used up; the job stays queued.
+
+    Where SageMaker's answer states them (its "The account-level service limit '<type> for training job
+    usage' is N Instances, with current utilization of M Instances" sentence), `instance_type`, `limit` and
+    `utilization` carry the figures; None otherwise."""
+
+    def __init__(
+        self,
+        message: str,
+        code: str = "",
+        *,
+        instance_type: str | None = None,
+        limit: int | None = None,
+        utilization: int | None = None,
+    ) -> None:
+        super().__init__(message, code)
+        self.instance_type = instance_type
+        self.limit = limit
+        self.utilization = utilization
 
 
 class Throttled(SageMakerError):

@@ -152,10 +152,12 @@ class PoolStatus:
     #: the account's quota, as far as sagequeue has seen it; None when never refused
     quota: int | None = None
     quota_seen_at: datetime | None = None
+    #: how long the quota is planned with: longer when SageMaker stated it than when it was guessed
+    quota_memory_seconds: int = QUOTA_MEMORY_SECONDS
 
     def quota_at(self, now: datetime) -> int | None:
         """The account quota to plan with, when SageMaker refused a start recently enough; else None."""
-        return active_quota(self.quota, self.quota_seen_at, now, QUOTA_MEMORY_SECONDS)
+        return active_quota(self.quota, self.quota_seen_at, now, self.quota_memory_seconds)
 
     #: jobs that recently left the queue for a live state: (when, job name). The live index may not show
     #: them yet (GSIs are eventually consistent); a pass reads them by key.
@@ -239,6 +241,7 @@ def _model_classes(table_name: str, host: str | None, region: str | None) -> Any
         queued = NumberAttribute(null=True)
         quota = NumberAttribute(null=True)
         quota_seen_at = UTCDateTimeAttribute(null=True)
+        quota_memory = NumberAttribute(null=True)  # seconds the quota is planned with
         recent = UnicodeSetAttribute(null=True)  # "<epoch seconds>#<job name>" of recent starts
         ledger = NumberAttribute(null=True)  # starts recorded on the pool (PoolStatus.ledger)
         # team quota (team and pool in the key; a null limit is unlimited)
@@ -616,10 +619,17 @@ class Repository:
             raise PoolNotFound(f"no pool for instance type {instance_type}") from None
         return self._to_pool(item)
 
-    def record_quota(self, instance_type: str, instances: int, at: datetime) -> None:
-        """Remember that SageMaker refused a create while holding `instances` of this pool for the account."""
+    def record_quota(
+        self, instance_type: str, instances: int, at: datetime, memory_seconds: int = QUOTA_MEMORY_SECONDS
+    ) -> None:
+        """Remember that SageMaker refused a create at a quota of `instances` for the account (planned with
+        for `memory_seconds`)."""
         self._item(_POOLS_PK, instance_type).update(
-            actions=[self._item.quota.set(instances), self._item.quota_seen_at.set(at)],
+            actions=[
+                self._item.quota.set(instances),
+                self._item.quota_seen_at.set(at),
+                self._item.quota_memory.set(memory_seconds),
+            ],
             condition=self._item.pk.exists(),
             add_version_condition=False,
         )
@@ -627,7 +637,11 @@ class Repository:
     def forget_quota(self, instance_type: str) -> None:
         """SageMaker granted more than the quota sagequeue had seen (raised, or freed elsewhere)."""
         self._item(_POOLS_PK, instance_type).update(
-            actions=[self._item.quota.remove(), self._item.quota_seen_at.remove()],
+            actions=[
+                self._item.quota.remove(),
+                self._item.quota_seen_at.remove(),
+                self._item.quota_memory.remove(),
+            ],
             condition=self._item.pk.exists(),
             add_version_condition=False,
         )
@@ -639,6 +653,7 @@ class Repository:
             max(int(item.queued or 0), 0),
             quota=None if item.quota is None else int(item.quota),
             quota_seen_at=item.quota_seen_at,
+            quota_memory_seconds=int(item.quota_memory or QUOTA_MEMORY_SECONDS),
             recent_starts=tuple(sorted(_recent(item.recent))),
             ledger=int(item.ledger or 0),
         )

@@ -19,7 +19,9 @@ from typing import Any
 from sagequeue_core.defaults import (
     ATTEMPT_TAG,
     JOB_TAG,
+    QUOTA_MEMORY_SECONDS,
     SAGEQUEUE_EVENT_SOURCE,
+    STATED_QUOTA_MEMORY_SECONDS,
     SUBMITTED_BY_TAG,
 )
 from sagequeue_core.domain import (
@@ -31,6 +33,7 @@ from sagequeue_core.domain import (
     ResourceKey,
     StopReason,
     attempt_name,
+    demand_of,
     priority_of,
     tags_to_dict,
 )
@@ -775,11 +778,6 @@ def run_pass(deps: Dependencies) -> PassReport:
     report = PassReport()
     pool_statuses, team_quotas, counter = deps.store.pools_and_teams()
     capacity = {status.pool.instance_type: status.pool.capacity for status in pool_statuses}
-    quota = {
-        status.pool.instance_type: limit
-        for status in pool_statuses
-        if (limit := status.quota_at(now)) is not None and limit < status.pool.capacity
-    }
     queued: dict[str, Job] = {}
     for instance_type in capacity:
         # jobs wider than the pool cannot start: they must not fill the window (GET /jobs says why they wait)
@@ -803,6 +801,8 @@ def run_pass(deps: Dependencies) -> PassReport:
         else:
             deps.store.forget_warm_pool(warm.training_job_name)
     team_usage = _team_usage(deps, team_quotas, counter, live.values(), now)
+    by_type = _held_by_type(live.values(), externals, warm_pools)
+    quota = _quota_limits(pool_statuses, by_type, queued.values(), now)
     snapshot = build_snapshot(
         now=now,
         capacity=capacity,
@@ -852,6 +852,7 @@ def run_pass(deps: Dependencies) -> PassReport:
                 held,
                 statuses,
                 ledger,
+                by_type,
             )
     _note_waiting(deps, queued, report.waiting, decided.reservations)
     logger.info(
@@ -889,14 +890,89 @@ def _add_unindexed_starts(
             deps.store.forget_recent_starts(status.pool.instance_type, stale)
 
 
-def _learn_quota(deps: Dependencies, job: Job, held: Mapping[str, int]) -> None:
-    """SageMaker refused a create for the account's quota: what it holds for us now is that quota."""
-    if len(job.demand) != 1:
-        return  # a heterogeneous job does not say which of its types hit the limit
-    deps.store.record_quota(job.pool, held.get(job.pool, 0), deps.now())
+def _held_by_type(
+    live: Iterable[Job], externals: Iterable[ExternalAttempt], warm_pools: Iterable[TrackedWarmPool]
+) -> Counter[tuple[str, str]]:
+    """Instances SageMaker holds for the account per (instance type, pool): the account's quota is per
+    instance type, whatever pool (on-demand or a training plan's) the instances are counted in."""
+    held: Counter[tuple[str, str]] = Counter()
+    for job in live:
+        pool = job.pool
+        for instance_type, n in demand_of(job.request).items():
+            held[instance_type, pool] += n
+    for external in externals:
+        for pool, n in external.demand.items():
+            held[pool, pool] += n  # started by hand on a managed pool: an instance-type pool
+    for warm in warm_pools:
+        held[warm.resource_key.instance_type, warm.resource_key.pool] += warm.resource_key.instance_count
+    return held
+
+
+def _quota_limits(
+    pool_statuses: Iterable[PoolStatus],
+    by_type: Mapping[tuple[str, str], int],
+    queued: Iterable[Job],
+    now: datetime,
+) -> dict[str, int]:
+    """What each pool may hold under the account's quotas learned from refusals, where below its capacity.
+
+    A quota learned for an instance type (stored on that type's pool) is shared by every pool of the type:
+    a pool may hold the quota minus what the other pools of the type hold. A quota stored on a training
+    plan's pool (no on-demand pool of its type to carry it) limits that pool alone."""
+    statuses = list(pool_statuses)
+    by_type_quota = {s.pool.instance_type: q for s in statuses if (q := s.quota_at(now)) is not None}
+    types_in: dict[str, set[str]] = {}
+    for (instance_type, pool), n in by_type.items():
+        if n > 0:
+            types_in.setdefault(pool, set()).add(instance_type)
+    for job in queued:
+        types_in.setdefault(job.pool, set()).update(demand_of(job.request))
+    limits: dict[str, int] = {}
+    for status in statuses:
+        pool, capacity = status.pool.instance_type, status.pool.capacity
+        candidates = []
+        if pool in by_type_quota:
+            candidates.append(
+                by_type_quota[pool] - sum(n for (t, p), n in by_type.items() if t == pool and p != pool)
+            )
+        for instance_type in types_in.get(pool, set()) - {pool}:
+            if instance_type in by_type_quota:
+                elsewhere = sum(n for (t, p), n in by_type.items() if t == instance_type and p != pool)
+                candidates.append(by_type_quota[instance_type] - elsewhere)
+        if candidates and (limit := max(min(candidates), 0)) < capacity:
+            limits[pool] = limit
+    return limits
+
+
+def _learn_quota(
+    deps: Dependencies, job: Job, exc: ResourceLimitExceeded, by_type: Mapping[tuple[str, str], int]
+) -> None:
+    """SageMaker refused a create for the account's quota of an instance type. Its message states the quota
+    and the account's current use of the type: the queue may hold the quota minus what others use. A
+    message without the figures leaves what the queue holds of the type as the best guess (a heterogeneous
+    job then does not say which of its types hit the limit)."""
+    held = Counter[str]()
+    for (instance_type, _), n in by_type.items():
+        held[instance_type] += n
+    memory = QUOTA_MEMORY_SECONDS
+    if exc.instance_type is not None and exc.limit is not None:
+        instance_type = exc.instance_type
+        outside = max((exc.utilization or 0) - held[instance_type], 0)
+        limit = max(exc.limit - outside, 0)
+        memory = STATED_QUOTA_MEMORY_SECONDS
+    else:
+        types = demand_of(job.request)
+        if len(types) != 1:
+            return
+        instance_type = next(iter(types))
+        limit = held[instance_type]
+    known = {status.pool.instance_type for status in deps.store.pools()}
+    # stored on the instance type's pool, shared by every pool of the type (`_quota_limits`)
+    where = instance_type if instance_type in known else job.pool
+    deps.store.record_quota(where, limit, deps.now(), memory)
     logger.warning(
         "account quota below the pool's capacity",
-        extra={"pool": job.pool, "quota": held.get(job.pool, 0), "job": job.name},
+        extra={"instance_type": instance_type, "quota": limit, "stored_on": where, "job": job.name},
     )
 
 
@@ -978,6 +1054,7 @@ def _start(
     held: Counter[str],
     quotas: Mapping[str, PoolStatus],
     ledger: dict[str, int] | None = None,
+    by_type: Counter[tuple[str, str]] | None = None,
 ) -> None:
     """Intent, side effect, confirmation: the attempt is recorded (conditional on the job's version) before
     CreateTrainingJob, so a cancel or hold that wins the race leaves nothing to start, and a crash after the
@@ -1047,7 +1124,7 @@ def _start(
             # Nothing is known to be created: the job keeps its place and the next pass tries again. Had it
             # been created after all, the reconcile's sweep stops it (it is not the job's current attempt).
             if isinstance(exc, ResourceLimitExceeded):
-                _learn_quota(deps, job, held)
+                _learn_quota(deps, job, exc, by_type if by_type is not None else Counter())
             why = f"SageMaker {exc.code or type(exc).__name__}: {exc}"
             report.waiting[job.name] = why
             _with_retries(deps, job.name, partial(undo, why=why))
@@ -1057,10 +1134,19 @@ def _start(
     (report.adopted if result.already_started else report.started).append(name)
     if action.warm_pool is None:
         held.update(job.demand)
+        if by_type is not None:
+            for instance_type, n in demand_of(job.request).items():
+                by_type[instance_type, job.pool] += n
     for pool in job.demand:
         status = quotas.get(pool)
         if status is not None and status.quota is not None and held[pool] > status.quota:
             deps.store.forget_quota(pool)  # SageMaker granted more than the quota it once refused at
+    for instance_type in demand_of(job.request):
+        # a create of the type succeeded beyond the quota learned for it: raised, or freed elsewhere
+        status = quotas.get(instance_type)
+        of_type = sum(n for (t, _), n in (by_type or {}).items() if t == instance_type)
+        if status is not None and status.quota is not None and of_type > status.quota:
+            deps.store.forget_quota(instance_type)
     fresh = deps.store.get_job(job.name)
     if fresh.training_job_name != name or fresh.state not in (JobState.STARTING, JobState.RUNNING):
         # A cancel (or any stop) won the race after the intent: what was just created must not run.
