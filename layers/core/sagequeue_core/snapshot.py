@@ -40,6 +40,12 @@ class SchedulerSettings(Protocol):
     @property
     def lend_reserved_capacity(self) -> bool: ...
 
+    @property
+    def top_priority(self) -> int: ...
+
+    @property
+    def top_priority_budget_factor(self) -> int: ...
+
 
 class HeldOutsideQueue(Protocol):
     """A training job started outside the queue on a managed pool (`store.ExternalAttempt`)."""
@@ -78,6 +84,8 @@ def policy_settings(settings: SchedulerSettings) -> PolicySettings:
         max_preemptions_per_job=settings.max_preemptions_per_job,
         reserve_after_seconds=settings.reserve_after_seconds,
         lend_reserved_capacity=settings.lend_reserved_capacity,
+        top_priority=settings.top_priority,
+        top_priority_budget_factor=settings.top_priority_budget_factor,
     )
 
 
