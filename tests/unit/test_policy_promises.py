@@ -196,3 +196,42 @@ def test_a_loan_ends_when_the_borrower_comes_to_outrank_its_lender() -> None:
         plan(Snapshot(now=NOW, capacity={POOL: 1}, queued=[lender5], running=raised), SETTINGS).preemptions
         == []
     )
+
+
+def _blocked_drain(fragile_max_runtime: int | None) -> Snapshot:
+    """A 2-instance drain behind a job that has trained 1 h of its 2 h MaxRuntimeInSeconds, one instance
+    free, and a job without checkpoints that could run on it."""
+    blocker = RunningAttempt(
+        training_job_name="blocker",
+        job_name="blocker",
+        demand={POOL: 1},
+        priority=7,
+        started_at=NOW - timedelta(hours=1, minutes=10),
+        training_started_at=NOW - timedelta(hours=1),
+        max_runtime_seconds=7200,
+    )
+    holder = QueuedJob(
+        name="holder", priority=5, submitted_at=T0, demand={POOL: 2}, reservation=DRAIN, queued_since=T0
+    )
+    fragile = QueuedJob(
+        name="fragile",
+        priority=5,
+        submitted_at=T0 + timedelta(minutes=5),
+        demand={POOL: 1},
+        checkpointed=False,
+        max_runtime_seconds=fragile_max_runtime,
+    )
+    return Snapshot(now=NOW, capacity={POOL: 2}, queued=[holder, fragile], running=[blocker])
+
+
+def test_a_job_without_checkpoints_backfills_when_its_max_runtime_ends_before_the_projected_start() -> None:
+    # GIVEN the holder can start in 1 h at the latest (its blocker's MaxRuntimeInSeconds)
+    # WHEN the job without checkpoints is bounded to 30 min (plus 10 min provisioning)
+    [start] = plan(_blocked_drain(1800), SETTINGS).starts
+    # THEN it runs on the holder's idle instance, as an ordinary start that is never taken back
+    assert (start.job_name, start.ends_before, start.on_loan_for) == ("fragile", "holder", None)
+
+
+def test_a_job_without_checkpoints_does_not_backfill_past_the_projected_start() -> None:
+    assert plan(_blocked_drain(3600), SETTINGS).starts == []  # 60 + 10 min ends after the 1 h projection
+    assert plan(_blocked_drain(None), SETTINGS).starts == []  # no explicit bound: no backfill

@@ -73,6 +73,7 @@ def snapshots(draw: st.DrawFn) -> tuple[Snapshot, PolicySettings]:
                 preemptions=draw(st.integers(0, 4)),
                 checkpointed=draw(st.booleans()),
                 loans_taken_back=draw(st.integers(0, 4)),
+                max_runtime_seconds=draw(st.sampled_from([None, 1800, 7200])),
             )
         )
     running: list[RunningAttempt] = []
@@ -95,6 +96,7 @@ def snapshots(draw: st.DrawFn) -> tuple[Snapshot, PolicySettings]:
                 preemptions=draw(st.integers(0, 4)),
                 checkpointed=draw(st.booleans()),
                 on_loan_for=lender,
+                max_runtime_seconds=draw(st.sampled_from([None, 3600, 86400])),
             )
         )
     warm: list[WarmPool] = []
@@ -291,6 +293,8 @@ def test_reserved_capacity_never_goes_to_a_job_of_lower_or_equal_priority(
         for action in result.actions:
             if isinstance(action, Start) and action.on_loan_for is not None:
                 continue  # lent, and taken back when the holder can start: test_loans_*
+            if isinstance(action, Start) and action.ends_before is not None:
+                continue  # EASY backfill, ends before the holder's projected start: test_backfill_*
             if isinstance(action, Start) and action.warm_pool is None:
                 other = jobs[action.job_name]
             elif isinstance(action, ReleaseWarmPool) and action.for_job not in (name, OVERRUN):
@@ -357,6 +361,36 @@ def test_reserved_warm_pools_never_go_to_a_job_of_lower_or_equal_priority_except
             assert reservation.instances.get(pool, 0) >= holder.demand[pool], (
                 f"{start.job_name} took warm pool {start.warm_pool} while {name} waits short of it"
             )
+
+
+@PROPERTY_SETTINGS
+@given(snapshots())
+def test_backfill_without_checkpoints_ends_before_its_holder_can_start(
+    case: tuple[Snapshot, PolicySettings],
+) -> None:
+    snapshot, policy_settings = case
+    result = plan(snapshot, policy_settings)
+    jobs = {j.name: j for j in snapshot.queued}
+    for start in result.starts:
+        if start.ends_before is None:
+            continue
+        job, holder = jobs[start.job_name], jobs[start.ends_before]
+        # only a job without checkpoints, with an explicit bound on its run, of at most the holder's priority
+        assert not job.checkpointed
+        assert job.max_runtime_seconds is not None
+        assert holder.priority >= job.priority
+        assert holder.name in result.reservations
+        assert start.on_loan_for is None
+        ends = snapshot.now.timestamp() + policy_settings.provisioning_seconds + job.max_runtime_seconds
+        # the holder cannot have all it needs before every attempt on its pools that it may need ended: the
+        # backfill ends before the last of those that could end before it
+        bounded = [
+            (a.training_started_at or a.started_at).timestamp() + a.max_runtime_seconds
+            for a in snapshot.running
+            if a.max_runtime_seconds is not None and set(a.demand) & set(holder.demand) and not a.stopping
+        ]
+        assert bounded or any(a.stopping for a in snapshot.running)
+        assert ends <= max(bounded, default=ends) + policy_settings.provisioning_seconds
 
 
 @PROPERTY_SETTINGS

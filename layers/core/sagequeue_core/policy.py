@@ -63,6 +63,8 @@ class QueuedJob:
     team: str | None = None  # whose quota it draws on (quotas.py); None: no team
     #: times its lender stopped an attempt of it that ran on loan: counted apart from preemptions
     loans_taken_back: int = 0
+    #: StoppingCondition.MaxRuntimeInSeconds as the submitter gave it (None: not given): a bound on its run
+    max_runtime_seconds: int | None = None
 
     @property
     def waiting_since(self) -> datetime:
@@ -87,6 +89,9 @@ class RunningAttempt:
     #: the waiting job whose reserved capacity it runs on, as a loan that job takes back when it can start
     on_loan_for: str | None = None
     team: str | None = None  # whose quota it draws on (quotas.py); None: no team
+    #: how long SageMaker lets it train (its MaxRuntimeInSeconds, or SageMaker's default): it has ended by
+    #: its training start (or creation plus provisioning) plus this; None: unknown, no bound
+    max_runtime_seconds: int | None = None
 
     @property
     def preemptible(self) -> bool:
@@ -141,6 +146,8 @@ class PolicySettings:
     #: preemption budget, up to `top_priority_budget_factor` times the budget; 0: no override
     top_priority: int = 0
     top_priority_budget_factor: int = 2
+    #: creation to Training, as the pass estimates it when it projects when running work ends (EASY backfill)
+    provisioning_seconds: int = 600
 
     def is_top(self, priority: int) -> bool:
         return 0 < self.top_priority <= priority
@@ -155,6 +162,10 @@ class Start:
     warm_pool: str | None = None  # training job whose Available warm pool this start reuses
     keep_alive_seconds: int | None = None  # set when a queued job would match next; None: as requested
     on_loan_for: str | None = None  # the reservation holder whose idle capacity it borrows
+    #: EASY backfill: the reservation holder whose projected start this job, without checkpoints, ends
+    #: before (its MaxRuntimeInSeconds plus provisioning): it runs on the holder's idle instances and is
+    #: never taken back
+    ends_before: str | None = None
 
 
 @dataclass(frozen=True)
@@ -437,16 +448,28 @@ class _Pass:
             return False
         return (self.snapshot.now - job.waiting_since).total_seconds() >= after
 
-    def _start(self, job: QueuedJob, warm_pool: str | None = None, on_loan_for: str | None = None) -> None:
+    def _start(
+        self,
+        job: QueuedJob,
+        warm_pool: str | None = None,
+        on_loan_for: str | None = None,
+        ends_before: str | None = None,
+    ) -> None:
         self.started.add(job.name)
         self.teams.take(job.team, job.demand)  # team quotas hook
         if job.resource_key:
             self.open_keys[job.resource_key] -= 1
         # a loan gets no keep-alive of the scheduler's: it usually ends by being taken back, and a pool it
         # left would only stand in its lender's way
-        keep_alive = None if on_loan_for else self._keep_alive_for(job)
+        keep_alive = None if on_loan_for or ends_before else self._keep_alive_for(job)
         self.result.actions.append(
-            Start(job.name, warm_pool=warm_pool, keep_alive_seconds=keep_alive, on_loan_for=on_loan_for)
+            Start(
+                job.name,
+                warm_pool=warm_pool,
+                keep_alive_seconds=keep_alive,
+                on_loan_for=on_loan_for,
+                ends_before=ends_before,
+            )
         )
 
     def _budget_spent(self, preemptions: int, for_job: QueuedJob | None = None) -> bool:
@@ -668,7 +691,10 @@ class _Pass:
                 or job.name in self.result.held
             ):
                 continue
-            if not job.checkpointed or self._budget_spent(job.loans_taken_back):
+            if not job.checkpointed:
+                self._backfill_before(job, holders)
+                continue
+            if self._budget_spent(job.loans_taken_back):
                 continue
             if self._never_fits(job) is not None:
                 continue
@@ -697,6 +723,70 @@ class _Pass:
                     self.result.waiting.pop(job.name, None)
                     self._start(job, on_loan_for=holder.name)
                     break
+
+    def _backfill_before(self, job: QueuedJob, holders: Sequence[QueuedJob]) -> None:
+        """EASY backfill for a job without checkpoints (a loan taken back would restart it from zero): it
+        may run on a holder's idle instances if its explicit MaxRuntimeInSeconds plus provisioning ends
+        before the holder's projected start, so it cannot delay the holder by the projection. It is an
+        ordinary start, never taken back (`Start.ends_before`)."""
+        if job.max_runtime_seconds is None or self._never_fits(job) is not None:
+            return
+        if job.name in self.started or job.name in self.result.reservations or job.name in self.result.held:
+            return
+        if self.teams.short(job.team, job.demand):
+            return
+        ends = self.snapshot.now.timestamp() + self.settings.provisioning_seconds + job.max_runtime_seconds
+        for holder in holders:
+            if holder.priority < job.priority:
+                continue
+            spare = self.lendable.get(holder.name, Counter())
+            if not all(spare[pool] >= need for pool, need in job.demand.items()):
+                continue
+            projected = self._projected_start(holder)
+            if projected is None or ends > projected:
+                continue
+            spare.subtract(job.demand)
+            self.result.waiting.pop(job.name, None)
+            self._start(job, ends_before=holder.name)
+            return
+
+    def _projected_start(self, holder: QueuedJob) -> float | None:
+        """When the holder has all it needs at the latest, as epoch seconds: what it holds now, then the
+        instances of running attempts on its pools as each ends by its MaxRuntimeInSeconds counted from its
+        training start (or creation plus provisioning); None if that never covers it (an attempt with no
+        bound, or other work in the way)."""
+        now = self.snapshot.now.timestamp()
+        reservation = self.result.reservations.get(holder.name)
+        held = dict(reservation.instances) if reservation is not None else {}
+        lent = {a.training_job_name for a in self._loans_for(holder)}
+        latest = now
+        for pool, need in holder.demand.items():
+            have = held.get(pool, 0)
+            if have >= need:
+                continue
+            ends: list[tuple[float, int]] = []
+            for attempt in self.snapshot.running:
+                if pool not in attempt.demand or attempt.training_job_name in lent:
+                    continue
+                if attempt.stopping:
+                    ends.append((now, attempt.demand[pool]))
+                    continue
+                if attempt.max_runtime_seconds is None:
+                    continue
+                began = (
+                    attempt.training_started_at.timestamp()
+                    if attempt.training_started_at is not None
+                    else attempt.started_at.timestamp() + self.settings.provisioning_seconds
+                )
+                ends.append((began + attempt.max_runtime_seconds, attempt.demand[pool]))
+            for end, instances in sorted(ends):
+                have += instances
+                latest = max(latest, end)
+                if have >= need:
+                    break
+            if have < need:
+                return None
+        return latest
 
     def _claim_warm_pools(self, job: QueuedJob, holds: Mapping[str, int]) -> list[WarmPool]:
         """A reservation still waiting for running work claims the warm pools of its pools that it needs

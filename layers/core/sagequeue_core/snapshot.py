@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Protocol
 
+from sagequeue_core.defaults import SAGEMAKER_DEFAULT_MAX_RUNTIME_SECONDS
 from sagequeue_core.domain import PRIORITY_MAX, Job, JobState, ResourceKey
 from sagequeue_core.policy import PolicySettings, QueuedJob, RunningAttempt, Snapshot, WarmPool
 from sagequeue_core.quotas import TeamQuota
@@ -132,6 +133,7 @@ def build_snapshot(
                 checkpointed=job.checkpointed,
                 team=job.team,
                 loans_taken_back=job.loans_taken_back,
+                max_runtime_seconds=job.max_runtime_seconds,
             )
             for job in queued
         ],
@@ -148,6 +150,7 @@ def build_snapshot(
                 checkpointed=job.checkpointed,
                 on_loan_for=job.on_loan_for,
                 team=job.team,
+                max_runtime_seconds=job.max_runtime_seconds or SAGEMAKER_DEFAULT_MAX_RUNTIME_SECONDS,
             )
             for job in live
         ]

@@ -1205,11 +1205,18 @@ def _intent(
 ) -> str:
     """The start recorded before CreateTrainingJob (announced once SageMaker has it), conditional on the
     pools' `ledger` as the pass planned on it."""
+    reason = None
+    if action.ends_before is not None:
+        reason = (
+            f"backfilled: its MaxRuntimeInSeconds ends before {action.ends_before}, which holds these "
+            "instances, can start"
+        )
     return _record_start(
         deps,
         job,
         name,
         deps.now(),
+        reason=reason,
         warm_pool=action.warm_pool,
         keep_alive_seconds=action.keep_alive_seconds or 0,
         on_loan_for=action.on_loan_for,
