@@ -86,6 +86,7 @@ class RunningAttempt:
     training_started_at: datetime | None = None
     preemptions: int = 0  # times its queue entry was preempted already
     checkpointed: bool = True  # it resumes from checkpoints (CheckpointConfig); else it restarts from zero
+    loans_taken_back: int = 0  # times its queue entry's loans were taken back already
     #: the waiting job whose reserved capacity it runs on, as a loan that job takes back when it can start
     on_loan_for: str | None = None
     team: str | None = None  # whose quota it draws on (quotas.py); None: no team
@@ -472,15 +473,27 @@ class _Pass:
             )
         )
 
-    def _budget_spent(self, preemptions: int, for_job: QueuedJob | None = None) -> bool:
+    def _stopped_enough(self, job: QueuedJob) -> bool:
+        """Stopped as often as any job may be in all (preemptions and loans taken back): twice the budget,
+        or `top_priority_budget_factor` times it if more. It borrows no more, so a loan cannot take it past."""
+        budget = self.settings.max_preemptions_per_job
+        limit = budget * max(self.settings.top_priority_budget_factor, 2)
+        return budget > 0 and job.preemptions + job.loans_taken_back >= limit
+
+    def _budget_spent(self, preemptions: int, for_job: QueuedJob | None = None, taken_back: int = 0) -> bool:
         """Stopped enough (`max_preemptions_per_job`, 0: no limit). Of preemptions: not preempted again
         until it ends, except to end a loan it runs on (`_takes_back`), or for a top-priority `for_job`,
-        which may go on up to `top_priority_budget_factor` times the budget. Of loans taken back: it
-        borrows no more."""
+        which may go on while all its stops (preemptions and loans taken back, `taken_back`) stay under
+        `top_priority_budget_factor` times the budget, so no job is stopped more than that in all. Of loans
+        taken back: it borrows no more."""
         budget = self.settings.max_preemptions_per_job
-        if budget > 0 and for_job is not None and self.settings.is_top(for_job.priority):
-            budget *= max(self.settings.top_priority_budget_factor, 1)
-        return budget > 0 and preemptions >= budget
+        if budget <= 0:
+            return False
+        if preemptions < budget:
+            return False
+        if for_job is not None and self.settings.is_top(for_job.priority):
+            return preemptions + taken_back >= budget * max(self.settings.top_priority_budget_factor, 1)
+        return True
 
     # the ledger
     def _cover(self, job: QueuedJob, deficit: Mapping[str, int], releasable: Sequence[WarmPool]) -> _Cover:
@@ -523,7 +536,9 @@ class _Pass:
                     break  # nothing is preempted for equal or lower priority; the rest are at least as important
                 if attempt.training_job_name in self.victims:
                     continue
-                if self._budget_spent(attempt.preemptions, job) and not self._takes_back(attempt, job):
+                if self._budget_spent(
+                    attempt.preemptions, job, attempt.loans_taken_back
+                ) and not self._takes_back(attempt, job):
                     # preempted enough: it runs to its end, unless it runs on a loan this job may end (its
                     # own, even from before its reservation, or one lent by a less important job)
                     continue
@@ -539,7 +554,9 @@ class _Pass:
             itertools.chain.from_iterable(self.preemptible_by_pool.get(pool, ()) for pool in remaining),
             lambda a: (
                 a.training_job_name not in self.victims
-                and (not self._budget_spent(a.preemptions, job) or self._takes_back(a, job))
+                and (
+                    not self._budget_spent(a.preemptions, job, a.loans_taken_back) or self._takes_back(a, job)
+                )
             ),
         ):
             candidates[attempt.training_job_name] = attempt
@@ -694,7 +711,7 @@ class _Pass:
             if not job.checkpointed:
                 self._backfill_before(job, holders)
                 continue
-            if self._budget_spent(job.loans_taken_back):
+            if self._budget_spent(job.loans_taken_back) or self._stopped_enough(job):
                 continue
             if self._never_fits(job) is not None:
                 continue

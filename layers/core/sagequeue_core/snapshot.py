@@ -150,6 +150,7 @@ def build_snapshot(
                 checkpointed=job.checkpointed,
                 on_loan_for=job.on_loan_for,
                 team=job.team,
+                loans_taken_back=job.loans_taken_back,
                 max_runtime_seconds=job.max_runtime_seconds or SAGEMAKER_DEFAULT_MAX_RUNTIME_SECONDS,
             )
             for job in live
