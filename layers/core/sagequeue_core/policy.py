@@ -473,13 +473,6 @@ class _Pass:
             )
         )
 
-    def _stopped_enough(self, job: QueuedJob) -> bool:
-        """Stopped as often as any job may be in all (preemptions and loans taken back): twice the budget,
-        or `top_priority_budget_factor` times it if more. It borrows no more, so a loan cannot take it past."""
-        budget = self.settings.max_preemptions_per_job
-        limit = budget * max(self.settings.top_priority_budget_factor, 2)
-        return budget > 0 and job.preemptions + job.loans_taken_back >= limit
-
     def _budget_spent(self, preemptions: int, for_job: QueuedJob | None = None, taken_back: int = 0) -> bool:
         """Stopped enough (`max_preemptions_per_job`, 0: no limit). Of preemptions: not preempted again
         until it ends, except to end a loan it runs on (`_takes_back`), or for a top-priority `for_job`,
@@ -711,7 +704,7 @@ class _Pass:
             if not job.checkpointed:
                 self._backfill_before(job, holders)
                 continue
-            if self._budget_spent(job.loans_taken_back) or self._stopped_enough(job):
+            if self._budget_spent(job.loans_taken_back):
                 continue
             if self._never_fits(job) is not None:
                 continue
