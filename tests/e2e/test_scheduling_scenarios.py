@@ -9,15 +9,21 @@ entry has two live training jobs.
 
 from __future__ import annotations
 
+import sys
 from collections import Counter
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from sagequeue.client import QueueClient
 from sagequeue.local import LocalStack
+from sagequeue_core import runtime
 from sagequeue_core.domain import parse_time
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from support.invariants import InvariantMonitor
 
 POOL = "ml.trn1.32xlarge"
 IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/neuron-train:2.21"
@@ -34,7 +40,14 @@ LIVE_STATUSES = ("InProgress", "Stopping")
 class Scenario:
     """A stack, its client, and a monitor of SageMaker's side run after every step of the clock."""
 
-    def __init__(self, capacity: int, emulator: dict[str, Any] | None = None, **settings: Any) -> None:
+    def __init__(
+        self,
+        capacity: int,
+        emulator: dict[str, Any] | None = None,
+        *,
+        monitored: bool = False,
+        **settings: Any,
+    ) -> None:
         values = {
             "capacity": {POOL: capacity},
             "min_runtime_before_preemption_seconds": 600,
@@ -48,6 +61,12 @@ class Scenario:
         self.stack.start()
         self.queue: QueueClient = self.stack.client()
         self.preempted: Counter[str] = Counter()
+        #: the invariant monitor on the scheduler's SageMaker client (support/invariants.py): checked after
+        #: every SageMaker call the queue makes and every step of the clock
+        self.monitor: InvariantMonitor | None = None
+        if monitored:
+            deps = runtime.dependencies()
+            self.monitor = InvariantMonitor(self.stack.emulator, deps.store).attach(deps.sagemaker.client)
 
     def request(self, name: str, seconds: int, *, count: int = 1, checkpoint: bool = True) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -82,6 +101,9 @@ class Scenario:
                     live[_queue_entry(summary["TrainingJobName"])] += 1
         doubled = [name for name, n in live.items() if n > 1]
         assert not doubled, f"queue entries with two live training jobs: {doubled}"
+        if self.monitor is not None:
+            self.monitor.check_settled()
+            assert self.monitor.violations == []
 
     def advance_until(self, done: Callable[[], bool], *, limit: int, step: int = 60) -> int:
         waited = 0
@@ -96,6 +118,9 @@ class Scenario:
         return self.queue.job(name)
 
     def close(self) -> None:
+        if self.monitor is not None:
+            self.monitor.detach()
+            assert self.monitor.violations == []
         assert self.stack.failures == []
         self.stack.stop()
 

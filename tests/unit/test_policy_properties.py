@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from sagequeue_core.domain import ResourceKey
 from sagequeue_core.policy import (
+    OVERRUN,
     PolicySettings,
     QueuedJob,
     ReleaseWarmPool,
@@ -72,6 +73,7 @@ def snapshots(draw: st.DrawFn) -> tuple[Snapshot, PolicySettings]:
                 preemptions=draw(st.integers(0, 4)),
                 checkpointed=draw(st.booleans()),
                 loans_taken_back=draw(st.integers(0, 4)),
+                max_runtime_seconds=draw(st.sampled_from([None, 1800, 7200])),
             )
         )
     running: list[RunningAttempt] = []
@@ -94,6 +96,8 @@ def snapshots(draw: st.DrawFn) -> tuple[Snapshot, PolicySettings]:
                 preemptions=draw(st.integers(0, 4)),
                 checkpointed=draw(st.booleans()),
                 on_loan_for=lender,
+                loans_taken_back=draw(st.integers(0, 4)),
+                max_runtime_seconds=draw(st.sampled_from([None, 3600, 86400])),
             )
         )
     warm: list[WarmPool] = []
@@ -106,6 +110,7 @@ def snapshots(draw: st.DrawFn) -> tuple[Snapshot, PolicySettings]:
         max_preemptions_per_job=draw(st.sampled_from([0, 3])),
         reserve_after_seconds=draw(st.sampled_from([0, 1, 1800])),
         lend_reserved_capacity=draw(st.integers(0, 3)) > 0,
+        top_priority=draw(st.sampled_from([0, 0, 4])),
     )
     return Snapshot(
         now=now, capacity=capacity, queued=queued, running=running, warm_pools=warm
@@ -121,15 +126,19 @@ def _used(snapshot: Snapshot) -> Counter[str]:
     return used
 
 
+def _lender(snapshot: Snapshot, victim: RunningAttempt) -> QueuedJob | None:
+    """The waiting job whose capacity `victim` runs on, as priorities stand: a loan stays its lender's
+    whatever happened to the lender's reservation, and ends once the borrower outranks the lender."""
+    lender = next((j for j in snapshot.queued if j.name == victim.on_loan_for), None)
+    if lender is None or victim.priority > lender.priority:
+        return None
+    return lender
+
+
 def _is_reclaim(snapshot: Snapshot, victim: RunningAttempt, for_job: str) -> bool:
-    """A preemption that takes back a loan: the victim runs on capacity its lender reserved."""
-    lender = next((j for j in snapshot.queued if j.name == for_job), None)
-    return (
-        lender is not None
-        and lender.reservation is not None
-        and victim.on_loan_for == for_job
-        and victim.started_at >= lender.reservation.since
-    )
+    """A preemption that takes back a loan: the victim runs on capacity its lender lent."""
+    lender = _lender(snapshot, victim)
+    return lender is not None and lender.name == for_job
 
 
 def _eligible(snapshot: Snapshot) -> list[QueuedJob]:
@@ -160,6 +169,24 @@ def test_capacity_is_never_exceeded(case: tuple[Snapshot, PolicySettings]) -> No
         assert count <= max(snapshot.capacity.get(pool, 0), used[pool]), (pool, count)
         if count > snapshot.capacity.get(pool, 0):
             assert count <= used[pool]
+
+
+@PROPERTY_SETTINGS
+@given(snapshots())
+def test_a_pool_over_its_capacity_keeps_no_idle_warm_pool(case: tuple[Snapshot, PolicySettings]) -> None:
+    snapshot, policy_settings = case
+    result = plan(snapshot, policy_settings)
+    used = _used(snapshot)
+    gone = {a.training_job_name for a in result.releases} | {
+        a.warm_pool for a in result.starts if a.warm_pool
+    }
+    for pool in POOLS:
+        released = sum(
+            w.instances for w in snapshot.warm_pools if w.pool == pool and w.training_job_name in gone
+        )
+        kept = [w for w in snapshot.warm_pools if w.pool == pool and w.training_job_name not in gone]
+        # drained or shrunk below what it holds: its idle warm pools go until it is within its capacity
+        assert used[pool] - released <= snapshot.capacity.get(pool, 0) or not kept, (pool, kept)
 
 
 @PROPERTY_SETTINGS
@@ -202,14 +229,12 @@ def test_preemption_only_for_strictly_higher_priority_and_only_ripe_victims(
         if _is_reclaim(snapshot, victim, preempt.for_job):
             continue  # a loan is taken back whatever its priority and runtime
         assert victim.priority < jobs[preempt.for_job].priority
-        lender = jobs.get(victim.on_loan_for or "")
-        lent_by_less_important = (
-            lender is not None
-            and lender.reservation is not None
-            and lender.priority < jobs[preempt.for_job].priority
-        )
+        lender = _lender(snapshot, victim)
+        lent_by_less_important = lender is not None and lender.priority < jobs[preempt.for_job].priority
         if lent_by_less_important:
             continue  # it borrowed an instance a job this important could have taken from its lender
+        if policy_settings.is_top(jobs[preempt.for_job].priority):
+            continue  # the top priority does not wait out a victim's minimum runtime
         # the minimum runtime counts from the first Training status, not from CreateTrainingJob
         if victim.training_started_at is None:
             assert policy_settings.min_runtime_before_preemption_seconds == 0
@@ -225,20 +250,27 @@ def test_no_job_is_preempted_beyond_its_budget(case: tuple[Snapshot, PolicySetti
     result = plan(snapshot, policy_settings)
     attempts = {a.training_job_name: a for a in snapshot.running}
     queued_priority = {j.name: j.priority for j in snapshot.queued}
-    lender_priority = {j.name: j.priority for j in snapshot.queued if j.reservation is not None}
     budget = policy_settings.max_preemptions_per_job
     for preempt in result.preemptions:
         attempt = attempts[preempt.training_job_name]
         # a loan ended for its lender or for a job more important than the lender is counted apart (the job
         # borrowed within that budget); anything else is a preemption, within the budget
+        lender = _lender(snapshot, attempt)
         assert preempt.taken_back == (
-            attempt.on_loan_for is not None
-            and (
-                attempt.on_loan_for == preempt.for_job
-                or (lender_priority.get(attempt.on_loan_for, 99) < queued_priority[preempt.for_job])
-            )
+            lender is not None
+            and (lender.name == preempt.for_job or lender.priority < queued_priority[preempt.for_job])
         )
         if preempt.taken_back:
+            continue
+        if policy_settings.is_top(queued_priority[preempt.for_job]):
+            # the top priority goes beyond the budget, while all the victim's stops stay under its factor
+            # times it: no job is stopped more than that in all
+            factor = policy_settings.top_priority_budget_factor
+            assert (
+                budget == 0
+                or attempt.preemptions < budget
+                or attempt.preemptions + attempt.loans_taken_back < budget * factor
+            )
             continue
         assert budget == 0 or attempt.preemptions < budget
 
@@ -268,9 +300,11 @@ def test_reserved_capacity_never_goes_to_a_job_of_lower_or_equal_priority(
         for action in result.actions:
             if isinstance(action, Start) and action.on_loan_for is not None:
                 continue  # lent, and taken back when the holder can start: test_loans_*
+            if isinstance(action, Start) and action.ends_before is not None:
+                continue  # EASY backfill, ends before the holder's projected start: test_backfill_*
             if isinstance(action, Start) and action.warm_pool is None:
                 other = jobs[action.job_name]
-            elif isinstance(action, ReleaseWarmPool) and action.for_job != name:
+            elif isinstance(action, ReleaseWarmPool) and action.for_job not in (name, OVERRUN):
                 other = jobs[action.for_job]
                 if warm[action.training_job_name].pool not in short:
                     continue
@@ -297,13 +331,13 @@ def test_loans_come_from_idle_reserved_capacity_of_a_holder_at_least_as_importan
             continue
         assert policy_settings.lend_reserved_capacity
         borrower, holder = jobs[start.job_name], jobs[start.on_loan_for]
-        assert start.warm_pool is None
         assert holder.name in result.reservations, "lent by a job that holds no reservation"
         assert holder.priority >= borrower.priority
         # only a job that resumes from checkpoints and has had fewer loans taken back than the budget borrows
         assert borrower.checkpointed
         assert budget == 0 or borrower.loans_taken_back < budget
-        lent.setdefault(holder.name, Counter()).update(borrower.demand)
+        if start.warm_pool is None:  # a warm pool the holder claimed lends its own instances
+            lent.setdefault(holder.name, Counter()).update(borrower.demand)
     for holder, instances in lent.items():
         # what a holder lends is what it holds of free capacity in this pass, never more
         held = result.held.get(holder, {})
@@ -311,6 +345,59 @@ def test_loans_come_from_idle_reserved_capacity_of_a_holder_at_least_as_importan
             assert n <= held.get(pool, 0), f"{holder} lent {n} {pool} but holds {held}"
         # and it lends only while its cover is incomplete: nothing is preempted for it in the same pass
         assert holder not in {p.for_job for p in result.preemptions}
+
+
+@PROPERTY_SETTINGS
+@given(snapshots())
+def test_reserved_warm_pools_never_go_to_a_job_of_lower_or_equal_priority_except_as_a_loan(
+    case: tuple[Snapshot, PolicySettings],
+) -> None:
+    snapshot, policy_settings = case
+    result = plan(snapshot, policy_settings)
+    jobs = {j.name: j for j in snapshot.queued}
+    warm = {w.training_job_name: w for w in snapshot.warm_pools}
+    for name, reservation in result.reservations.items():
+        holder = jobs[name]
+        for start in result.starts:
+            if start.warm_pool is None or start.on_loan_for is not None:
+                continue
+            pool = warm[start.warm_pool].pool
+            if pool not in holder.demand or pass_order(jobs[start.job_name]) < pass_order(holder):
+                continue
+            # an ordinary start on a warm pool after the holder: only what the holder does not need
+            assert reservation.instances.get(pool, 0) >= holder.demand[pool], (
+                f"{start.job_name} took warm pool {start.warm_pool} while {name} waits short of it"
+            )
+
+
+@PROPERTY_SETTINGS
+@given(snapshots())
+def test_backfill_without_checkpoints_ends_before_its_holder_can_start(
+    case: tuple[Snapshot, PolicySettings],
+) -> None:
+    snapshot, policy_settings = case
+    result = plan(snapshot, policy_settings)
+    jobs = {j.name: j for j in snapshot.queued}
+    for start in result.starts:
+        if start.ends_before is None:
+            continue
+        job, holder = jobs[start.job_name], jobs[start.ends_before]
+        # only a job without checkpoints, with an explicit bound on its run, of at most the holder's priority
+        assert not job.checkpointed
+        assert job.max_runtime_seconds is not None
+        assert holder.priority >= job.priority
+        assert holder.name in result.reservations
+        assert start.on_loan_for is None
+        ends = snapshot.now.timestamp() + policy_settings.provisioning_seconds + job.max_runtime_seconds
+        # the holder cannot have all it needs before every attempt on its pools that it may need ended: the
+        # backfill ends before the last of those that could end before it
+        bounded = [
+            (a.training_started_at or a.started_at).timestamp() + a.max_runtime_seconds
+            for a in snapshot.running
+            if a.max_runtime_seconds is not None and set(a.demand) & set(holder.demand) and not a.stopping
+        ]
+        assert bounded or any(a.stopping for a in snapshot.running)
+        assert ends <= max(bounded, default=ends) + policy_settings.provisioning_seconds
 
 
 @PROPERTY_SETTINGS

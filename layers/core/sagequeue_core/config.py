@@ -254,6 +254,11 @@ class Settings:
     #: A reservation still waiting for running work to end lends its idle instances to smaller jobs that
     #: resume from checkpoints; it preempts them (whatever their runtime) the moment it can start.
     lend_reserved_capacity: bool = setting(True, _boolean)
+    #: Jobs at or above this priority may preempt a victim before its minimum runtime and beyond its
+    #: preemption budget, up to TopPriorityBudgetFactor times the budget (0: no override).
+    top_priority: int = setting(0, _integer(ge=0, le=1000))
+    #: How far past MaxPreemptionsPerJob a top-priority job may preempt a victim (a multiple, at least 1).
+    top_priority_budget_factor: int = setting(2, _integer(ge=1, le=10))
     #: Keep-alive set on a start when a queued job would reuse its instances next (0 disables it).
     default_keep_alive_seconds: int = setting(600, _integer(ge=0, le=21_600))
     #: Attempts per job before capacity or internal failures fail it for good.

@@ -52,6 +52,13 @@ SAGEQUEUE_EVENT_SOURCE = "sagequeue"
 #: on the account's quota sagequeue gets; after this long the pool's configured capacity is tried again,
 #: so a raised quota is noticed without anyone telling the stack.
 QUOTA_MEMORY_SECONDS = 600
+#: SageMaker's StoppingCondition.MaxRuntimeInSeconds when a request leaves it out (one day): a running
+#: attempt has trained at most this long.
+SAGEMAKER_DEFAULT_MAX_RUNTIME_SECONDS = 86_400
+#: How long a quota SageMaker stated in its refusal ("... is N Instances, with current utilization of M")
+#: limits a pool. It is SageMaker's own figure, not a guess from what the queue held, so it is kept much
+#: longer; a create of the type that succeeds beyond it forgets it at once.
+STATED_QUOTA_MEMORY_SECONDS = 6 * 3600
 
 # --- Tags --------------------------------------------------------------------------------------------------
 

@@ -541,6 +541,14 @@ class Job:
         """It resumes from checkpoints after a preemption (CheckpointConfig.S3Uri), or restarts from zero."""
         return has_checkpoints(self.request)
 
+    @property
+    def max_runtime_seconds(self) -> int | None:
+        """StoppingCondition.MaxRuntimeInSeconds as the submitter gave it; None when left to SageMaker's
+        default. SageMaker stops the job once it has trained this long, so it bounds when it ends."""
+        condition = self.request.get("StoppingCondition")
+        value = condition.get("MaxRuntimeInSeconds") if isinstance(condition, Mapping) else None
+        return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
     def next_attempt_name(self) -> str:
         return attempt_name(self.name, self.attempt + 1)
 

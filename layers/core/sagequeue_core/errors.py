@@ -23,6 +23,11 @@ class StaleVersion(StoreError):
     """The item changed since it was read (another writer, a replayed event); re-read and decide again."""
 
 
+class LedgerMoved(StoreError):
+    """A pool's ledger changed since the pass read it (another pass started work there): the start it was
+    about to record could exceed the pool; the next pass decides again on what is there now."""
+
+
 class JobAlreadyExists(StoreError):
     """A job with this name is already in the queue (or was, and still is in the table)."""
 
@@ -51,7 +56,25 @@ class AttemptNameTaken(SageMakerError):
 
 
 class ResourceLimitExceeded(SageMakerError):
-    """The account's quota for the instance type is used up; the job stays queued."""
+    """The account's quota for the instance type is used up; the job stays queued.
+
+    Where SageMaker's answer states them (its "The account-level service limit '<type> for training job
+    usage' is N Instances, with current utilization of M Instances" sentence), `instance_type`, `limit` and
+    `utilization` carry the figures; None otherwise."""
+
+    def __init__(
+        self,
+        message: str,
+        code: str = "",
+        *,
+        instance_type: str | None = None,
+        limit: int | None = None,
+        utilization: int | None = None,
+    ) -> None:
+        super().__init__(message, code)
+        self.instance_type = instance_type
+        self.limit = limit
+        self.utilization = utilization
 
 
 class Throttled(SageMakerError):

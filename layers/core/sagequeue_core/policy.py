@@ -63,6 +63,8 @@ class QueuedJob:
     team: str | None = None  # whose quota it draws on (quotas.py); None: no team
     #: times its lender stopped an attempt of it that ran on loan: counted apart from preemptions
     loans_taken_back: int = 0
+    #: StoppingCondition.MaxRuntimeInSeconds as the submitter gave it (None: not given): a bound on its run
+    max_runtime_seconds: int | None = None
 
     @property
     def waiting_since(self) -> datetime:
@@ -84,9 +86,13 @@ class RunningAttempt:
     training_started_at: datetime | None = None
     preemptions: int = 0  # times its queue entry was preempted already
     checkpointed: bool = True  # it resumes from checkpoints (CheckpointConfig); else it restarts from zero
+    loans_taken_back: int = 0  # times its queue entry's loans were taken back already
     #: the waiting job whose reserved capacity it runs on, as a loan that job takes back when it can start
     on_loan_for: str | None = None
     team: str | None = None  # whose quota it draws on (quotas.py); None: no team
+    #: how long SageMaker lets it train (its MaxRuntimeInSeconds, or SageMaker's default): it has ended by
+    #: its training start (or creation plus provisioning) plus this; None: unknown, no bound
+    max_runtime_seconds: int | None = None
 
     @property
     def preemptible(self) -> bool:
@@ -137,6 +143,15 @@ class PolicySettings:
     #: lend the idle part of a reservation that still waits for running work to end to smaller jobs that
     #: resume from checkpoints; the reservation takes it back (preempts them) when it can start
     lend_reserved_capacity: bool = True
+    #: jobs at or above this priority may preempt a victim before its minimum runtime and beyond its
+    #: preemption budget, up to `top_priority_budget_factor` times the budget; 0: no override
+    top_priority: int = 0
+    top_priority_budget_factor: int = 2
+    #: creation to Training, as the pass estimates it when it projects when running work ends (EASY backfill)
+    provisioning_seconds: int = 600
+
+    def is_top(self, priority: int) -> bool:
+        return 0 < self.top_priority <= priority
 
 
 # --- Actions -------------------------------------------------------------------------------------------------
@@ -148,6 +163,10 @@ class Start:
     warm_pool: str | None = None  # training job whose Available warm pool this start reuses
     keep_alive_seconds: int | None = None  # set when a queued job would match next; None: as requested
     on_loan_for: str | None = None  # the reservation holder whose idle capacity it borrows
+    #: EASY backfill: the reservation holder whose projected start this job, without checkpoints, ends
+    #: before (its MaxRuntimeInSeconds plus provisioning): it runs on the holder's idle instances and is
+    #: never taken back
+    ends_before: str | None = None
 
 
 @dataclass(frozen=True)
@@ -164,8 +183,13 @@ class Preempt:
 @dataclass(frozen=True)
 class ReleaseWarmPool:
     training_job_name: str
+    #: the waiting job the instances are released for; OVERRUN when the pool holds more than its capacity
     for_job: str
 
+
+#: `ReleaseWarmPool.for_job` of an idle warm pool released because its pool is over capacity (drained or
+#: shrunk): nobody's, the instances are not the pool's any more.
+OVERRUN = ""
 
 Action = Start | Preempt | ReleaseWarmPool
 
@@ -285,16 +309,22 @@ class _Pass:
             if j.resource_key:
                 self.unadmitted_by_priority.setdefault(j.priority, Counter())[j.resource_key] += 1
         self.waiting_keys: Counter[ResourceKey] = Counter()
+        # the current priority of every queued job: a loan is its lender's only while the lender waits and
+        # the borrower does not outrank it (`_lender`)
+        self.queued_priority = {j.name: j.priority for j in snapshot.queued}
         # attempts running on a waiting job's reserved capacity, by the job they borrow from
         self.loans: dict[str, list[RunningAttempt]] = {}
         for attempt in snapshot.running:
-            if attempt.on_loan_for is not None and attempt.preemptible:
-                self.loans.setdefault(attempt.on_loan_for, []).append(attempt)
+            lender = self._lender(attempt)
+            if lender is not None and attempt.preemptible:
+                self.loans.setdefault(lender, []).append(attempt)
         # free instances held in this pass for reservations that still wait for running work: lendable
         self.lendable: dict[str, Counter[str]] = {}
-        self.queued_priority = {j.name: j.priority for j in snapshot.queued if j.reservation is not None}
+        # warm pools a waiting reservation claimed in this pass: another job starts on one only as its loan
+        self.reserved_warm: dict[str, list[WarmPool]] = {}
 
     def run(self) -> Plan:
+        self._release_overrun()
         eligible = {j.name for j in self.eligible}
         for job in self.order:
             if job.name not in eligible:
@@ -308,8 +338,9 @@ class _Pass:
                 self.blocked_pools.update(job.demand)
                 if job.resource_key:
                     self.waiting_keys[job.resource_key] += 1
-        if self.settings.lend_reserved_capacity and self.lendable:
+        if self.settings.lend_reserved_capacity and (self.lendable or self.reserved_warm):
             self._lend()
+        self._release_unlent_warm_pools()
         return self.result
 
     # 3. admit
@@ -368,12 +399,15 @@ class _Pass:
             self._reserve(job, kind, holds)
             self.result.waiting[job.name] = self._waiting_reason(job, cover)
             return
-        if job.reservation is not None or self._drain_due(job):
-            # Promised earlier, or waited at the head long enough: hold whatever it can get, so that
-            # capacity coming back accumulates for it instead of going to smaller, later work.
+        if job.reservation is not None or self._drain_due(job) or self._loans_for(job):
+            # Promised earlier, waited at the head long enough, or lent capacity that is still out (its
+            # reservation was ended meanwhile: held and released, quota-blocked, backing off): hold whatever
+            # it can get, so that capacity coming back accumulates for it instead of going to later work.
             partial = _Cover(returning=cover.returning, releases=cover.releases)
             holds = self._commit(job, partial)
             self.lendable[job.name] = Counter(self.result.held.get(job.name, {}))
+            for warm in self._claim_warm_pools(job, holds):
+                holds[warm.pool] = min(holds.get(warm.pool, 0) + warm.instances, job.demand[warm.pool])
             for loan in self._loans_for(job):
                 for pool, instances in loan.demand.items():
                     if pool in holds:
@@ -415,24 +449,44 @@ class _Pass:
             return False
         return (self.snapshot.now - job.waiting_since).total_seconds() >= after
 
-    def _start(self, job: QueuedJob, warm_pool: str | None = None, on_loan_for: str | None = None) -> None:
+    def _start(
+        self,
+        job: QueuedJob,
+        warm_pool: str | None = None,
+        on_loan_for: str | None = None,
+        ends_before: str | None = None,
+    ) -> None:
         self.started.add(job.name)
         self.teams.take(job.team, job.demand)  # team quotas hook
         if job.resource_key:
             self.open_keys[job.resource_key] -= 1
         # a loan gets no keep-alive of the scheduler's: it usually ends by being taken back, and a pool it
         # left would only stand in its lender's way
-        keep_alive = None if on_loan_for else self._keep_alive_for(job)
+        keep_alive = None if on_loan_for or ends_before else self._keep_alive_for(job)
         self.result.actions.append(
-            Start(job.name, warm_pool=warm_pool, keep_alive_seconds=keep_alive, on_loan_for=on_loan_for)
+            Start(
+                job.name,
+                warm_pool=warm_pool,
+                keep_alive_seconds=keep_alive,
+                on_loan_for=on_loan_for,
+                ends_before=ends_before,
+            )
         )
 
-    def _budget_spent(self, preemptions: int) -> bool:
+    def _budget_spent(self, preemptions: int, for_job: QueuedJob | None = None, taken_back: int = 0) -> bool:
         """Stopped enough (`max_preemptions_per_job`, 0: no limit). Of preemptions: not preempted again
-        until it ends, except to end a loan it runs on (`_takes_back`). Of loans taken back: it borrows no
-        more."""
+        until it ends, except to end a loan it runs on (`_takes_back`), or for a top-priority `for_job`,
+        which may go on while all its stops (preemptions and loans taken back, `taken_back`) stay under
+        `top_priority_budget_factor` times the budget, so no job is stopped more than that in all. Of loans
+        taken back: it borrows no more."""
         budget = self.settings.max_preemptions_per_job
-        return budget > 0 and preemptions >= budget
+        if budget <= 0:
+            return False
+        if preemptions < budget:
+            return False
+        if for_job is not None and self.settings.is_top(for_job.priority):
+            return preemptions + taken_back >= budget * max(self.settings.top_priority_budget_factor, 1)
+        return True
 
     # the ledger
     def _cover(self, job: QueuedJob, deficit: Mapping[str, int], releasable: Sequence[WarmPool]) -> _Cover:
@@ -475,7 +529,9 @@ class _Pass:
                     break  # nothing is preempted for equal or lower priority; the rest are at least as important
                 if attempt.training_job_name in self.victims:
                     continue
-                if self._budget_spent(attempt.preemptions) and not self._takes_back(attempt, job):
+                if self._budget_spent(
+                    attempt.preemptions, job, attempt.loans_taken_back
+                ) and not self._takes_back(attempt, job):
                     # preempted enough: it runs to its end, unless it runs on a loan this job may end (its
                     # own, even from before its reservation, or one lent by a less important job)
                     continue
@@ -491,7 +547,9 @@ class _Pass:
             itertools.chain.from_iterable(self.preemptible_by_pool.get(pool, ()) for pool in remaining),
             lambda a: (
                 a.training_job_name not in self.victims
-                and (not self._budget_spent(a.preemptions) or self._takes_back(a, job))
+                and (
+                    not self._budget_spent(a.preemptions, job, a.loans_taken_back) or self._takes_back(a, job)
+                )
             ),
         ):
             candidates[attempt.training_job_name] = attempt
@@ -576,22 +634,27 @@ class _Pass:
         return key
 
     def _loans_for(self, job: QueuedJob) -> list[RunningAttempt]:
-        """Attempts started on capacity this job holds since its reservation began: it takes them back
-        (preempts them) as soon as that completes its cover."""
-        if job.reservation is None:
-            return []
-        return [
-            a
-            for a in self.loans.get(job.name, ())
-            if a.started_at >= job.reservation.since and a.training_job_name not in self.victims
-        ]
+        """Attempts running on capacity this job lent them, whenever it lent it: a loan stays its lender's
+        for as long as the borrower runs, whatever happened to the reservation since (held and released,
+        quota-blocked, backing off). It takes them back (preempts them) as soon as that completes its
+        cover."""
+        return [a for a in self.loans.get(job.name, ()) if a.training_job_name not in self.victims]
+
+    def _lender(self, attempt: RunningAttempt) -> str | None:
+        """The waiting job whose capacity `attempt` runs on, as the priorities stand now: none when the
+        lender no longer waits, or when the borrower outranks it (the loan has become an ordinary start)."""
+        lender = attempt.on_loan_for
+        if lender is None or lender not in self.queued_priority:
+            return None
+        return lender if attempt.priority <= self.queued_priority[lender] else None
 
     def _takes_back(self, attempt: RunningAttempt, job: QueuedJob) -> bool:
         """Stopping `attempt` for `job` ends a loan: `job` lent it, or is more important than its lender. That
         counts as a loan taken back (the borrower borrowed within that budget), never as a preemption."""
-        if attempt.on_loan_for is None:
+        lender = self._lender(attempt)
+        if lender is None:
             return False
-        return attempt.on_loan_for == job.name or self._lent_by_less_important(attempt, job)
+        return lender == job.name or self._lent_by_less_important(attempt, job)
 
     def _stop(self, victims: Iterable[RunningAttempt], job: QueuedJob) -> None:
         """Preempt `victims` for `job` (a loan among them is taken back, `_takes_back`)."""
@@ -609,13 +672,17 @@ class _Pass:
 
     def _ripe(self, attempt: RunningAttempt, job: QueuedJob) -> bool:
         """May be stopped for `job` now: it trained its minimum, or it is a loan `job` outranks the lender of."""
-        return self._ran_long_enough(attempt) or self._lent_by_less_important(attempt, job)
+        return (
+            self._ran_long_enough(attempt)
+            or self._lent_by_less_important(attempt, job)
+            or self.settings.is_top(job.priority)
+        )
 
     def _lent_by_less_important(self, attempt: RunningAttempt, job: QueuedJob) -> bool:
         """A loan runs on an instance its lender would have held idle, which a job more important than
         the lender could have taken at once: for such a job the borrower has no minimum runtime."""
-        lender = self.queued_priority.get(attempt.on_loan_for or "")
-        return lender is not None and lender < job.priority
+        lender = self._lender(attempt)
+        return lender is not None and self.queued_priority[lender] < job.priority
 
     def _lend(self) -> None:
         """Backfill on loan: a reservation still waiting for running work to end holds free instances that
@@ -626,7 +693,7 @@ class _Pass:
         the reservation is never delayed by more than a stop. A loan taken back counts apart from
         preemptions: a job whose preemption budget is spent still borrows, and its loan still ends for the
         lender or a job more important than the lender."""
-        holders = [j for j in self.eligible if j.name in self.lendable]
+        holders = [j for j in self.eligible if j.name in self.lendable or j.name in self.reserved_warm]
         for job in self.eligible:
             if (
                 job.name in self.started
@@ -634,7 +701,10 @@ class _Pass:
                 or job.name in self.result.held
             ):
                 continue
-            if not job.checkpointed or self._budget_spent(job.loans_taken_back):
+            if not job.checkpointed:
+                self._backfill_before(job, holders)
+                continue
+            if self._budget_spent(job.loans_taken_back):
                 continue
             if self._never_fits(job) is not None:
                 continue
@@ -643,12 +713,143 @@ class _Pass:
             for holder in holders:
                 if holder.priority < job.priority:
                     continue
-                spare = self.lendable[holder.name]
+                warm = next(
+                    (
+                        w
+                        for w in self.reserved_warm.get(holder.name, ())
+                        if w.resource_key == job.resource_key
+                    ),
+                    None,
+                )
+                if warm is not None:
+                    # the holder's warm pool, reused on loan: taken back like any loan of its capacity
+                    self.reserved_warm[holder.name].remove(warm)
+                    self.result.waiting.pop(job.name, None)
+                    self._start(job, warm_pool=warm.training_job_name, on_loan_for=holder.name)
+                    break
+                spare = self.lendable.get(holder.name, Counter())
                 if all(spare[pool] >= need for pool, need in job.demand.items()):
                     spare.subtract(job.demand)
                     self.result.waiting.pop(job.name, None)
                     self._start(job, on_loan_for=holder.name)
                     break
+
+    def _backfill_before(self, job: QueuedJob, holders: Sequence[QueuedJob]) -> None:
+        """EASY backfill for a job without checkpoints (a loan taken back would restart it from zero): it
+        may run on a holder's idle instances if its explicit MaxRuntimeInSeconds plus provisioning ends
+        before the holder's projected start, so it cannot delay the holder by the projection. It is an
+        ordinary start, never taken back (`Start.ends_before`)."""
+        if job.max_runtime_seconds is None or self._never_fits(job) is not None:
+            return
+        if job.name in self.started or job.name in self.result.reservations or job.name in self.result.held:
+            return
+        if self.teams.short(job.team, job.demand):
+            return
+        ends = self.snapshot.now.timestamp() + self.settings.provisioning_seconds + job.max_runtime_seconds
+        for holder in holders:
+            if holder.priority < job.priority:
+                continue
+            spare = self.lendable.get(holder.name, Counter())
+            if not all(spare[pool] >= need for pool, need in job.demand.items()):
+                continue
+            projected = self._projected_start(holder)
+            if projected is None or ends > projected:
+                continue
+            spare.subtract(job.demand)
+            self.result.waiting.pop(job.name, None)
+            self._start(job, ends_before=holder.name)
+            return
+
+    def _projected_start(self, holder: QueuedJob) -> float | None:
+        """When the holder has all it needs at the latest, as epoch seconds: what it holds now, then the
+        instances of running attempts on its pools as each ends by its MaxRuntimeInSeconds counted from its
+        training start (or creation plus provisioning); None if that never covers it (an attempt with no
+        bound, or other work in the way)."""
+        now = self.snapshot.now.timestamp()
+        reservation = self.result.reservations.get(holder.name)
+        held = dict(reservation.instances) if reservation is not None else {}
+        lent = {a.training_job_name for a in self._loans_for(holder)}
+        latest = now
+        for pool, need in holder.demand.items():
+            have = held.get(pool, 0)
+            if have >= need:
+                continue
+            ends: list[tuple[float, int]] = []
+            for attempt in self.snapshot.running:
+                if pool not in attempt.demand or attempt.training_job_name in lent:
+                    continue
+                if attempt.stopping:
+                    ends.append((now, attempt.demand[pool]))
+                    continue
+                if attempt.max_runtime_seconds is None:
+                    continue
+                began = (
+                    attempt.training_started_at.timestamp()
+                    if attempt.training_started_at is not None
+                    else attempt.started_at.timestamp() + self.settings.provisioning_seconds
+                )
+                ends.append((began + attempt.max_runtime_seconds, attempt.demand[pool]))
+            for end, instances in sorted(ends):
+                have += instances
+                latest = max(latest, end)
+                if have >= need:
+                    break
+            if have < need:
+                return None
+        return latest
+
+    def _claim_warm_pools(self, job: QueuedJob, holds: Mapping[str, int]) -> list[WarmPool]:
+        """A reservation still waiting for running work claims the warm pools of its pools that it needs
+        beyond what it holds: every job after it in the pass is of lower or equal priority and may start on
+        one only as its loan (`_lend`); those nobody borrows are released for it (`_release_unlent_warm_pools`),
+        so its instances accumulate instead of being walked around through warm pools."""
+        needed = {
+            pool: need - holds.get(pool, 0) for pool, need in job.demand.items() if need > holds.get(pool, 0)
+        }
+        for loan in self._loans_for(job):
+            for pool, instances in loan.demand.items():
+                if pool in needed:
+                    needed[pool] -= instances
+        needed = {pool: need for pool, need in needed.items() if need > 0}
+        if not needed:
+            return []
+        # a more important job later in the pass (team quotas order teams first) keeps what it would reuse
+        wanted_above: Counter[ResourceKey] = Counter()
+        for priority, keys in self.unadmitted_by_priority.items():
+            if priority > job.priority:
+                wanted_above.update({key: n for key, n in keys.items() if n > 0})
+        mine = sorted(
+            (w for w in self.warm if w.pool in needed and not wanted_above[w.resource_key]),
+            key=lambda w: (w.lent_by != job.name, -w.instances, w.training_job_name),
+        )
+        claimed = _fewest(mine, needed)
+        for warm in claimed:
+            self.warm.remove(warm)
+        if claimed:
+            self.reserved_warm[job.name] = list(claimed)
+        return claimed
+
+    def _release_overrun(self) -> None:
+        """A pool drained or shrunk below what it holds releases idle warm pools beyond its capacity at
+        once, those no queued job would reuse first: they are billed and are not the pool's any more."""
+        for pool in sorted(p for p, free in self.free.items() if free < 0):
+            ranked = sorted(
+                (w for w in self.warm if w.pool == pool),
+                key=lambda w: (self.open_keys[w.resource_key] > 0, -w.instances, w.training_job_name),
+            )
+            for warm in ranked:
+                if self.free[pool] >= 0:
+                    break
+                self.warm.remove(warm)
+                self.free[pool] += warm.instances
+                self.result.actions.append(ReleaseWarmPool(warm.training_job_name, for_job=OVERRUN))
+
+    def _release_unlent_warm_pools(self) -> None:
+        """Warm pools a waiting reservation claimed and nobody borrowed: released, so the instances come
+        back free and the reservation holds them from the next pass on."""
+        for holder, pools in self.reserved_warm.items():
+            for warm in pools:
+                self.result.actions.append(ReleaseWarmPool(warm.training_job_name, for_job=holder))
 
     def _coverable_later(self, job: QueuedJob, cover: _Cover) -> bool:
         if not cover.short:

@@ -8,6 +8,7 @@ is not an error.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -66,11 +67,34 @@ class AvailableWarmPool:
     resource_key: ResourceKey
 
 
+#: The figures of SageMaker's account-quota refusal: the only word on the quota sagequeue gets. The error
+#: is told apart by its code; its message is read only for the figures, and a message without them still
+#: makes a ResourceLimitExceeded (the scheduler then falls back to what it holds).
+_QUOTA_FIGURES = re.compile(
+    r"'(?P<type>ml\.[a-z0-9.-]+) for training job usage' is (?P<limit>\d+) Instances?, "
+    r"with current utilization of (?P<used>\d+) Instances?"
+)
+
+
+def quota_refusal(message: str, code: str = "ResourceLimitExceeded") -> ResourceLimitExceeded:
+    """A ResourceLimitExceeded with the limit and utilization SageMaker's message states, if it does."""
+    found = _QUOTA_FIGURES.search(message)
+    if found is None:
+        return ResourceLimitExceeded(message, code)
+    return ResourceLimitExceeded(
+        message,
+        code,
+        instance_type=found["type"],
+        limit=int(found["limit"]),
+        utilization=int(found["used"]),
+    )
+
+
 def _error(exc: ClientError) -> SageMakerError:
     code = str(exc.response.get("Error", {}).get("Code", ""))
     message = str(exc.response.get("Error", {}).get("Message", "")) or str(exc)
     if code == "ResourceLimitExceeded":
-        return ResourceLimitExceeded(message, code)
+        return quota_refusal(message, code)
     if code in _THROTTLING_CODES:
         return Throttled(message, code)
     if code == "ValidationException":

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Protocol
 
+from sagequeue_core.defaults import SAGEMAKER_DEFAULT_MAX_RUNTIME_SECONDS
 from sagequeue_core.domain import PRIORITY_MAX, Job, JobState, ResourceKey
 from sagequeue_core.policy import PolicySettings, QueuedJob, RunningAttempt, Snapshot, WarmPool
 from sagequeue_core.quotas import TeamQuota
@@ -39,6 +40,12 @@ class SchedulerSettings(Protocol):
 
     @property
     def lend_reserved_capacity(self) -> bool: ...
+
+    @property
+    def top_priority(self) -> int: ...
+
+    @property
+    def top_priority_budget_factor(self) -> int: ...
 
 
 class HeldOutsideQueue(Protocol):
@@ -78,6 +85,8 @@ def policy_settings(settings: SchedulerSettings) -> PolicySettings:
         max_preemptions_per_job=settings.max_preemptions_per_job,
         reserve_after_seconds=settings.reserve_after_seconds,
         lend_reserved_capacity=settings.lend_reserved_capacity,
+        top_priority=settings.top_priority,
+        top_priority_budget_factor=settings.top_priority_budget_factor,
     )
 
 
@@ -124,6 +133,7 @@ def build_snapshot(
                 checkpointed=job.checkpointed,
                 team=job.team,
                 loans_taken_back=job.loans_taken_back,
+                max_runtime_seconds=job.max_runtime_seconds,
             )
             for job in queued
         ],
@@ -140,6 +150,8 @@ def build_snapshot(
                 checkpointed=job.checkpointed,
                 on_loan_for=job.on_loan_for,
                 team=job.team,
+                loans_taken_back=job.loans_taken_back,
+                max_runtime_seconds=job.max_runtime_seconds or SAGEMAKER_DEFAULT_MAX_RUNTIME_SECONDS,
             )
             for job in live
         ]

@@ -61,7 +61,7 @@ from sagequeue_core.domain import (
     StopReason,
     active_quota,
 )
-from sagequeue_core.errors import JobAlreadyExists, JobNotFound, PoolNotFound, StaleVersion
+from sagequeue_core.errors import JobAlreadyExists, JobNotFound, LedgerMoved, PoolNotFound, StaleVersion
 
 if TYPE_CHECKING:
     # Team quotas are the API's and the scheduler's; governance and idle_stop, which use this module too,
@@ -152,14 +152,19 @@ class PoolStatus:
     #: the account's quota, as far as sagequeue has seen it; None when never refused
     quota: int | None = None
     quota_seen_at: datetime | None = None
+    #: how long the quota is planned with: longer when SageMaker stated it than when it was guessed
+    quota_memory_seconds: int = QUOTA_MEMORY_SECONDS
 
     def quota_at(self, now: datetime) -> int | None:
         """The account quota to plan with, when SageMaker refused a start recently enough; else None."""
-        return active_quota(self.quota, self.quota_seen_at, now, QUOTA_MEMORY_SECONDS)
+        return active_quota(self.quota, self.quota_seen_at, now, self.quota_memory_seconds)
 
     #: jobs that recently left the queue for a live state: (when, job name). The live index may not show
     #: them yet (GSIs are eventually consistent); a pass reads them by key.
     recent_starts: tuple[tuple[datetime, str], ...] = ()
+    #: bumped by every start recorded on the pool: a start is recorded only if the pool's ledger is still the
+    #: one its pass planned on (two passes racing cannot both start on one instance)
+    ledger: int = 0
 
 
 @dataclass
@@ -236,7 +241,9 @@ def _model_classes(table_name: str, host: str | None, region: str | None) -> Any
         queued = NumberAttribute(null=True)
         quota = NumberAttribute(null=True)
         quota_seen_at = UTCDateTimeAttribute(null=True)
+        quota_memory = NumberAttribute(null=True)  # seconds the quota is planned with
         recent = UnicodeSetAttribute(null=True)  # "<epoch seconds>#<job name>" of recent starts
+        ledger = NumberAttribute(null=True)  # starts recorded on the pool (PoolStatus.ledger)
         # team quota (team and pool in the key; a null limit is unlimited)
         nominal = NumberAttribute(null=True)
         borrowing_limit = NumberAttribute(null=True)
@@ -257,6 +264,19 @@ def _model_classes(table_name: str, host: str | None, region: str | None) -> Any
         training_job_index = index("by_training_job", "training_job_name", None)
 
     return Item
+
+
+def _ledger_is(item: Any, expected: int) -> Any:
+    """The pool item's ledger is `expected` (never written counts as 0)."""
+    if expected <= 0:
+        return item.ledger.does_not_exist() | (item.ledger == 0)
+    return item.ledger == expected
+
+
+def _pool_condition_failed(exc: Exception) -> bool:
+    """A cancelled start's transaction failed on a pool's ledger, not on the job (the first item)."""
+    reasons = list(getattr(exc, "cancellation_reasons", None) or [])
+    return any(getattr(r, "code", None) == "ConditionalCheckFailed" for r in reasons[1:] if r is not None)
 
 
 def _condition_failed(exc: Exception) -> bool:
@@ -337,31 +357,45 @@ class Repository:
             return None
         return self._to_job(item)
 
-    def save_job(self, job: Job, *, was: JobState) -> Job:
+    def save_job(self, job: Job, *, was: JobState, ledger: Mapping[str, int] | None = None) -> Job:
         """Write `job` if nobody changed it since it was read (its version); StaleVersion otherwise.
 
         `was` is the state the job had when read: entering or leaving the queue moves the pool's counter
-        in the same transaction, so the counter cannot drift from the queue.
+        in the same transaction, so the counter cannot drift from the queue. `ledger`: the ledger of each
+        pool the start uses as its pass read it (PoolStatus.ledger); the write goes through only if none
+        moved since, and moves them (LedgerMoved otherwise).
         """
         item = self._job_item(job)
         entering = job.state is JobState.QUEUED and was is not JobState.QUEUED
         leaving = was is JobState.QUEUED and job.state is not JobState.QUEUED
+        pools: dict[str, list[Any]] = {}
+        if entering or leaving:
+            pools[job.pool] = [self._item.queued.add(1 if entering else -1)]
+            if leaving and job.state.is_live:
+                stamp = int((job.started_at or datetime.now(UTC)).timestamp())
+                pools[job.pool].append(self._item.recent.add({f"{stamp}#{job.name}"}))
+        for pool in ledger or {}:
+            pools.setdefault(pool, []).append(self._item.ledger.add(1))
         try:
-            if entering or leaving:
-                actions = [self._item.queued.add(1 if entering else -1)]
-                if leaving and job.state.is_live:
-                    stamp = int((job.started_at or datetime.now(UTC)).timestamp())
-                    actions.append(self._item.recent.add({f"{stamp}#{job.name}"}))
+            if pools:
                 with self._transaction() as tx:
                     tx.save(item)
-                    tx.update(
-                        self._item(_POOLS_PK, job.pool),
-                        actions=actions,
-                        add_version_condition=False,
-                    )
+                    for pool, actions in pools.items():
+                        tx.update(
+                            self._item(_POOLS_PK, pool),
+                            actions=actions,
+                            condition=_ledger_is(self._item, ledger[pool])
+                            if ledger and pool in ledger
+                            else None,
+                            add_version_condition=False,
+                        )
             else:
                 item.save()
         except (PutError, TransactWriteError) as exc:
+            if ledger and _pool_condition_failed(exc):
+                raise LedgerMoved(
+                    f"a pool of job {job.name!r} was started on since the pass read it"
+                ) from None
             if _condition_failed(exc):
                 raise StaleVersion(
                     f"job {job.name!r} changed since it was read (version {job.version})"
@@ -585,10 +619,17 @@ class Repository:
             raise PoolNotFound(f"no pool for instance type {instance_type}") from None
         return self._to_pool(item)
 
-    def record_quota(self, instance_type: str, instances: int, at: datetime) -> None:
-        """Remember that SageMaker refused a create while holding `instances` of this pool for the account."""
+    def record_quota(
+        self, instance_type: str, instances: int, at: datetime, memory_seconds: int = QUOTA_MEMORY_SECONDS
+    ) -> None:
+        """Remember that SageMaker refused a create at a quota of `instances` for the account (planned with
+        for `memory_seconds`)."""
         self._item(_POOLS_PK, instance_type).update(
-            actions=[self._item.quota.set(instances), self._item.quota_seen_at.set(at)],
+            actions=[
+                self._item.quota.set(instances),
+                self._item.quota_seen_at.set(at),
+                self._item.quota_memory.set(memory_seconds),
+            ],
             condition=self._item.pk.exists(),
             add_version_condition=False,
         )
@@ -596,7 +637,11 @@ class Repository:
     def forget_quota(self, instance_type: str) -> None:
         """SageMaker granted more than the quota sagequeue had seen (raised, or freed elsewhere)."""
         self._item(_POOLS_PK, instance_type).update(
-            actions=[self._item.quota.remove(), self._item.quota_seen_at.remove()],
+            actions=[
+                self._item.quota.remove(),
+                self._item.quota_seen_at.remove(),
+                self._item.quota_memory.remove(),
+            ],
             condition=self._item.pk.exists(),
             add_version_condition=False,
         )
@@ -608,7 +653,9 @@ class Repository:
             max(int(item.queued or 0), 0),
             quota=None if item.quota is None else int(item.quota),
             quota_seen_at=item.quota_seen_at,
+            quota_memory_seconds=int(item.quota_memory or QUOTA_MEMORY_SECONDS),
             recent_starts=tuple(sorted(_recent(item.recent))),
+            ledger=int(item.ledger or 0),
         )
 
     def set_capacity(self, pool: Pool) -> PoolStatus:

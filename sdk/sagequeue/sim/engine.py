@@ -60,6 +60,10 @@ class SimSettings:
     max_preemptions_per_job: int = 3
     #: lend the idle part of a waiting reservation to checkpointing jobs, taken back when it can start
     lend_reserved_capacity: bool = True
+    #: jobs at or above it may preempt before the minimum runtime and beyond the budget (0: none)
+    top_priority: int = 0
+    #: how far past the budget a top-priority job may preempt (a multiple)
+    top_priority_budget_factor: int = 2
     #: SageMaker's account limit per instance type (creates beyond it fail); None: the pool's capacity
     quota: Mapping[str, int] | None = None
     #: the scheduler's timer period

@@ -9,6 +9,12 @@
   InProgress and Stopping jobs against the capacity and ignores warm pools (so its creates can be refused
   while warm pools hold the instances), starts jobs in priority order and stops at the first that does not
   fit, and preempts at most one lower-priority job per pass, with no minimum runtime.
+- `easy`: a clairvoyant EASY backfill (Slurm's), the reference the held-in-use target is set against. Each
+  pool's jobs in priority order (then submission); the first that cannot start gets a reservation at the
+  earliest time enough instances come back, computed from every live attempt's true remaining time (it
+  knows the trace's training times, which no real scheduler does); a later job starts now if it fits and
+  either ends before that time or uses only instances the reserved job will not need. No preemption; warm
+  pools are reused when they match and released when they stand in a start's way.
 """
 
 from __future__ import annotations
@@ -190,11 +196,109 @@ class Naive(Scheduler):
         return actions
 
 
+class ClairvoyantEasy(Scheduler):
+    """EASY backfill with known run times (see the module's docstring)."""
+
+    name = "easy"
+
+    def _ends_at(self, sim: Simulation, job: SimJob) -> float:
+        """When a live job's instances come back, from its attempt's true remaining work."""
+        run = sim.runs[job.name]
+        attempt = run.attempt
+        timings = sim.timings
+        if attempt is None:
+            return sim.now + timings.provisioning_seconds + run.spec.duration_seconds
+        phase = attempt.phase.value
+        if phase == "Stopping":
+            return attempt.phase_since + timings.stop_grace_seconds
+        if phase == "Uploading":
+            return attempt.phase_since + timings.upload_seconds
+        if phase == "Training" and attempt.training_since is not None:
+            return attempt.training_since + attempt.remaining_work + timings.upload_seconds
+        start = timings.warm_start_seconds if attempt.reused else timings.cold_start_seconds
+        before = (start + timings.download_seconds) if phase == "Starting" else timings.download_seconds
+        return attempt.phase_since + before + attempt.remaining_work + timings.upload_seconds
+
+    def _runs_for(self, sim: Simulation, job: SimJob, warm: bool) -> float:
+        run = sim.runs[job.name]
+        timings = sim.timings
+        start = timings.warm_start_seconds if warm else timings.cold_start_seconds
+        left = max(run.spec.duration_seconds - run.saved_work, 0.0)
+        return start + timings.download_seconds + left + timings.upload_seconds
+
+    def decide(self, sim: Simulation) -> list[Action]:
+        actions: list[Action] = []
+        now = sim.now_dt
+        for pool, queued in sim.queued.items():
+            if not queued:
+                continue
+            live = [job for job in sim.live.values() if pool in job.demand]
+            warm = sorted(
+                (w for w in sim.sagemaker.warm.values() if w.pool == pool), key=lambda w: w.training_job_name
+            )
+            free = (
+                sim.settings.capacity[pool]
+                - sum(j.demand[pool] for j in live)
+                - sum(w.instances for w in warm)
+            )
+            ends = sorted((self._ends_at(sim, job), job.demand[pool]) for job in live)
+            shadow: float | None = None  # when the first job that cannot start will (its reservation)
+            extra = 0  # instances free at the shadow time beyond what the reserved job needs
+            for job in sorted(queued.values(), key=PriorityNoPreemption.order):
+                if job.not_before is not None and job.not_before > now:
+                    continue
+                need = job.demand[pool]
+                match = next((w for w in warm if w.resource_key == job.resource_key), None)
+                room = free + sum(w.instances for w in warm if w is not match)
+                if shadow is not None:
+                    ends_in_time = sim.now + self._runs_for(sim, job, match is not None) <= shadow
+                    if not ends_in_time and need > extra:
+                        continue
+                if match is None and room < need:
+                    if shadow is None:
+                        # the reserved job: the earliest time its instances are back
+                        available, shadow = room, float("inf")
+                        for end, instances in ends:
+                            available += instances
+                            if available >= need:
+                                shadow = end
+                                break
+                        extra = max(available - need, 0)
+                    continue
+                if shadow is not None and not (
+                    sim.now + self._runs_for(sim, job, match is not None) <= shadow
+                ):
+                    extra -= need  # backfilled on instances the reserved job will not need
+                if match is not None:
+                    warm.remove(match)
+                    actions.append(Start(job.name, warm_pool=match.training_job_name))
+                    ends.append((sim.now + self._runs_for(sim, job, True), need))
+                    continue
+                while free < need:
+                    victim = warm.pop(0)
+                    free += victim.instances
+                    actions.append(ReleaseWarmPool(victim.training_job_name, for_job=job.name))
+                free -= need
+                actions.append(Start(job.name))
+                ends.append((sim.now + self._runs_for(sim, job, False), need))
+                ends.sort()
+        return actions
+
+
 SCHEDULERS: dict[str, type[Scheduler]] = {
     "fifo": Fifo,
     "priority": PriorityNoPreemption,
     "naive": Naive,
+    "easy": ClairvoyantEasy,
     "sagequeue": SagequeuePolicy,
 }
 
-__all__ = ["SCHEDULERS", "Fifo", "Naive", "PriorityNoPreemption", "SagequeuePolicy", "TrackedPool"]
+__all__ = [
+    "SCHEDULERS",
+    "ClairvoyantEasy",
+    "Fifo",
+    "Naive",
+    "PriorityNoPreemption",
+    "SagequeuePolicy",
+    "TrackedPool",
+]

@@ -106,6 +106,8 @@ def test_policy_settings_from_the_scheduler_settings() -> None:
         max_preemptions_per_job: int = 2
         reserve_after_seconds: int = 900
         lend_reserved_capacity: bool = False
+        top_priority: int = 9
+        top_priority_budget_factor: int = 3
 
     assert policy_settings(Settings()) == PolicySettings(
         min_runtime_before_preemption_seconds=123,
@@ -113,6 +115,8 @@ def test_policy_settings_from_the_scheduler_settings() -> None:
         max_preemptions_per_job=2,
         reserve_after_seconds=900,
         lend_reserved_capacity=False,
+        top_priority=9,
+        top_priority_budget_factor=3,
     )
 
 

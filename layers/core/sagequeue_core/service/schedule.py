@@ -19,7 +19,9 @@ from typing import Any
 from sagequeue_core.defaults import (
     ATTEMPT_TAG,
     JOB_TAG,
+    QUOTA_MEMORY_SECONDS,
     SAGEQUEUE_EVENT_SOURCE,
+    STATED_QUOTA_MEMORY_SECONDS,
     SUBMITTED_BY_TAG,
 )
 from sagequeue_core.domain import (
@@ -31,12 +33,14 @@ from sagequeue_core.domain import (
     ResourceKey,
     StopReason,
     attempt_name,
+    demand_of,
     priority_of,
     tags_to_dict,
 )
 from sagequeue_core.errors import (
     AttemptNameTaken,
     JobAlreadyExists,
+    LedgerMoved,
     ResourceLimitExceeded,
     SageMakerError,
     SageMakerValidationError,
@@ -779,11 +783,6 @@ def run_pass(deps: Dependencies) -> PassReport:
     report = PassReport()
     pool_statuses, team_quotas, counter = deps.store.pools_and_teams()
     capacity = {status.pool.instance_type: status.pool.capacity for status in pool_statuses}
-    quota = {
-        status.pool.instance_type: limit
-        for status in pool_statuses
-        if (limit := status.quota_at(now)) is not None and limit < status.pool.capacity
-    }
     queued: dict[str, Job] = {}
     for instance_type in capacity:
         # jobs wider than the pool cannot start: they must not fill the window (GET /jobs says why they wait)
@@ -807,6 +806,8 @@ def run_pass(deps: Dependencies) -> PassReport:
         else:
             deps.store.forget_warm_pool(warm.training_job_name)
     team_usage = _team_usage(deps, team_quotas, counter, live.values(), now)
+    by_type = _held_by_type(live.values(), externals, warm_pools)
+    quota = _quota_limits(pool_statuses, by_type, queued.values(), now)
     snapshot = build_snapshot(
         now=now,
         capacity=capacity,
@@ -822,6 +823,9 @@ def run_pass(deps: Dependencies) -> PassReport:
     _announce_quota_moves(deps, snapshot, decided.actions, queued, live)
     report.waiting.update(decided.waiting)
     statuses = {status.pool.instance_type: status for status in pool_statuses}
+    # each pool's ledger as this pass read it, before the live jobs: a start is recorded only if no other
+    # pass started on its pools since (and moves the ledger on, here and in the table)
+    ledger = {status.pool.instance_type: status.ledger for status in pool_statuses}
     held: Counter[str] = Counter()
     for attempt in snapshot.running:
         held.update(attempt.demand)
@@ -843,7 +847,17 @@ def run_pass(deps: Dependencies) -> PassReport:
                 report.waiting[action.job_name] = "waiting for a warm pool to be released"
                 continue
             _guarded(
-                report, action.job_name, _start, deps, queued[action.job_name], action, report, held, statuses
+                report,
+                action.job_name,
+                _start,
+                deps,
+                queued[action.job_name],
+                action,
+                report,
+                held,
+                statuses,
+                ledger,
+                by_type,
             )
     _note_waiting(deps, queued, report.waiting, decided.reservations)
     logger.info(
@@ -881,14 +895,89 @@ def _add_unindexed_starts(
             deps.store.forget_recent_starts(status.pool.instance_type, stale)
 
 
-def _learn_quota(deps: Dependencies, job: Job, held: Mapping[str, int]) -> None:
-    """SageMaker refused a create for the account's quota: what it holds for us now is that quota."""
-    if len(job.demand) != 1:
-        return  # a heterogeneous job does not say which of its types hit the limit
-    deps.store.record_quota(job.pool, held.get(job.pool, 0), deps.now())
+def _held_by_type(
+    live: Iterable[Job], externals: Iterable[ExternalAttempt], warm_pools: Iterable[TrackedWarmPool]
+) -> Counter[tuple[str, str]]:
+    """Instances SageMaker holds for the account per (instance type, pool): the account's quota is per
+    instance type, whatever pool (on-demand or a training plan's) the instances are counted in."""
+    held: Counter[tuple[str, str]] = Counter()
+    for job in live:
+        pool = job.pool
+        for instance_type, n in demand_of(job.request).items():
+            held[instance_type, pool] += n
+    for external in externals:
+        for pool, n in external.demand.items():
+            held[pool, pool] += n  # started by hand on a managed pool: an instance-type pool
+    for warm in warm_pools:
+        held[warm.resource_key.instance_type, warm.resource_key.pool] += warm.resource_key.instance_count
+    return held
+
+
+def _quota_limits(
+    pool_statuses: Iterable[PoolStatus],
+    by_type: Mapping[tuple[str, str], int],
+    queued: Iterable[Job],
+    now: datetime,
+) -> dict[str, int]:
+    """What each pool may hold under the account's quotas learned from refusals, where below its capacity.
+
+    A quota learned for an instance type (stored on that type's pool) is shared by every pool of the type:
+    a pool may hold the quota minus what the other pools of the type hold. A quota stored on a training
+    plan's pool (no on-demand pool of its type to carry it) limits that pool alone."""
+    statuses = list(pool_statuses)
+    by_type_quota = {s.pool.instance_type: q for s in statuses if (q := s.quota_at(now)) is not None}
+    types_in: dict[str, set[str]] = {}
+    for (instance_type, pool), n in by_type.items():
+        if n > 0:
+            types_in.setdefault(pool, set()).add(instance_type)
+    for job in queued:
+        types_in.setdefault(job.pool, set()).update(demand_of(job.request))
+    limits: dict[str, int] = {}
+    for status in statuses:
+        pool, capacity = status.pool.instance_type, status.pool.capacity
+        candidates = []
+        if pool in by_type_quota:
+            candidates.append(
+                by_type_quota[pool] - sum(n for (t, p), n in by_type.items() if t == pool and p != pool)
+            )
+        for instance_type in types_in.get(pool, set()) - {pool}:
+            if instance_type in by_type_quota:
+                elsewhere = sum(n for (t, p), n in by_type.items() if t == instance_type and p != pool)
+                candidates.append(by_type_quota[instance_type] - elsewhere)
+        if candidates and (limit := max(min(candidates), 0)) < capacity:
+            limits[pool] = limit
+    return limits
+
+
+def _learn_quota(
+    deps: Dependencies, job: Job, exc: ResourceLimitExceeded, by_type: Mapping[tuple[str, str], int]
+) -> None:
+    """SageMaker refused a create for the account's quota of an instance type. Its message states the quota
+    and the account's current use of the type: the queue may hold the quota minus what others use. A
+    message without the figures leaves what the queue holds of the type as the best guess (a heterogeneous
+    job then does not say which of its types hit the limit)."""
+    held = Counter[str]()
+    for (instance_type, _), n in by_type.items():
+        held[instance_type] += n
+    memory = QUOTA_MEMORY_SECONDS
+    if exc.instance_type is not None and exc.limit is not None:
+        instance_type = exc.instance_type
+        outside = max((exc.utilization or 0) - held[instance_type], 0)
+        limit = max(exc.limit - outside, 0)
+        memory = STATED_QUOTA_MEMORY_SECONDS
+    else:
+        types = demand_of(job.request)
+        if len(types) != 1:
+            return
+        instance_type = next(iter(types))
+        limit = held[instance_type]
+    known = {status.pool.instance_type for status in deps.store.pools()}
+    # stored on the instance type's pool, shared by every pool of the type (`_quota_limits`)
+    where = instance_type if instance_type in known else job.pool
+    deps.store.record_quota(where, limit, deps.now(), memory)
     logger.warning(
         "account quota below the pool's capacity",
-        extra={"pool": job.pool, "quota": held.get(job.pool, 0), "job": job.name},
+        extra={"instance_type": instance_type, "quota": limit, "stored_on": where, "job": job.name},
     )
 
 
@@ -969,6 +1058,8 @@ def _start(
     report: PassReport,
     held: Counter[str],
     quotas: Mapping[str, PoolStatus],
+    ledger: dict[str, int] | None = None,
+    by_type: Counter[tuple[str, str]] | None = None,
 ) -> None:
     """Intent, side effect, confirmation: the attempt is recorded (conditional on the job's version) before
     CreateTrainingJob, so a cancel or hold that wins the race leaves nothing to start, and a crash after the
@@ -977,7 +1068,9 @@ def _start(
     A training job outside the queue holding the attempt's name makes the job take its next attempt number
     (a reserved form no submission can take), never fails it. `held` counts the instances SageMaker holds
     per pool (live attempts and warm pools, updated here); `quotas` the pools, with the account quota each
-    last met."""
+    last met. `ledger`: each pool's ledger as the pass read it (moved on by each start it records); the
+    intent is written only if no other pass started on the job's pools since, so two passes never both
+    start on one instance."""
     if action.warm_pool is not None and not _warm_start_is_safe(deps, job, action.warm_pool, held, quotas):
         # The plan counted the pool's instances as the job's: started cold, it would take instances the
         # ledger does not have. The job keeps its place; the next pass plans with what is really there.
@@ -991,9 +1084,21 @@ def _start(
         request = attempt_request(fresh_job, attempt, action.keep_alive_seconds)
         name = request["TrainingJobName"]
         undo = partial(_not_created, deps, name=name, previous=fresh_job.training_job_name)
-        intent = _with_retries(
-            deps, job.name, partial(_intent, deps, name=name, action=action), first=fresh_job
-        )
+        planned = None if ledger is None else {pool: ledger.get(pool, 0) for pool in job.demand}
+        try:
+            intent = _with_retries(
+                deps,
+                job.name,
+                partial(_intent, deps, name=name, action=action, ledger=planned),
+                first=fresh_job,
+            )
+        except LedgerMoved:
+            report.waiting[job.name] = "waiting: another pass started work on its pool since this one planned"
+            logger.info("start abandoned: the pool's ledger moved", extra={"job": job.name})
+            return
+        if planned is not None and ledger is not None and intent == "started":
+            for pool in planned:
+                ledger[pool] = planned[pool] + 1
         if intent != "started":
             report.waiting.pop(job.name, None)
             logger.info("start abandoned", extra={"job": job.name, "attempt": attempt, "outcome": intent})
@@ -1024,7 +1129,7 @@ def _start(
             # Nothing is known to be created: the job keeps its place and the next pass tries again. Had it
             # been created after all, the reconcile's sweep stops it (it is not the job's current attempt).
             if isinstance(exc, ResourceLimitExceeded):
-                _learn_quota(deps, job, held)
+                _learn_quota(deps, job, exc, by_type if by_type is not None else Counter())
             why = f"SageMaker {exc.code or type(exc).__name__}: {exc}"
             report.waiting[job.name] = why
             _with_retries(deps, job.name, partial(undo, why=why))
@@ -1034,10 +1139,19 @@ def _start(
     (report.adopted if result.already_started else report.started).append(name)
     if action.warm_pool is None:
         held.update(job.demand)
+        if by_type is not None:
+            for instance_type, n in demand_of(job.request).items():
+                by_type[instance_type, job.pool] += n
     for pool in job.demand:
         status = quotas.get(pool)
         if status is not None and status.quota is not None and held[pool] > status.quota:
             deps.store.forget_quota(pool)  # SageMaker granted more than the quota it once refused at
+    for instance_type in demand_of(job.request):
+        # a create of the type succeeded beyond the quota learned for it: raised, or freed elsewhere
+        status = quotas.get(instance_type)
+        of_type = sum(n for (t, _), n in (by_type or {}).items() if t == instance_type)
+        if status is not None and status.quota is not None and of_type > status.quota:
+            deps.store.forget_quota(instance_type)
     fresh = deps.store.get_job(job.name)
     if fresh.training_job_name != name or fresh.state not in (JobState.STARTING, JobState.RUNNING):
         # A cancel (or any stop) won the race after the intent: what was just created must not run.
@@ -1091,17 +1205,28 @@ def _warm_start_is_safe(
     return True
 
 
-def _intent(deps: Dependencies, job: Job, *, name: str, action: Start) -> str:
-    """The start recorded before CreateTrainingJob (announced once SageMaker has it)."""
+def _intent(
+    deps: Dependencies, job: Job, *, name: str, action: Start, ledger: Mapping[str, int] | None = None
+) -> str:
+    """The start recorded before CreateTrainingJob (announced once SageMaker has it), conditional on the
+    pools' `ledger` as the pass planned on it."""
+    reason = None
+    if action.ends_before is not None:
+        reason = (
+            f"backfilled: its MaxRuntimeInSeconds ends before {action.ends_before}, which holds these "
+            "instances, can start"
+        )
     return _record_start(
         deps,
         job,
         name,
         deps.now(),
+        reason=reason,
         warm_pool=action.warm_pool,
         keep_alive_seconds=action.keep_alive_seconds or 0,
         on_loan_for=action.on_loan_for,
         created=False,
+        ledger=ledger,
     )
 
 
@@ -1116,6 +1241,7 @@ def _record_start(
     keep_alive_seconds: int = 0,
     on_loan_for: str | None = None,
     created: bool = True,
+    ledger: Mapping[str, int] | None = None,
 ) -> str:
     """Record `training_job_name` as the job's current attempt. `created` is False for the intent written
     before CreateTrainingJob: the start is announced once SageMaker has it."""
@@ -1139,7 +1265,7 @@ def _record_start(
     elif reason is None and on_loan_for:
         reason = f"on loan: capacity reserved for {on_loan_for}, which preempts this attempt as soon as it can start"
     job.transition(JobState.STARTING, now, reason=reason)
-    deps.store.save_job(job, was=was)
+    deps.store.save_job(job, was=was, ledger=ledger)
     logger.append_keys(job=job.name, attempt=job.attempt)
     logger.info("attempt started", extra={"training_job_name": training_job_name, "warm_pool": warm_pool})
     logger.remove_keys(["job", "attempt"])
