@@ -37,8 +37,6 @@ ROOT = Path(__file__).resolve().parents[2]
 TEMPLATE = ROOT / "template.yaml"
 #: The account moto and the emulator use when nothing else names one.
 DEFAULT_ACCOUNT = "123456789012"
-#: The principal SageMaker acts as: what a role passed to it is passed to.
-SAGEMAKER_PRINCIPAL = "sagemaker.amazonaws.com"
 #: Function Metadata naming the granted permissions no recorded call uses, each with the reason it stays.
 UNEXERCISED_KEY = "UnexercisedPermissions"
 
@@ -168,13 +166,8 @@ class Where:
     partition: str = "aws"
 
 
-#: The request parameter that names each placeholder of an ARN format, where a request names it by value.
-_NAMED_BY = {
-    "TrainingJobName": "TrainingJobName",
-    "TableName": "TableName",
-    "IndexName": "IndexName",
-    "AlarmName": "AlarmName",
-}
+#: Placeholders of ARN formats that a request names by a parameter of the same name.
+_NAMED_BY = ("TrainingJobName", "TableName", "IndexName", "AlarmName")
 
 
 def authorizations(
@@ -213,9 +206,9 @@ def authorizations(
         )
     action = f"{prefix}:{privilege['privilege']}"
     values = {"Partition": where.partition, "Region": where.region, "Account": where.account}
-    for placeholder, param in _NAMED_BY.items():
-        if isinstance(params.get(param), str):
-            values[placeholder] = params[param]
+    for placeholder in _NAMED_BY:
+        if isinstance(params.get(placeholder), str):
+            values[placeholder] = params[placeholder]
     names: list[str] = [n for n in params.get("AlarmNames") or [] if isinstance(n, str)]
     arns = list(_arn_values(params))
     resources: list[str] = []
@@ -227,8 +220,6 @@ def authorizations(
         arn_format = data["resources"][type_name.rstrip("*")]["arn"]
         pattern = _arn_pattern(arn_format)
         matched = [a for a in arns if pattern.match(a) and a.split(":")[2] == prefix]
-        if prefix == "sagemaker" and type_name == "role":
-            matched = []
         if matched:
             resources.extend(matched)
             continue
@@ -293,11 +284,14 @@ def authorizations(
         out.extend(Authorization(f"{prefix}:AddTags", r, _context(_tag_context(tags))) for r in primary)
     if tags and prefix == "cloudwatch" and operation == "PutMetricAlarm":
         out.extend(Authorization("cloudwatch:TagResource", r, _context(_tag_context(tags))) for r in primary)
-    if "iam:PassRole" in dependent or (prefix == "sagemaker" and isinstance(params.get("RoleArn"), str)):
+    # a RoleArn in a request is a role passed to the service, whose principal is <prefix>.amazonaws.com
+    if "iam:PassRole" in dependent:
         role = params.get("RoleArn")
         if isinstance(role, str):
             out.append(
-                Authorization("iam:PassRole", role, _context({"iam:PassedToService": SAGEMAKER_PRINCIPAL}))
+                Authorization(
+                    "iam:PassRole", role, _context({"iam:PassedToService": f"{prefix}.amazonaws.com"})
+                )
             )
     return _unique(out)
 
@@ -671,9 +665,9 @@ class Recorder:
         return None
 
     def before_call(self, params: Mapping[str, Any], model: Any, **_: Any) -> None:
-        service = model.service_model
-        prefix = str(service.signing_name if service.service_name == "cloudwatch" else service.service_name)
-        prefix = {"monitoring": "cloudwatch"}.get(prefix, prefix)
+        # botocore's service names are the IAM prefixes for every service the functions call (its endpoint
+        # prefix is not: CloudWatch's is "monitoring"); authorizations() refuses a prefix it does not know
+        prefix = str(model.service_model.service_name)
         operation = str(model.name)
         params = dict(params)
         self._remember_tags(prefix, operation, params)
