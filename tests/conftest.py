@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -35,3 +37,45 @@ def moto_endpoint() -> Iterator[str]:
         yield f"http://{host}:{port}"
     finally:
         server.stop()
+
+
+# --- IAM: every AWS request a function makes is checked against its role in template.yaml ------------------
+# tests/support/iam_check.py records the requests of the functions' clients and evaluates them against the
+# role policies the template renders; a request the role would deny fails the test that made it.
+# SAGEQUEUE_IAM_CALL_LOG=<file> keeps a representative log of the allowed requests (tests/functional/iam/calls.json is
+# one, made from the functional and end-to-end suites) and prints the grants no recorded request used.
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from support import iam_check  # noqa: E402
+
+_IAM_RECORDER = iam_check.install()
+_IAM_POLICIES = iam_check.Policies()
+
+
+@pytest.fixture(autouse=True)
+def _functions_calls_are_allowed_by_their_roles(request: pytest.FixtureRequest) -> Iterator[None]:
+    recorder = _IAM_RECORDER
+    recorder.test = request.node.nodeid
+    first, first_error = len(recorder.calls), len(recorder.errors)
+    yield
+    made = recorder.calls[first:]
+    problems = recorder.errors[first_error:] + (iam_check.denials(made, _IAM_POLICIES) if made else [])
+    if not os.environ.get("SAGEQUEUE_IAM_CALL_LOG"):
+        del recorder.calls[first:]  # judged; kept only when a call log is wanted
+    if problems:
+        pytest.fail(
+            "template.yaml does not allow what the functions did:\n  " + "\n  ".join(problems), pytrace=False
+        )
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    target = os.environ.get("SAGEQUEUE_IAM_CALL_LOG")
+    if not target or not _IAM_RECORDER.calls:
+        return
+    log = Path(target)
+    # several runs may add to one log (suites whose conftest modules cannot share a pytest run)
+    earlier = iam_check.load(log) if log.is_file() else []
+    iam_check.save([*earlier, *_IAM_RECORDER.calls], log)
+    unused = iam_check.unused_report([*earlier, *_IAM_RECORDER.calls], _IAM_POLICIES)
+    print(f"\nIAM: {len(_IAM_RECORDER.calls)} requests of the functions recorded in {target}")
+    print("IAM: granted but used by no recorded request, and not justified in template.yaml:")
+    print(iam_check.summary(unused) or "  none")
