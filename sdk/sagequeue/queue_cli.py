@@ -294,16 +294,36 @@ def _table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
     return "\n".join(lines)
 
 
-def _start_cell(start: datetime | None, job: Job, now: datetime) -> str | None:
+def _start_cell(start: Any, job: Job, now: datetime) -> str | None:
+    """A waiting job's forecast start: its P50, and the P10-P90 range (a JobForecast), or `?`."""
     if not job.waiting:
         return None
     if start is None:
         return "?"
-    return "now" if start <= now else f"in {_duration((start - now).total_seconds())}"
+    if isinstance(start, datetime):
+        return "now" if start <= now else f"in {_duration((start - now).total_seconds())}"
+    return _forecast_text(start, now)
+
+
+def _forecast_text(forecast: Any, now: datetime) -> str:
+    """`in 2h (1h-5h)`: P50 and the P10-P90 range from now; `later than 14d` past the horizon."""
+    import math
+
+    offset = (forecast.now - now).total_seconds()
+
+    def span(seconds: float) -> str:
+        if math.isinf(seconds):
+            return "?"
+        return "now" if seconds + offset <= 0 else _duration(seconds + offset)
+
+    if math.isinf(forecast.p50):
+        return "later than 14d"
+    middle = "now" if forecast.p50 + offset <= 0 else f"in {span(forecast.p50)}"
+    return f"{middle} ({span(forecast.p10)}-{span(forecast.p90)})"
 
 
 #: `ls` columns: name -> (heading, cell from (job, now, estimated starts)).
-COLUMNS: dict[str, tuple[str, Callable[[Job, datetime, dict[str, datetime | None]], Any]]] = {
+COLUMNS: dict[str, tuple[str, Callable[[Job, datetime, dict[str, Any]], Any]]] = {
     "name": ("NAME", lambda j, now, starts: j.name),
     "state": ("STATE", lambda j, now, starts: j.state),
     "priority": ("PRIORITY", lambda j, now, starts: j.priority),
@@ -345,7 +365,7 @@ def jobs_table(
     jobs: Sequence[Job],
     now: datetime,
     columns: Sequence[str] = DEFAULT_COLUMNS,
-    starts: dict[str, datetime | None] | None = None,
+    starts: dict[str, Any] | None = None,
 ) -> str:
     ordered = sorted(
         jobs, key=lambda j: (-j.priority, j.submitted_at or datetime.max.replace(tzinfo=UTC), j.name)
@@ -360,26 +380,22 @@ def _with_positions(client: QueueClient, jobs: list[Job]) -> list[Job]:
     return [client.job(j.name) if j.state == "queued" and j.position is None else j for j in jobs]
 
 
-def _estimate(client: QueueClient, jobs: Sequence[Job], now: datetime) -> dict[str, datetime | None]:
-    """Estimated starts of the waiting jobs among `jobs`, from their pools' whole queues."""
-    from sagequeue.estimate import estimate_starts, typical_duration
+def _estimate(client: QueueClient, jobs: Sequence[Job], now: datetime) -> dict[str, Any]:
+    """Forecast starts (sagequeue.forecast) of the waiting jobs among `jobs`, from the whole queue."""
+    from sagequeue.forecast.live import LiveQueue, live_forecast
 
-    capacity = {p.instance_type: p.capacity for p in client.pools()}
-    starts: dict[str, datetime | None] = {}
-    for pool in sorted({j.pool for j in jobs if j.waiting}):
-        queued = client.jobs(state="queued", pool=pool)
-        order = sorted(queued, key=lambda j: (-j.priority, j.submitted_at or now, j.name))
-        live = [
-            j
-            for state in ("starting", "running", "preempting", "stopping")
-            for j in client.jobs(state=state, pool=pool)
-        ]
-        done = client.jobs(state="completed", pool=pool, limit=50)
-        starts.update(estimate_starts(capacity.get(pool, 0), live, order, typical_duration(done), now))
+    if not any(j.waiting for j in jobs):
+        return {}
+    result = live_forecast(LiveQueue.read(client))
+    starts: dict[str, Any] = {j.name: result.get(j.name) for j in jobs if j.state == "queued"}
     for job in jobs:
         if job.state == "held":
             starts[job.name] = None
     return starts
+
+
+def _forecast_json(forecast: Any) -> dict[str, Any] | None:
+    return forecast.to_dict() if forecast is not None and hasattr(forecast, "to_dict") else None
 
 
 def pools_table(pools: Sequence[Pool]) -> str:
@@ -677,7 +693,7 @@ def _list(
     "--start",
     "with_start",
     is_flag=True,
-    help="Estimate when waiting jobs start (START column; estimated_start in --json).",
+    help="Forecast when waiting jobs start: P50 and the P10-P90 range (START; estimated_start, forecast in --json).",
 )
 def ls(
     target: Target,
@@ -696,8 +712,8 @@ def ls(
 ) -> None:
     """List the queue: name, state, priority, attempt, pool, position, time waited, time run and reason.
 
-    Highest priority first, then by time of submission. --format picks the columns; --start adds an
-    estimate of when each waiting job starts (see sagequeue.estimate). With --watch and --json, prints one
+    Highest priority first, then by time of submission. --format picks the columns; --start adds a
+    forecast of when each waiting job starts (the scheduler's policy run forward, see sagequeue.forecast). With --watch and --json, prints one
     JSON document per refresh.
     """
     if mine and owner:
@@ -725,8 +741,9 @@ def ls(
                 for j in jobs:
                     entry = {**j.to_dict(), "position": j.position}
                     if with_start and j.waiting:
-                        start = starts.get(j.name)
-                        entry["estimated_start"] = start.isoformat() if start else None
+                        predicted = _forecast_json(starts.get(j.name))
+                        entry["estimated_start"] = predicted["p50"] if predicted else None
+                        entry["forecast"] = predicted
                     listed.append(entry)
                 document = {"jobs": listed}
                 click.echo(
@@ -759,8 +776,12 @@ def show(target: Target, as_json: bool, name: str) -> None:
     """A job in detail: state, position, attempts, history and reason."""
     client = target.client()
     job = client.job(name)
+    predicted = _estimate(client, [job], client.server_time or datetime.now(UTC)).get(job.name)
     if as_json:
-        _print_json(job.to_dict())
+        document = job.to_dict()
+        if job.waiting:
+            document["forecast"] = _forecast_json(predicted)
+        _print_json(document)
         return
     now = client.server_time or datetime.now(UTC)
     fields: list[tuple[str, Any]] = [
@@ -783,6 +804,8 @@ def show(target: Target, as_json: bool, name: str) -> None:
         ("trained", f"{_duration(job.seconds_trained)} ({job.seconds_trained} s, ended attempts)"),
         ("reason", job.reason),
     ]
+    if job.waiting:
+        fields.insert(5, ("forecast start", _start_cell(predicted, job, now)))
     width = max(len(k) for k, _ in fields)
     for key, value in fields:
         click.echo(f"{key.ljust(width)}  {'-' if value is None or value == '' else value}")
