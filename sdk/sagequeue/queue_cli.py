@@ -13,6 +13,7 @@ Errors are one line on stderr (a JSON object with --json) and an exit code a scr
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import sys
@@ -527,6 +528,11 @@ def build_request(
     is_flag=True,
     help="Print the CreateTrainingJob request (from FILE and the flags, placeholders elsewhere) and exit.",
 )
+@click.option(
+    "--dry-run",
+    is_flag=True,
+    help="Say where the job would queue and when it would start (a forecast); submit nothing.",
+)
 @click.option("--wait", is_flag=True, help="Follow the job until it ends; exit 1 unless it completes.")
 @click.option(
     "--poll", type=click.FloatRange(min=0.1), default=10.0, show_default=True, help="Seconds between checks."
@@ -547,6 +553,7 @@ def submit(
     environment: tuple[str, ...],
     hyperparameters: tuple[str, ...],
     generate_skeleton: bool,
+    dry_run: bool,
     wait: bool,
     poll: float,
 ) -> None:
@@ -617,6 +624,9 @@ def submit(
         # a request saved from the API's body form keeps its priority
         priority = request.pop("priority")
     client = target.client()
+    if dry_run:
+        _dry_run(client, request, priority, as_json)
+        return
     job = client.submit(request, priority=priority)
     if job.waiting and job.position is None:
         job = client.job(job.name)  # the submit answer has no place in the queue; the detail does
@@ -646,6 +656,59 @@ def submit(
             as_json,
         )
         sys.exit(EXIT_REFUSED)
+
+
+def _dry_run(client: QueueClient, request: dict[str, Any], priority: int | None, as_json: bool) -> None:
+    """Where `request` would queue and its forecast start, from the queue as it is; nothing is stored."""
+    from sagequeue.forecast import Work, forecast, with_job
+    from sagequeue.forecast.live import LiveQueue, history_of, state_of
+    from sagequeue_core.domain import (
+        DomainError,
+        ResourceKey,
+        has_checkpoints,
+        pool_demand_of,
+        primary_pool,
+        priority_of,
+    )
+    from sagequeue_core.policy import QueuedJob, queue_order
+
+    try:
+        demand = pool_demand_of(request)
+        chosen = priority_of(request, priority)
+    except DomainError as exc:
+        _usage_error(str(exc), as_json)
+    queue = LiveQueue.read(client)
+    name = str(request.get("TrainingJobName") or "dry-run")
+    pool = primary_pool(demand)
+    job = QueuedJob(
+        name=f"\x00{name}",
+        priority=chosen,
+        submitted_at=queue.now,
+        demand=demand,
+        resource_key=ResourceKey.from_request(request),
+        checkpointed=has_checkpoints(request),
+    )
+    runtime = (request.get("StoppingCondition") or {}).get("MaxRuntimeInSeconds")
+    state = with_job(state_of(queue), job, Work(max_runtime_seconds=float(runtime) if runtime else None))
+    predicted = forecast(state, history_of(queue), only=[job.name]).jobs[job.name]
+    ahead = sum(1 for j in state.queued if pool in j.demand and queue_order(j) < queue_order(job))
+    answer = {
+        "name": name,
+        "pool": pool,
+        "instances": sum(demand.values()),
+        "priority": chosen,
+        "position": ahead + 1,
+        "forecast": predicted.to_dict(),
+        "stored": False,
+    }
+    if as_json:
+        _print_json(answer)
+        return
+    when = _forecast_text(predicted, queue.now)
+    click.echo(
+        f"dry run {name}: would queue at position {ahead + 1} in {pool} (priority {chosen}), "
+        f"start {when}; nothing submitted"
+    )
 
 
 def _list(
@@ -1043,8 +1106,87 @@ def whoami(target: Target, as_json: bool) -> None:
 
 
 #: What `sagequeue` (sagequeue.cli) adds to its command group.
+
+
+@_queue_command("why")
+@click.argument("name")
+def why(target: Target, as_json: bool, name: str) -> None:
+    """Why a queued job waits, the jobs ahead of it and the rule that puts each there, and what would start
+    it sooner: each change's forecast P50 (one priority higher, fewer instances, another pool, its team's
+    quota raised)."""
+    from sagequeue.forecast.live import LiveQueue, history_of, state_of
+    from sagequeue.forecast.why import explain
+
+    client = target.client()
+    job = client.job(name)
+    if job.state != "queued":
+        _emit_error("NotQueued", f"job {name} is {job.state}, not queued: nothing holds it back", as_json)
+        sys.exit(EXIT_REFUSED)
+    queue = LiveQueue.read(client)
+    try:
+        told = explain(state_of(queue), history_of(queue), name)
+    except KeyError:
+        _emit_error("NotQueued", f"job {name} left the queue meanwhile", as_json)
+        sys.exit(EXIT_REFUSED)
+    from sagequeue.forecast.engine import JobForecast
+
+    def text(seconds: float) -> str:
+        return _forecast_text(JobForecast(name, queue.now, (seconds,)), queue.now).split(" (")[0]
+
+    if as_json:
+        _print_json(
+            {
+                "name": name,
+                "reason": job.reason,
+                "forecast": JobForecast(name, queue.now, (told.p10, told.p50, told.p90)).to_dict(),
+                "options": [
+                    {"change": o.change, "p50": JobForecast(name, queue.now, (o.p50,)).to_dict()["p50"]}
+                    for o in told.options
+                ],
+                "ahead": [dataclasses.asdict(a) for a in told.ahead],
+                "running": [{"name": n, "priority": p, "instances": i} for n, p, i in told.running],
+            }
+        )
+        return
+    click.echo(f"{name}: {job.reason or 'waiting for a pass'}")
+    click.echo(
+        f"forecast start: {_forecast_text(JobForecast(name, queue.now, (told.p10, told.p50, told.p90)), queue.now)}"
+    )
+    if told.options:
+        click.echo("\nwhat would start it sooner (forecast P50)")
+        rows = [(o.change, text(o.p50)) for o in told.options]
+        click.echo("  " + _table(("CHANGE", "START"), rows).replace("\n", "\n  "))
+    click.echo(f"\nahead of it in {job.pool}: {len(told.ahead)}")
+    if told.ahead:
+        rows2 = [(a.name, a.priority, a.instances, a.rule) for a in told.ahead[:SHOWN_AHEAD]]
+        click.echo("  " + _table(("NAME", "PRIORITY", "INSTANCES", "WHY AHEAD"), rows2).replace("\n", "\n  "))
+        if len(told.ahead) > SHOWN_AHEAD:
+            click.echo(f"  ... {len(told.ahead) - SHOWN_AHEAD} more")
+    if told.running:
+        click.echo("\nrunning on the pool")
+        rows3 = [(n, p, i) for n, p, i in told.running]
+        click.echo("  " + _table(("NAME", "PRIORITY", "INSTANCES"), rows3).replace("\n", "\n  "))
+
+
+#: jobs ahead `why` lists by name
+SHOWN_AHEAD = 20
+
 COMMANDS: dict[str, click.Command] = {
     command.name: command
-    for command in (submit, ls, show, cancel, priority, hold, release, pools, capacity, teams, quota, whoami)
+    for command in (
+        submit,
+        ls,
+        show,
+        why,
+        cancel,
+        priority,
+        hold,
+        release,
+        pools,
+        capacity,
+        teams,
+        quota,
+        whoami,
+    )
     if command.name
 }
