@@ -62,10 +62,19 @@ class JobForecast:
     starts: tuple[float, ...]  # sorted
 
     def quantile(self, q: float) -> float:
-        if not self.starts:
+        """The q-quantile at plotting position q(n + 1) (Weibull's), interpolated: over n runs, the range from
+        the 0.1 to the 0.9 quantile then holds a new draw 80 % of the time, where nearest ranks would hold it
+        less often (with 10 runs, the 1st to the 9th of 10 hold it 8 times in 11)."""
+        n = len(self.starts)
+        if not n:
             return math.inf
-        index = min(len(self.starts) - 1, max(0, math.ceil(q * len(self.starts)) - 1))
-        return self.starts[index]
+        position = min(max(q * (n + 1), 1.0), float(n)) - 1.0
+        low = int(position)
+        high = min(low + 1, n - 1)
+        below, above = self.starts[low], self.starts[high]
+        if math.isinf(above):
+            return above if position - low > 0 else below
+        return below + (above - below) * (position - low)
 
     @property
     def p10(self) -> float:

@@ -157,6 +157,7 @@ class Made:
     p90: float
     baseline: float | None  # the earlier estimate, seconds after `made`; None when it gives none
     waiting: int  # jobs waiting when it was made
+    actual: float | None = None  # seconds after `made` the job started; None: it never did in the run
 
 
 @dataclass
@@ -213,13 +214,14 @@ def scored_run(
     horizon_seconds: float | None = None,
     samples: int = 30,
     progress: bool = False,
+    **forecast_changes: object,
 ) -> tuple[Score, list[Made]]:
     """Run `trace` under sagequeue's policy, forecasting every waiting job every `every_seconds`, and score
     the forecasts against the starts that happened."""
     timings = timings or Timings()
     made: list[Made] = []
     wall: list[float] = []
-    fsettings = forecast_settings(settings, timings, samples=samples)
+    fsettings = forecast_settings(settings, timings, samples=samples, **forecast_changes)
     next_at = [every_seconds]
 
     def observe(now: float) -> None:
@@ -268,7 +270,8 @@ def scored_run(
         actual = _next_start(starts.get(forecast_made.job, []), forecast_made.made)
         if actual is None:
             continue  # it never started within the run: nothing to compare with
-        score.add(forecast_made, actual - forecast_made.made)
+        forecast_made.actual = actual - forecast_made.made
+        score.add(forecast_made, forecast_made.actual)
     return score, made
 
 

@@ -211,3 +211,16 @@ def test_two_hundred_queued_jobs_forecast_quickly() -> None:
     result = forecast(state, history(HOUR), ForecastSettings(samples=4, arrivals=False))
     assert time.perf_counter() - began < 30
     assert all(not math.isinf(result.jobs[j.name].p50) for j in jobs)
+
+
+def test_the_p10_p90_range_of_few_runs_holds_a_new_draw_eight_times_in_ten() -> None:
+    import random
+
+    from sagequeue.forecast import JobForecast
+
+    rng = random.Random(3)
+    trials, held = 4000, 0
+    for _ in range(trials):
+        runs = JobForecast("j", NOW, tuple(sorted(rng.expovariate(1.0) for _ in range(10))))
+        held += runs.p10 <= rng.expovariate(1.0) <= runs.p90
+    assert 0.77 <= held / trials <= 0.83
