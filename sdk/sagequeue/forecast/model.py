@@ -100,9 +100,9 @@ class ForecastSettings:
         )
     )
     queue_lookahead: int = 50
-    #: queued jobs per pool the forward run's passes read: deeper jobs rarely start before these, and a
-    #: pass's cost grows with its window (docs/forecast.md measures what this changes)
-    pass_lookahead: int = 8
+    #: queued jobs per pool the forward run's passes read (at most the lookahead): a shallower window is
+    #: faster but misses backfill from deep in the queue (docs/forecast.md measures what it changes)
+    pass_lookahead: int = 50
     #: happenings this close together share one pass in the forward run (the scheduler's timer period)
     pass_every_seconds: float = 60.0
     timings: Timings = field(default_factory=Timings)
