@@ -3,14 +3,16 @@ starts that happened, beside the earlier `ls --start` estimate on the same jobs 
 how long a forecast of 1,000 queued jobs takes.
 
     python bench/bench_forecast.py [--seeds 1,2,3] [--samples 10] [--every 900] [--skip-overload]
-                                   [--upto-days D] [--skip-timing]
+                                   [--upto-days D] [--skip-timing] [--oracle]
 
 The traces are bench_schedule_quality.py's: the documented 21-day trace (`WorkloadSpec()`, seeds 1-3) and
 the overload trace (350 jobs in 3 days), on 4 x ml.trn1.32xlarge and 2 x ml.trn2.48xlarge with the stack's
 defaults. For each: how many forecasts were made, the share of actual starts inside the P10-P90 range
 (target 75-95 %), the median absolute error of the P50 and of the earlier estimate on the jobs it gives one
 for (target: the P50's at most half), and the forecasts' wall time. `--upto-days D` keeps only the jobs
-submitted in the first D days (a shorter run). docs/forecast.md has the figures.
+submitted in the first D days (a shorter run). `--oracle` is a reference, not a forecast: the same runs
+knowing every submitted job's training time, which says how much of the error no run-time model can
+remove. docs/forecast.md has the figures.
 """
 
 from __future__ import annotations
@@ -94,8 +96,10 @@ def one(title: str, spec: WorkloadSpec, seed: int, args: argparse.Namespace, dra
         every_seconds=args.every,
         horizon_seconds=trace.last_submit_seconds + drain_days * 86400,
         samples=args.samples,
+        oracle=args.oracle,
     )
-    result = row(f"{title}, seed {seed}", trace, score, time.perf_counter() - began)
+    label = f"{title}, seed {seed}" + (" (oracle run times)" if args.oracle else "")
+    result = row(label, trace, score, time.perf_counter() - began)
     print("| " + " | ".join(result) + " |", flush=True)
     return result
 
@@ -147,6 +151,11 @@ def main() -> None:
     parser.add_argument("--every", type=float, default=900.0)
     parser.add_argument("--upto-days", type=float, default=None)
     parser.add_argument("--skip-overload", action="store_true")
+    parser.add_argument(
+        "--oracle",
+        action="store_true",
+        help="a reference: forecasts that know every submitted job's training time (arrivals still drawn)",
+    )
     parser.add_argument("--skip-timing", action="store_true")
     parser.add_argument("--timing-samples", type=int, default=3)
     args = parser.parse_args()

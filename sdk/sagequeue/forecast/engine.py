@@ -236,6 +236,8 @@ class _Run:
             heapq.heappush(self.events, (at, next(self.seq), step))
 
     def _draw_total(self, work: Work, at_least: float) -> float:
+        if work.known_total_seconds is not None:
+            return max(work.known_total_seconds, at_least)
         total = self.run_times.draw(self.rng, work.traits, at_least)
         if work.max_runtime_seconds:
             # SageMaker stops the attempt at its MaxRuntimeInSeconds (counted from training, near enough)

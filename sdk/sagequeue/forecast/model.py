@@ -64,6 +64,9 @@ class Work:
     keep_alive_seconds: int = 0
     #: its warm-pool key, for a running job (a queued job's is on its QueuedJob)
     resource_key: ResourceKey | None = None
+    #: its training seconds in all, when known in advance: only a reference run that knows the future sets
+    #: it (bench_forecast's oracle, which says how much of the error run times alone cause)
+    known_total_seconds: float | None = None
 
 
 @dataclass(frozen=True)

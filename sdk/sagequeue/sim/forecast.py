@@ -48,8 +48,9 @@ def forecast_settings(settings: SimSettings, timings: Timings, **changes: object
     )
 
 
-def state_of(sim: Simulation) -> QueueState:
-    """The queue as the scheduler service would read it now."""
+def state_of(sim: Simulation, *, oracle: bool = False) -> QueueState:
+    """The queue as the scheduler service would read it now. `oracle`: with every submitted job's true
+    training time (a reference that knows what no forecast can, to say how much error run times cause)."""
     queued = [job for pool in sim.queued.values() for job in pool.values()]
     live = list(sim.live.values())
     warm = [TrackedPool(sim, name) for name in sim.sagemaker.warm]
@@ -69,6 +70,7 @@ def state_of(sim: Simulation) -> QueueState:
             trained_seconds=run.saved_work,
             keep_alive_seconds=run.spec.keep_alive_seconds,
             resource_key=job.resource_key,
+            known_total_seconds=run.spec.duration_seconds if oracle else None,
         )
     expires = {w.training_job_name: w.expires_at for w in warm}
     return QueueState(
@@ -214,6 +216,7 @@ def scored_run(
     horizon_seconds: float | None = None,
     samples: int = 30,
     progress: bool = False,
+    oracle: bool = False,
     **forecast_changes: object,
 ) -> tuple[Score, list[Made]]:
     """Run `trace` under sagequeue's policy, forecasting every waiting job every `every_seconds`, and score
@@ -233,7 +236,7 @@ def scored_run(
         if not waiting:
             return
         began = time.perf_counter()
-        result = forecast(state_of(sim), history_of(sim), fsettings)
+        result = forecast(state_of(sim, oracle=oracle), history_of(sim), fsettings)
         wall.append(time.perf_counter() - began)
         baseline = baseline_of(sim)
         origin = sim.now_dt
