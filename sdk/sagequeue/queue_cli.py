@@ -661,7 +661,7 @@ def submit(
 def _dry_run(client: QueueClient, request: dict[str, Any], priority: int | None, as_json: bool) -> None:
     """Where `request` would queue and its forecast start, from the queue as it is; nothing is stored."""
     from sagequeue.forecast import Work, forecast, with_job
-    from sagequeue.forecast.live import LiveQueue, history_of, state_of
+    from sagequeue.forecast.live import SETTINGS, LiveQueue, history_of, state_of
     from sagequeue_core.domain import (
         DomainError,
         ResourceKey,
@@ -690,7 +690,7 @@ def _dry_run(client: QueueClient, request: dict[str, Any], priority: int | None,
     )
     runtime = (request.get("StoppingCondition") or {}).get("MaxRuntimeInSeconds")
     state = with_job(state_of(queue), job, Work(max_runtime_seconds=float(runtime) if runtime else None))
-    predicted = forecast(state, history_of(queue), only=[job.name]).jobs[job.name]
+    predicted = forecast(state, history_of(queue), SETTINGS, only=[job.name]).jobs[job.name]
     ahead = sum(1 for j in state.queued if pool in j.demand and queue_order(j) < queue_order(job))
     answer = {
         "name": name,
@@ -1114,7 +1114,7 @@ def why(target: Target, as_json: bool, name: str) -> None:
     """Why a queued job waits, the jobs ahead of it and the rule that puts each there, and what would start
     it sooner: each change's forecast P50 (one priority higher, fewer instances, another pool, its team's
     quota raised)."""
-    from sagequeue.forecast.live import LiveQueue, history_of, state_of
+    from sagequeue.forecast.live import SETTINGS, LiveQueue, history_of, state_of
     from sagequeue.forecast.why import explain
 
     client = target.client()
@@ -1124,7 +1124,7 @@ def why(target: Target, as_json: bool, name: str) -> None:
         sys.exit(EXIT_REFUSED)
     queue = LiveQueue.read(client)
     try:
-        told = explain(state_of(queue), history_of(queue), name)
+        told = explain(state_of(queue), history_of(queue), name, SETTINGS)
     except KeyError:
         _emit_error("NotQueued", f"job {name} left the queue meanwhile", as_json)
         sys.exit(EXIT_REFUSED)

@@ -22,6 +22,7 @@ import heapq
 import itertools
 import math
 import random
+import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -508,12 +509,18 @@ def forecast(
     arrivals = Arrivals(history.submissions, state.now) if settings.arrivals else None
     tracked = set(only) if only is not None else {j.name for j in state.queued}
     starts: dict[str, list[float]] = {name: [] for name in tracked}
+    began = time.perf_counter()
+    runs = 0
     for sample in range(settings.samples):
+        budget = settings.budget_seconds
+        if budget is not None and runs >= settings.min_samples and time.perf_counter() - began > budget:
+            break  # a large queue: fewer runs, a rougher range, an answer in time
         rng = random.Random(f"{settings.seed}:{sample}")
         started = _Run(state, settings, run_times, arrivals, rng, tracked).run()
+        runs += 1
         for name in tracked:
             starts[name].append(started.get(name, math.inf))
-    result = Forecast(state.now, samples=settings.samples)
+    result = Forecast(state.now, samples=runs)
     for name, values in starts.items():
         result.jobs[name] = JobForecast(name, state.now, tuple(sorted(values)))
     return result

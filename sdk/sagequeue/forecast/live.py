@@ -42,6 +42,8 @@ HISTORY_LIMIT = 100
 CACHE_SECONDS = 60.0
 #: how long an Available warm pool of unknown expiry is counted (the stack's default keep-alive)
 WARM_POOL_SECONDS = 600
+#: what a command waits for a forecast: past it, fewer runs (at least three) and a rougher range
+SETTINGS = ForecastSettings(budget_seconds=5.0)
 
 _cache: dict[tuple[object, ...], tuple[float, Forecast]] = {}
 
@@ -192,6 +194,7 @@ def live_forecast(
     queue: LiveQueue, settings: ForecastSettings | None = None, *, cached: bool = True
 ) -> Forecast:
     """The forecast of every queued job, reused while the queue is unchanged."""
+    settings = settings or SETTINGS
     key = (queue.fingerprint(), settings)
     hit = _cache.get(key)
     if cached and hit is not None and time.monotonic() - hit[0] < CACHE_SECONDS:

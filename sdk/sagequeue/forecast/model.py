@@ -111,6 +111,9 @@ class ForecastSettings:
     timings: Timings = field(default_factory=Timings)
     #: runs of the queue forward (Monte Carlo samples)
     samples: int = 40
+    #: stop drawing runs once this many seconds went by (after `min_samples`); None: all `samples`
+    budget_seconds: float | None = None
+    min_samples: int = 3
     #: how far ahead a run goes; a job not started by then is reported as later than this
     horizon_seconds: float = 14 * 86400.0
     #: model later arrivals (jobs submitted after now that may go ahead)

@@ -224,3 +224,14 @@ def test_the_p10_p90_range_of_few_runs_holds_a_new_draw_eight_times_in_ten() -> 
         runs = JobForecast("j", NOW, tuple(sorted(rng.expovariate(1.0) for _ in range(10))))
         held += runs.p10 <= rng.expovariate(1.0) <= runs.p90
     assert 0.77 <= held / trials <= 0.83
+
+
+def test_a_time_budget_stops_drawing_runs_after_the_minimum() -> None:
+    jobs = [queued(f"j{i}", priority=i % 5, minutes_ago=i) for i in range(60)]
+    state = QueueState(
+        now=NOW, capacity={POOL: 4}, queued=jobs, running=[running(f"r{i}", 600) for i in range(4)]
+    )
+    budgeted = ForecastSettings(samples=40, arrivals=False, budget_seconds=0.0, min_samples=3)
+    result = forecast(state, history(HOUR), budgeted)
+    assert result.samples == 3
+    assert all(len(result.jobs[j.name].starts) == 3 for j in jobs)
