@@ -387,7 +387,9 @@ def _estimate(client: QueueClient, jobs: Sequence[Job], now: datetime) -> dict[s
 
     if not any(j.waiting for j in jobs):
         return {}
-    result = live_forecast(LiveQueue.read(client))
+    queue = LiveQueue.read(client)
+    waiting = {j.name for j in queue.queued}
+    result = live_forecast(queue, only=[j.name for j in jobs if j.name in waiting])
     starts: dict[str, Any] = {j.name: result.get(j.name) for j in jobs if j.state == "queued"}
     for job in jobs:
         if job.state == "held":

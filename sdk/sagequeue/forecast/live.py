@@ -191,15 +191,20 @@ def _all(queue: LiveQueue) -> Iterable[Job]:
 
 
 def live_forecast(
-    queue: LiveQueue, settings: ForecastSettings | None = None, *, cached: bool = True
+    queue: LiveQueue,
+    settings: ForecastSettings | None = None,
+    *,
+    only: Iterable[str] | None = None,
+    cached: bool = True,
 ) -> Forecast:
-    """The forecast of every queued job, reused while the queue is unchanged."""
+    """The forecast of every queued job (those in `only`, if given), reused while the queue is unchanged."""
     settings = settings or SETTINGS
-    key = (queue.fingerprint(), settings)
+    wanted = None if only is None else frozenset(only)
+    key = (queue.fingerprint(), settings, wanted)
     hit = _cache.get(key)
     if cached and hit is not None and time.monotonic() - hit[0] < CACHE_SECONDS:
         return hit[1]
-    result = forecast(state_of(queue), history_of(queue), settings)
+    result = forecast(state_of(queue), history_of(queue), settings, only=wanted)
     _cache.clear()
     _cache[key] = (time.monotonic(), result)
     return result
