@@ -165,8 +165,9 @@ def test_later_arrivals_of_higher_priority_push_a_low_job_back() -> None:
             for i in range(1, 200)
         ],
     )
-    alone = forecast(state, seen, ForecastSettings(samples=20, arrivals=False)).jobs["low"]
-    crowded = forecast(state, seen, ForecastSettings(samples=20, arrivals=True)).jobs["low"]
+    alone = forecast(state, seen, ForecastSettings(samples=5, arrivals=False)).jobs["low"]
+    ahead = ForecastSettings(samples=5, arrivals=True, arrivals_ahead_seconds=2 * HOUR)
+    crowded = forecast(state, seen, ahead).jobs["low"]
     assert crowded.p50 > alone.p50 + HOUR
 
 
