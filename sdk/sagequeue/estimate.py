@@ -1,4 +1,5 @@
-"""When queued jobs may start: a simple estimate, as `sagequeue ls --start` shows (Slurm's `squeue --start`).
+"""When queued jobs may start: the simple estimate `sagequeue ls --start` showed before forecasts
+(`sagequeue.forecast`); kept as the baseline bench/bench_forecast.py scores forecasts against.
 
 The estimate replays one pool's queue in order on its capacity: each running attempt frees its instances
 when it has run the pool's typical duration (the mean run time of the pool's completed jobs), each queued job

@@ -13,6 +13,7 @@ Errors are one line on stderr (a JSON object with --json) and an exit code a scr
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import sys
@@ -294,16 +295,36 @@ def _table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
     return "\n".join(lines)
 
 
-def _start_cell(start: datetime | None, job: Job, now: datetime) -> str | None:
+def _start_cell(start: Any, job: Job, now: datetime) -> str | None:
+    """A waiting job's forecast start: its P50, and the P10-P90 range (a JobForecast), or `?`."""
     if not job.waiting:
         return None
     if start is None:
         return "?"
-    return "now" if start <= now else f"in {_duration((start - now).total_seconds())}"
+    if isinstance(start, datetime):
+        return "now" if start <= now else f"in {_duration((start - now).total_seconds())}"
+    return _forecast_text(start, now)
+
+
+def _forecast_text(forecast: Any, now: datetime) -> str:
+    """`in 2h (1h-5h)`: P50 and the P10-P90 range from now; `later than 14d` past the horizon."""
+    import math
+
+    offset = (forecast.now - now).total_seconds()
+
+    def span(seconds: float) -> str:
+        if math.isinf(seconds):
+            return "?"
+        return "now" if seconds + offset <= 0 else _duration(seconds + offset)
+
+    if math.isinf(forecast.p50):
+        return "later than 14d"
+    middle = "now" if forecast.p50 + offset <= 0 else f"in {span(forecast.p50)}"
+    return f"{middle} ({span(forecast.p10)}-{span(forecast.p90)})"
 
 
 #: `ls` columns: name -> (heading, cell from (job, now, estimated starts)).
-COLUMNS: dict[str, tuple[str, Callable[[Job, datetime, dict[str, datetime | None]], Any]]] = {
+COLUMNS: dict[str, tuple[str, Callable[[Job, datetime, dict[str, Any]], Any]]] = {
     "name": ("NAME", lambda j, now, starts: j.name),
     "state": ("STATE", lambda j, now, starts: j.state),
     "priority": ("PRIORITY", lambda j, now, starts: j.priority),
@@ -353,7 +374,7 @@ def jobs_table(
     jobs: Sequence[Job],
     now: datetime,
     columns: Sequence[str] = DEFAULT_COLUMNS,
-    starts: dict[str, datetime | None] | None = None,
+    starts: dict[str, Any] | None = None,
 ) -> str:
     chosen = [COLUMNS[name] for name in columns]
     rows = [[cell(j, now, starts or {}) for _, cell in chosen] for j in _in_order(jobs)]
@@ -365,26 +386,29 @@ def _with_positions(client: QueueClient, jobs: list[Job]) -> list[Job]:
     return [client.job(j.name) if j.state == "queued" and j.position is None else j for j in jobs]
 
 
-def _estimate(client: QueueClient, jobs: Sequence[Job], now: datetime) -> dict[str, datetime | None]:
-    """Estimated starts of the waiting jobs among `jobs`, from their pools' whole queues."""
-    from sagequeue.estimate import estimate_starts, typical_duration
+def _estimate(client: QueueClient, jobs: Sequence[Job], now: datetime) -> dict[str, Any]:
+    """Forecast starts (sagequeue.forecast) of the waiting jobs among `jobs`, from the whole queue."""
+    from sagequeue.forecast.live import LiveQueue, live_forecast
 
-    capacity = {p.instance_type: p.capacity for p in client.pools()}
-    starts: dict[str, datetime | None] = {}
-    for pool in sorted({j.pool for j in jobs if j.waiting}):
-        queued = client.jobs(state="queued", pool=pool)
-        order = sorted(queued, key=lambda j: (-j.priority, j.submitted_at or now, j.name))
-        live = [
-            j
-            for state in ("starting", "running", "preempting", "stopping")
-            for j in client.jobs(state=state, pool=pool)
-        ]
-        done = client.jobs(state="completed", pool=pool, limit=50)
-        starts.update(estimate_starts(capacity.get(pool, 0), live, order, typical_duration(done), now))
+    if not any(j.waiting for j in jobs):
+        return {}
+    try:
+        queue = LiveQueue.read(client)
+    except ApiError as exc:
+        # the forecast reads the whole queue; a caller the API lets read less gets no forecast, not an error
+        click.echo(f"warning: no forecast: {exc.message}", err=True)
+        return {}
+    waiting = {j.name for j in queue.queued}
+    result = live_forecast(queue, only=[j.name for j in jobs if j.name in waiting])
+    starts: dict[str, Any] = {j.name: result.get(j.name) for j in jobs if j.state == "queued"}
     for job in jobs:
         if job.state == "held":
             starts[job.name] = None
     return starts
+
+
+def _forecast_json(forecast: Any) -> dict[str, Any] | None:
+    return forecast.to_dict() if forecast is not None and hasattr(forecast, "to_dict") else None
 
 
 def pools_table(pools: Sequence[Pool]) -> str:
@@ -516,6 +540,11 @@ def build_request(
     is_flag=True,
     help="Print the CreateTrainingJob request (from FILE and the flags, placeholders elsewhere) and exit.",
 )
+@click.option(
+    "--dry-run",
+    is_flag=True,
+    help="Say where the job would queue and when it would start (a forecast); submit nothing.",
+)
 @click.option("--wait", is_flag=True, help="Follow the job until it ends; exit 1 unless it completes.")
 @click.option(
     "--poll", type=click.FloatRange(min=0.1), default=10.0, show_default=True, help="Seconds between checks."
@@ -536,6 +565,7 @@ def submit(
     environment: tuple[str, ...],
     hyperparameters: tuple[str, ...],
     generate_skeleton: bool,
+    dry_run: bool,
     wait: bool,
     poll: float,
 ) -> None:
@@ -606,6 +636,9 @@ def submit(
         # a request saved from the API's body form keeps its priority
         priority = request.pop("priority")
     client = target.client()
+    if dry_run:
+        _dry_run(client, request, priority, as_json)
+        return
     job = client.submit(request, priority=priority)
     if job.waiting and job.position is None:
         job = client.job(job.name)  # the submit answer has no place in the queue; the detail does
@@ -643,6 +676,59 @@ def user_name(owner: str) -> str:
     if owner.startswith("arn:") and "/" in owner:
         return owner.rsplit("/", 1)[1]
     return owner
+
+
+def _dry_run(client: QueueClient, request: dict[str, Any], priority: int | None, as_json: bool) -> None:
+    """Where `request` would queue and its forecast start, from the queue as it is; nothing is stored."""
+    from sagequeue.forecast import Work, forecast, with_job
+    from sagequeue.forecast.live import SETTINGS, LiveQueue, history_of, state_of
+    from sagequeue_core.domain import (
+        DomainError,
+        ResourceKey,
+        has_checkpoints,
+        pool_demand_of,
+        primary_pool,
+        priority_of,
+    )
+    from sagequeue_core.policy import QueuedJob, queue_order
+
+    try:
+        demand = pool_demand_of(request)
+        chosen = priority_of(request, priority)
+    except DomainError as exc:
+        _usage_error(str(exc), as_json)
+    queue = LiveQueue.read(client)
+    name = str(request.get("TrainingJobName") or "dry-run")
+    pool = primary_pool(demand)
+    job = QueuedJob(
+        name=f"\x00{name}",
+        priority=chosen,
+        submitted_at=queue.now,
+        demand=demand,
+        resource_key=ResourceKey.from_request(request),
+        checkpointed=has_checkpoints(request),
+    )
+    runtime = (request.get("StoppingCondition") or {}).get("MaxRuntimeInSeconds")
+    state = with_job(state_of(queue), job, Work(max_runtime_seconds=float(runtime) if runtime else None))
+    predicted = forecast(state, history_of(queue), SETTINGS, only=[job.name]).jobs[job.name]
+    ahead = sum(1 for j in state.queued if pool in j.demand and queue_order(j) < queue_order(job))
+    answer = {
+        "name": name,
+        "pool": pool,
+        "instances": sum(demand.values()),
+        "priority": chosen,
+        "position": ahead + 1,
+        "forecast": predicted.to_dict(),
+        "stored": False,
+    }
+    if as_json:
+        _print_json(answer)
+        return
+    when = _forecast_text(predicted, queue.now)
+    click.echo(
+        f"dry run {name}: would queue at position {ahead + 1} in {pool} (priority {chosen}), "
+        f"start {when}; nothing submitted"
+    )
 
 
 def _list(
@@ -715,7 +801,7 @@ def _list(
     "--start",
     "with_start",
     is_flag=True,
-    help="Estimate when waiting jobs start (START column; estimated_start in --json).",
+    help="Forecast when waiting jobs start: P50 and the P10-P90 range (START; estimated_start, forecast in --json).",
 )
 def ls(
     target: Target,
@@ -739,8 +825,8 @@ def ls(
     Highest priority first, then by time of submission; a USER column appears when the jobs shown belong
     to more than one user, a TEAM column when jobs have teams. --all adds the jobs that ended; --state
     picks states; --mine, --user, --team and --pool narrow the list. --format picks the columns; --start
-    adds an estimate of when each waiting job starts (see sagequeue.estimate). With --watch and --json,
-    prints one JSON document per refresh.
+    adds a forecast of when each waiting job starts (the scheduler's policy run forward, see
+    sagequeue.forecast). With --watch and --json, prints one JSON document per refresh.
     """
     if mine and user:
         _usage_error("--mine and --user cannot be used together", as_json)
@@ -782,8 +868,9 @@ def ls(
                 for j in jobs:
                     entry = {**j.to_dict(), "position": j.position}
                     if with_start and j.waiting:
-                        start = starts.get(j.name)
-                        entry["estimated_start"] = start.isoformat() if start else None
+                        predicted = _forecast_json(starts.get(j.name))
+                        entry["estimated_start"] = predicted["p50"] if predicted else None
+                        entry["forecast"] = predicted
                     entries.append(entry)
                 document = {"jobs": entries}
                 click.echo(
@@ -816,8 +903,12 @@ def show(target: Target, as_json: bool, name: str) -> None:
     """A job in detail: state, position, attempts, history and reason."""
     client = target.client()
     job = client.job(name)
+    predicted = _estimate(client, [job], client.server_time or datetime.now(UTC)).get(job.name)
     if as_json:
-        _print_json(job.to_dict())
+        document = job.to_dict()
+        if job.waiting:
+            document["forecast"] = _forecast_json(predicted)
+        _print_json(document)
         return
     now = client.server_time or datetime.now(UTC)
     fields: list[tuple[str, Any]] = [
@@ -840,6 +931,8 @@ def show(target: Target, as_json: bool, name: str) -> None:
         ("trained", f"{_duration(job.seconds_trained)} ({job.seconds_trained} s, ended attempts)"),
         ("reason", job.reason),
     ]
+    if job.waiting:
+        fields.insert(5, ("forecast start", _start_cell(predicted, job, now)))
     width = max(len(k) for k, _ in fields)
     for key, value in fields:
         click.echo(f"{key.ljust(width)}  {'-' if value is None or value == '' else value}")
@@ -1119,6 +1212,69 @@ def notify(target: Target, as_json: bool, to: str, events: str | None, topic: st
         click.echo(f"confirm the subscription: SNS sent a confirmation to {done.endpoint}")
 
 
+@_queue_command("why")
+@click.argument("name")
+def why(target: Target, as_json: bool, name: str) -> None:
+    """Why a queued job waits, the jobs ahead of it and the rule that puts each there, and what would start
+    it sooner: each change's forecast P50 (one priority higher, fewer instances, another pool, its team's
+    quota raised)."""
+    from sagequeue.forecast.live import SETTINGS, LiveQueue, history_of, state_of
+    from sagequeue.forecast.why import explain
+
+    client = target.client()
+    job = client.job(name)
+    if job.state != "queued":
+        _emit_error("NotQueued", f"job {name} is {job.state}, not queued: nothing holds it back", as_json)
+        sys.exit(EXIT_REFUSED)
+    queue = LiveQueue.read(client)
+    try:
+        told = explain(state_of(queue), history_of(queue), name, SETTINGS)
+    except KeyError:
+        _emit_error("NotQueued", f"job {name} left the queue meanwhile", as_json)
+        sys.exit(EXIT_REFUSED)
+    from sagequeue.forecast.engine import JobForecast
+
+    def text(seconds: float) -> str:
+        return _forecast_text(JobForecast(name, queue.now, (seconds,)), queue.now).split(" (")[0]
+
+    if as_json:
+        _print_json(
+            {
+                "name": name,
+                "reason": job.reason,
+                "forecast": JobForecast(name, queue.now, (told.p10, told.p50, told.p90)).to_dict(),
+                "options": [
+                    {"change": o.change, "p50": JobForecast(name, queue.now, (o.p50,)).to_dict()["p50"]}
+                    for o in told.options
+                ],
+                "ahead": [dataclasses.asdict(a) for a in told.ahead],
+                "running": [{"name": n, "priority": p, "instances": i} for n, p, i in told.running],
+            }
+        )
+        return
+    click.echo(f"{name}: {job.reason or 'waiting for a pass'}")
+    click.echo(
+        f"forecast start: {_forecast_text(JobForecast(name, queue.now, (told.p10, told.p50, told.p90)), queue.now)}"
+    )
+    if told.options:
+        click.echo("\nwhat would start it sooner (forecast P50)")
+        rows = [(o.change, text(o.p50)) for o in told.options]
+        click.echo("  " + _table(("CHANGE", "START"), rows).replace("\n", "\n  "))
+    click.echo(f"\nahead of it in {job.pool}: {len(told.ahead)}")
+    if told.ahead:
+        rows2 = [(a.name, a.priority, a.instances, a.rule) for a in told.ahead[:SHOWN_AHEAD]]
+        click.echo("  " + _table(("NAME", "PRIORITY", "INSTANCES", "WHY AHEAD"), rows2).replace("\n", "\n  "))
+        if len(told.ahead) > SHOWN_AHEAD:
+            click.echo(f"  ... {len(told.ahead) - SHOWN_AHEAD} more")
+    if told.running:
+        click.echo("\nrunning on the pool")
+        rows3 = [(n, p, i) for n, p, i in told.running]
+        click.echo("  " + _table(("NAME", "PRIORITY", "INSTANCES"), rows3).replace("\n", "\n  "))
+
+
+#: jobs ahead `why` lists by name
+SHOWN_AHEAD = 20
+
 #: What `sagequeue` (sagequeue.cli) adds to its command group.
 COMMANDS: dict[str, click.Command] = {
     command.name: command
@@ -1126,6 +1282,7 @@ COMMANDS: dict[str, click.Command] = {
         submit,
         ls,
         show,
+        why,
         cancel,
         priority,
         hold,

@@ -368,7 +368,7 @@ def test_submit_prints_the_position_and_ls_formats_columns(
     assert len(bad.err.strip().splitlines()) == 1
 
 
-def test_ls_start_estimates_from_the_pools_completed_jobs(
+def test_ls_start_and_show_forecast_from_the_queues_completed_jobs(
     stack: Any, queue: QueueClient, user_home: Path
 ) -> None:
     done = unique("done")
@@ -379,25 +379,37 @@ def test_ls_start_estimates_from_the_pools_completed_jobs(
         stack.advance(60)
     finished = queue.job(done)
     assert finished.state == "completed"
-    assert finished.started_at is not None
-    assert finished.ended_at is not None
+    assert finished.seconds_trained > 0
     runs, waits = unique("runs"), unique("waits")
     queue.submit(request(stack, runs), priority=900)
-    stack.run_until_idle()
+    for _ in range(30):
+        if queue.job(runs).raw.get("training_started_at"):
+            break
+        stack.advance(30)
     queue.submit(request(stack, waits), priority=1)
-    listed = sagequeue("ls", "--start", "--json", "--state", "queued", "--state", "starting", home=user_home)
+    listed = sagequeue("ls", "--start", "--json", "--state", "queued", "--state", "running", home=user_home)
     assert listed.code == 0, listed.err
     jobs = {j["name"]: j for j in listed.json["jobs"]}
     assert "estimated_start" not in jobs[runs]
-    estimate = datetime.fromisoformat(jobs[waits]["estimated_start"])
-    # one instance: the queued job starts when the running one has run as long as the completed one did
-    typical = (finished.ended_at - finished.started_at).total_seconds()
-    running = queue.job(runs)
-    started = running.started_at or stack.now()
-    assert abs((estimate - (started + timedelta(seconds=typical))).total_seconds()) <= 1
+    predicted = jobs[waits]["forecast"]
+    p10, p50, p90 = (datetime.fromisoformat(predicted[q]) for q in ("p10", "p50", "p90"))
+    assert jobs[waits]["estimated_start"] == predicted["p50"]
+    assert p10 <= p50 <= p90
+    # one instance: the queued job starts when the running one has trained about as long as the completed
+    # one did (the only run time the queue has seen, drawn with some spread)
+    trained_from = datetime.fromisoformat(queue.job(runs).raw["training_started_at"])
+    expected = trained_from + timedelta(seconds=finished.seconds_trained)
+    assert abs((p50 - expected).total_seconds()) <= 0.35 * finished.seconds_trained + 120
     table = sagequeue("ls", "--start", "--format", "name,start", "--state", "queued", home=user_home)
     assert table.out.splitlines()[0].split() == ["NAME", "START"]
     assert table.out.splitlines()[1].split()[:2] == [waits, "in"]
+    assert "(" in table.out.splitlines()[1]  # the P10-P90 range beside the P50
+    shown = sagequeue("show", waits, home=user_home)
+    assert shown.code == 0, shown.err
+    line = next(x for x in shown.out.splitlines() if x.startswith("forecast start"))
+    assert line.split()[2] == "in"
+    as_json = sagequeue("show", waits, "--json", home=user_home).json
+    assert as_json["forecast"]["p50"] == predicted["p50"]
 
 
 def test_negative_priority_release_conflict_and_bad_endpoint(

@@ -1,0 +1,179 @@
+"""Forecast calibration: forecasts of every waiting job made every 15 simulated minutes, scored against the
+starts that happened, beside the earlier `ls --start` estimate on the same jobs at the same moments; then
+how long a forecast of 1,000 queued jobs takes.
+
+    python bench/bench_forecast.py [--seeds 1,2,3] [--samples 10] [--every 900] [--skip-overload]
+                                   [--upto-days D] [--skip-timing] [--oracle]
+
+The traces are bench_schedule_quality.py's: the documented 21-day trace (`WorkloadSpec()`, seeds 1-3) and
+the overload trace (350 jobs in 3 days), on 4 x ml.trn1.32xlarge and 2 x ml.trn2.48xlarge with the stack's
+defaults. For each: how many forecasts were made, the share of actual starts inside the P10-P90 range
+(target 75-95 %), the median absolute error of the P50 and of the earlier estimate on the jobs it gives one
+for (target: the P50's at most half), and the forecasts' wall time. `--upto-days D` keeps only the jobs
+submitted in the first D days (a shorter run). `--oracle` is a reference, not a forecast: the same runs
+knowing every submitted job's training time, which says how much of the error no run-time model can
+remove. docs/forecast.md has the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import random
+import statistics
+import sys
+import time
+from datetime import UTC, datetime, timedelta
+
+from sagequeue.forecast import ForecastSettings, History, QueueState, Traits, forecast
+from sagequeue.sim import SimSettings, WorkloadSpec, generate
+from sagequeue.sim.forecast import Score, scored_run
+from sagequeue_core.policy import QueuedJob, RunningAttempt
+
+CAPACITY = {"ml.trn1.32xlarge": 4, "ml.trn2.48xlarge": 2}
+
+
+def offered_load(trace) -> float:  # type: ignore[no-untyped-def]
+    work = sum(j.duration_seconds * j.instance_count for j in trace.jobs)
+    return work / (sum(CAPACITY.values()) * max(trace.last_submit_seconds, 1.0))
+
+
+def _hours(seconds: float) -> str:
+    return "-" if math.isnan(seconds) else f"{seconds / 3600:.2f} h"
+
+
+def row(title: str, trace, score: Score, wall: float) -> list[str]:  # type: ignore[no-untyped-def]
+    ratio = (
+        score.median_error_where_baseline / score.baseline_median_error if score.baseline_errors else math.nan
+    )
+    return [
+        title,
+        f"{offered_load(trace):.2f}",
+        str(len(score.seconds)),
+        str(score.pairs),
+        f"{100 * score.coverage:.1f} %",
+        _hours(score.median_error),
+        _hours(score.median_error_where_baseline),
+        _hours(score.baseline_median_error),
+        f"{ratio:.2f}",
+        f"{statistics.mean(score.seconds) if score.seconds else 0:.2f} / {max(score.seconds, default=0):.2f} s",
+        f"{wall:.0f} s",
+    ]
+
+
+HEADERS = [
+    "trace",
+    "load",
+    "forecasts",
+    "jobs scored",
+    "P10-P90 coverage",
+    "P50 error (all)",
+    "P50 error",
+    "--start error",
+    "ratio",
+    "forecast mean / max",
+    "run wall",
+]
+
+
+def table(rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(HEADERS) + " |", "|" + "---|" * len(HEADERS)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def one(title: str, spec: WorkloadSpec, seed: int, args: argparse.Namespace, drain_days: float) -> list[str]:
+    trace = generate(spec, seed=seed)
+    if args.upto_days is not None:
+        trace = dataclasses.replace(
+            trace, jobs=tuple(j for j in trace.jobs if j.submit_seconds < args.upto_days * 86400)
+        )
+    began = time.perf_counter()
+    score, _ = scored_run(
+        trace,
+        SimSettings(capacity=CAPACITY),
+        every_seconds=args.every,
+        horizon_seconds=trace.last_submit_seconds + drain_days * 86400,
+        samples=args.samples,
+        oracle=args.oracle,
+    )
+    label = f"{title}, seed {seed}" + (" (oracle run times)" if args.oracle else "")
+    result = row(label, trace, score, time.perf_counter() - began)
+    print("| " + " | ".join(result) + " |", flush=True)
+    return result
+
+
+def thousand_jobs(samples: int) -> tuple[float, float]:
+    """A forecast of 1,000 queued jobs on the documented pools, 6 running: wall seconds, and per sample."""
+    rng = random.Random(7)
+    now = datetime(2026, 3, 4, 12, tzinfo=UTC)
+    pools = list(CAPACITY)
+    queued = [
+        QueuedJob(
+            name=f"q{i:04d}",
+            priority=rng.choice((1, 3, 5, 6, 9)),
+            submitted_at=now - timedelta(minutes=rng.uniform(0, 3000)),
+            demand={(pool := rng.choice(pools)): min(rng.choice((1, 1, 1, 2, 4)), CAPACITY[pool])},
+        )
+        for i in range(1000)
+    ]
+    running = []
+    for pool, capacity in CAPACITY.items():
+        for k in range(capacity):
+            started = now - timedelta(minutes=rng.uniform(10, 300))
+            running.append(
+                RunningAttempt(
+                    training_job_name=f"r-{pool}-{k}",
+                    demand={pool: 1},
+                    priority=5,
+                    started_at=started,
+                    job_name=f"r-{pool}-{k}",
+                    training_started_at=started + timedelta(minutes=6),
+                )
+            )
+    history = History(
+        completed=[(Traits(instances=1), rng.lognormvariate(math.log(5400), 1.0)) for _ in range(200)]
+    )
+    state = QueueState(now=now, capacity=CAPACITY, queued=queued, running=running)
+    began = time.perf_counter()
+    forecast(state, history, ForecastSettings(samples=samples, arrivals=False))
+    wall = time.perf_counter() - began
+    return wall, wall / samples
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--seeds", default="1,2,3")
+    parser.add_argument("--samples", type=int, default=10)
+    parser.add_argument("--every", type=float, default=900.0)
+    parser.add_argument("--upto-days", type=float, default=None)
+    parser.add_argument("--skip-overload", action="store_true")
+    parser.add_argument(
+        "--oracle",
+        action="store_true",
+        help="a reference: forecasts that know every submitted job's training time (arrivals still drawn)",
+    )
+    parser.add_argument("--skip-timing", action="store_true")
+    parser.add_argument("--timing-samples", type=int, default=3)
+    args = parser.parse_args()
+    print(f"forecasts every {args.every:g} s of simulated time, {args.samples} runs forward each\n")
+    print("\n".join(table([]).splitlines()[:2]), flush=True)
+    for seed in [int(s) for s in args.seeds.split(",") if s]:
+        one("21-day trace", WorkloadSpec(capacity=CAPACITY), seed, args, drain_days=7)
+    if not args.skip_overload:
+        seed = int(args.seeds.split(",")[0])
+        one("overload trace", WorkloadSpec(days=3, capacity=CAPACITY), seed, args, drain_days=30)
+    if not args.skip_timing:
+        wall, per = thousand_jobs(args.timing_samples)
+        print(
+            f"\n1,000 queued jobs, {args.timing_samples} runs forward: {wall:.1f} s ({per:.1f} s per run)",
+            flush=True,
+        )
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
