@@ -34,7 +34,13 @@ LIVE_STATUSES = ("InProgress", "Stopping")
 class Scenario:
     """A stack, its client, and a monitor of SageMaker's side run after every step of the clock."""
 
-    def __init__(self, capacity: int, emulator: dict[str, Any] | None = None, **settings: Any) -> None:
+    def __init__(
+        self,
+        capacity: int,
+        emulator: dict[str, Any] | None = None,
+        teams: dict[str, str] | None = None,
+        **settings: Any,
+    ) -> None:
         values = {
             "capacity": {POOL: capacity},
             "min_runtime_before_preemption_seconds": 600,
@@ -43,7 +49,7 @@ class Scenario:
         }
         self.capacity = capacity
         self.stack = LocalStack(
-            settings=values, emulator={**REALISTIC, **(emulator or {})}, function_logs=False
+            settings=values, emulator={**REALISTIC, **(emulator or {})}, function_logs=False, teams=teams
         )
         self.stack.start()
         self.queue: QueueClient = self.stack.client()

@@ -608,30 +608,6 @@ class Job:
         }
 
 
-def team_of(
-    request: Mapping[str, Any], caller: str | None, *, tag: str, roles: Mapping[str, str]
-) -> str | None:
-    """A job's team: the value of its `tag` tag, else the team its caller's role is mapped to, else None."""
-    value = tags_to_dict(request.get("Tags")).get(tag, "").strip() if tag else ""
-    if value:
-        return value
-    if caller:
-        for principal, team in roles.items():
-            # an assumed role's session ARN (sts::...:assumed-role/<name>/<session>) names the role
-            if caller == principal or _role_name(caller) == _role_name(principal):
-                return team
-    return None
-
-
-def _role_name(arn: str) -> str | None:
-    """The role's name in a role ARN (`...:role/path/name`) or an assumed role's (`...:assumed-role/name/s`)."""
-    if ":assumed-role/" in arn:
-        return arn.split(":assumed-role/", 1)[1].split("/")[0] or None
-    if ":role/" in arn:
-        return arn.rsplit("/", 1)[-1] or None
-    return None
-
-
 def parse_time(value: Any) -> datetime | None:
     """Epoch milliseconds (real events), epoch seconds, ISO 8601 strings, or datetimes; None if unreadable."""
     if value is None or isinstance(value, bool):

@@ -14,7 +14,6 @@ from sagequeue_core.domain import (
     pool_demand_of,
     priority_of,
     tags_to_dict,
-    team_of,
     validate_job_name,
 )
 from sagequeue_core.errors import Forbidden, RequestInvalid
@@ -28,6 +27,7 @@ from sagequeue_core.service.access import (
     owner_of_caller,
     require_caller,
     require_priority_allowed,
+    submission_team,
 )
 from sagequeue_core.validation import validate_create_training_job
 
@@ -106,12 +106,13 @@ def validate(deps: Dependencies, body: Any, caller: str, body_bytes: int | None 
     if violations:
         raise RequestInvalid("; ".join(f"policy {v.rule}: {v.message}" for v in violations))
     require_priority_allowed(priority, caller, settings)
-    team = team_of(request, caller, tag=settings.team_tag, roles=settings.team_roles)
-    if team is not None:
+    tagged = tags.get(settings.team_tag, "").strip() if settings.team_tag else ""
+    if tagged:
         try:
-            check_team_name(team)
+            check_team_name(tagged)
         except QuotaError as exc:
             raise RequestInvalid(f"tag {settings.team_tag!r}: {exc}") from None
+    team = submission_team(tagged, caller, settings)
     return Job(
         name=name,
         request=request,
