@@ -20,6 +20,12 @@ import pytest
 from sagequeue.client import ApiError, QueueClient
 from sagequeue.local import LocalStack
 from sagequeue.local.identities import user_identity
+from sagequeue_core.defaults import (
+    HOST_DIMENSION,
+    NEURON_METRIC_NAMESPACE,
+    NEURONCORE_UTILIZATION_METRIC,
+    host_dimension_value,
+)
 
 POOL = "ml.trn1.32xlarge"
 IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/neuron-train:2.21"
@@ -81,10 +87,10 @@ def until(stack: LocalStack, done: Any, limit: int, step: int = 30) -> None:
 def cancel_all(stack: LocalStack) -> None:
     """Leave the shared stack's pool empty for the next test."""
     admin = stack.client("admin")
-    for job in admin.jobs():
+    for job in admin.jobs(pool=POOL):
         if not job.terminal:
             admin.cancel(job.name)
-    until(stack, lambda: all(job.terminal for job in admin.jobs()), limit=900)
+    until(stack, lambda: all(job.terminal for job in admin.jobs(pool=POOL)), limit=900)
 
 
 def tagged(team: str) -> list[dict[str, str]]:
@@ -129,4 +135,82 @@ def test_1_a_team_tag_of_another_team_is_refused_and_the_mapped_team_is_kept(sta
     stack.advance(120)
     # THEN its team is unchanged
     assert vision.job(own).raw["team"] == "vision"
+    cancel_all(stack)
+
+
+# --- 2. an idle signal no tenant can forge for another's job ----------------------------------------------
+
+
+def idle_alarm(stack: LocalStack, training_job_name: str) -> dict[str, Any]:
+    name = f"sagequeue-idle-{training_job_name}/algo-1"
+    found = stack.aws_client("cloudwatch").describe_alarms(AlarmNames=[name])["MetricAlarms"]
+    return dict(found[0]) if found else {}
+
+
+def forge_zeros(stack: LocalStack, training_job_name: str, count: int = 50) -> None:
+    """What any principal allowed cloudwatch:PutMetricData (every training job's role) can publish."""
+    stack.aws_client("cloudwatch").put_metric_data(
+        Namespace=NEURON_METRIC_NAMESPACE,
+        MetricData=[
+            {
+                "MetricName": NEURONCORE_UTILIZATION_METRIC,
+                "Dimensions": [{"Name": HOST_DIMENSION, "Value": host_dimension_value(training_job_name, 1)}],
+                "Timestamp": stack.now(),
+                "Value": 0.0,
+                "Unit": "Percent",
+            }
+        ]
+        * count,
+    )
+
+
+def training_since(stack: LocalStack, training_job_name: str) -> Any:
+    described = stack.sagemaker.describe_training_job(TrainingJobName=training_job_name)
+    starts = [t["StartTime"] for t in described["SecondaryStatusTransitions"] if t["Status"] == "Training"]
+    return max(starts) if starts else None
+
+
+def test_2_forged_zeros_do_not_stop_a_busy_job_and_a_truly_idle_one_stops_within_window_and_a_period(
+    stack: LocalStack,
+) -> None:
+    vision, speech = stack.client("user"), stack.client("other")
+    busy, idle = unique("busy"), unique("idle")
+    vision.submit(request(stack, busy, 7200), priority=1)
+    speech.submit(request(stack, idle, 7200, outcome="Idle"), priority=1)
+    until(stack, lambda: states(vision)[busy] == states(speech)[idle] == "running", limit=600)
+    until(stack, lambda: training_since(stack, busy) is not None, limit=600, step=10)
+    until(stack, lambda: training_since(stack, idle) is not None, limit=600, step=10)
+    began = training_since(stack, idle)
+    # WHEN another tenant publishes zeros for the busy job's host, fifty a minute, for twice the window
+    window = 3 * 300
+    stopped_at = None
+    for _ in range(2 * window // 60):
+        forge_zeros(stack, busy)
+        stack.advance(60)
+        if stopped_at is None and states(speech)[idle] in ("stopping", "idle_stopped"):
+            stopped_at = stack.now()
+    # THEN the busy job still runs
+    assert states(vision)[busy] == "running"
+    # AND the idle job was stopped within the idle window and one period of its training's start
+    assert stopped_at is not None
+    assert (stopped_at - began).total_seconds() <= window + 300
+    until(stack, lambda: states(speech)[idle] == "idle_stopped", limit=600)
+    cancel_all(stack)
+
+
+def test_2_an_idle_alarm_overwritten_under_its_name_stops_nothing_and_is_put_back(stack: LocalStack) -> None:
+    vision = stack.client("user")
+    busy = unique("busy")
+    vision.submit(request(stack, busy, 7200), priority=1)
+    until(stack, lambda: states(vision)[busy] == "running", limit=600)
+    until(stack, lambda: bool(idle_alarm(stack, busy)), limit=600)
+    real = idle_alarm(stack, busy)
+    # WHEN someone allowed PutMetricAlarm replaces it with one that fires on any utilization
+    members = ("AlarmName", "AlarmActions", "EvaluationPeriods", "ComparisonOperator", "Metrics")
+    stack.aws_client("cloudwatch").put_metric_alarm(**{m: real[m] for m in members}, Threshold=100.0)
+    stack.advance(300)
+    # THEN the job still runs, and the alarm is governance's again
+    assert states(vision)[busy] == "running"
+    assert stack.sagemaker.describe_training_job(TrainingJobName=busy)["TrainingJobStatus"] == "InProgress"
+    assert idle_alarm(stack, busy)["Threshold"] == real["Threshold"]
     cancel_all(stack)

@@ -23,7 +23,7 @@ from sagequeue_core.defaults import EXEMPT_TAG
 from sagequeue_core.domain import DomainError, is_pool_name, parse_required_tags
 
 if TYPE_CHECKING:
-    from sagequeue_core.governance import PolicyRules
+    from sagequeue_core.governance import IdleRules, PolicyRules
 
 ENV_PREFIX = "SAGEQUEUE_"
 
@@ -333,6 +333,24 @@ class Settings:
             max_runtime_seconds=self.max_runtime_seconds,
             exempt_tag=self.exempt_tag,
         )
+
+    @property
+    def idle_rules(self) -> IdleRules:
+        """The idle alarms' rules; ConfigError when CloudWatch would refuse the alarms they describe."""
+        from sagequeue_core.governance import IdleRules  # only governance and the idle stop need them
+
+        try:
+            return IdleRules(
+                threshold_percent=self.idle_threshold_percent,
+                period_seconds=self.idle_period_seconds,
+                periods=self.idle_periods,
+                silence_factor=self.idle_silence_factor,
+            )
+        except DomainError as exc:
+            raise ConfigError(
+                f"{env_name('idle_period_seconds')} / {env_name('idle_periods')} / "
+                f"{env_name('idle_silence_factor')} / {env_name('idle_threshold_percent')}: {exc}"
+            ) from exc
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> Settings:

@@ -21,9 +21,8 @@ from datetime import datetime
 from typing import Any
 
 from sagequeue_core.alarms import CloudWatchAlarms, alarms_of
-from sagequeue_core.config import ConfigError, env_name
 from sagequeue_core.defaults import IDLE_ALARM_PREFIX, JOB_TAG
-from sagequeue_core.domain import DomainError, Job, JobState, StopReason
+from sagequeue_core.domain import Job, JobState, StopReason
 from sagequeue_core.errors import AttemptNameTaken, StaleVersion, TrainingJobNotFound
 from sagequeue_core.events import EventType, Publisher, parse_training_job_event
 from sagequeue_core.governance import (
@@ -31,7 +30,6 @@ from sagequeue_core.governance import (
     DeleteAlarms,
     EnsureAlarms,
     GovernanceRules,
-    IdleRules,
     RecoveryRules,
     ReplaceSpot,
     Resume,
@@ -57,18 +55,7 @@ SPOT_CLAIM = "governance-spot-replace"
 def rules_from(settings: Any) -> GovernanceRules:
     """The governance rules of `sagequeue_core.config.Settings`; ConfigError when CloudWatch would refuse
     the idle alarms they describe."""
-    try:
-        idle = IdleRules(
-            threshold_percent=settings.idle_threshold_percent,
-            period_seconds=settings.idle_period_seconds,
-            periods=settings.idle_periods,
-            silence_factor=settings.idle_silence_factor,
-        )
-    except DomainError as exc:
-        raise ConfigError(
-            f"{env_name('idle_period_seconds')} / {env_name('idle_periods')} / "
-            f"{env_name('idle_silence_factor')} / {env_name('idle_threshold_percent')}: {exc}"
-        ) from exc
+    idle = settings.idle_rules
     return GovernanceRules(
         policy=settings.policy_rules,
         idle=idle,
