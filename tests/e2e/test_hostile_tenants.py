@@ -67,9 +67,17 @@ def stack() -> Iterator[LocalStack]:
         teams=TEAMS,
     )
     running.identities.add(user_identity(running.account_id, "loner"))
+    vision_data = vision_data_role(running)
+    running.requested_settings["allowed_role_arns"] = [running.training_role_arn, vision_data]
+    running.requested_settings["team_execution_roles"] = f"vision={vision_data}"
     running.start()
     yield running
     running.stop()
+
+
+def vision_data_role(stack: LocalStack) -> str:
+    """An execution role that reads vision's data: only vision may pass it (TeamExecutionRoles)."""
+    return f"arn:aws:iam::{stack.account_id}:role/vision-data-access"
 
 
 def states(queue: QueueClient) -> dict[str, str]:
@@ -213,4 +221,31 @@ def test_2_an_idle_alarm_overwritten_under_its_name_stops_nothing_and_is_put_bac
     assert states(vision)[busy] == "running"
     assert stack.sagemaker.describe_training_job(TrainingJobName=busy)["TrainingJobStatus"] == "InProgress"
     assert idle_alarm(stack, busy)["Threshold"] == real["Threshold"]
+    cancel_all(stack)
+
+
+# --- 3. an execution role of one team is not another's ----------------------------------------------------
+
+
+def test_3_a_teams_execution_role_is_refused_to_other_teams_and_passed_for_its_own(stack: LocalStack) -> None:
+    vision, speech, loner, admin = (stack.client(n) for n in ("user", "other", "loner", "admin"))
+    role = vision_data_role(stack)
+    # WHEN speech, and a user of no team, submit jobs that run as vision's data-access role
+    for caller, yours in ((speech, "your team is 'speech'"), (loner, "mapped to no team")):
+        with pytest.raises(ApiError) as refused:
+            caller.submit(request(stack, unique("borrowed-role"), 60, RoleArn=role))
+        # THEN each is refused, naming the team whose role it is
+        assert refused.value.status == 403
+        assert "execution role of team 'vision'" in str(refused.value)
+        assert yours in str(refused.value)
+    # AND vision passes it, an admin passes it, and the shared role stays open to everyone
+    own, admins, shared = unique("own-role"), unique("admin-role"), unique("shared-role")
+    vision.submit(request(stack, own, 60, RoleArn=role))
+    admin.submit(request(stack, admins, 60, RoleArn=role))
+    speech.submit(request(stack, shared, 60))
+    until(
+        stack, lambda: states(admin).get(admins) == "completed" and states(vision)[own] == "completed", 1200
+    )
+    roles = {n: stack.sagemaker.describe_training_job(TrainingJobName=n)["RoleArn"] for n in (own, admins)}
+    assert roles == {own: role, admins: role}
     cancel_all(stack)

@@ -56,3 +56,19 @@ def test_team_settings_are_parsed_and_bad_ones_named() -> None:
         Settings.build(team_roles="nope=vision")
     with pytest.raises(ConfigError, match="team name 'a b'"):
         Settings.build(team_roles=f"{ROLE}=a b")
+
+
+def test_team_execution_roles_are_parsed_named_and_held_to_the_allowed_roles() -> None:
+    data = f"arn:aws:iam::{ACCOUNT}:role/vision-data"
+    settings = Settings.build(
+        allowed_role_arns=[ROLE, data], team_execution_roles=f"vision={data}, speech={data},vision={data}"
+    )
+    assert settings.team_execution_roles == {"vision": (data,), "speech": (data,)}
+    assert settings.teams_of_role(data) == ("vision", "speech")
+    assert settings.teams_of_role(ROLE) == ()
+    with pytest.raises(
+        ConfigError, match=r"SAGEQUEUE_TEAM_EXECUTION_ROLES: .*not among SAGEQUEUE_ALLOWED_ROLE"
+    ):
+        Settings.build(allowed_role_arns=[ROLE], team_execution_roles=f"vision={data}")
+    with pytest.raises(ConfigError, match="entry 'vision' must be <team>=<role ARN>"):
+        Settings.build(team_execution_roles="vision")

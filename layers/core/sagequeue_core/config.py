@@ -215,6 +215,37 @@ def _team_roles(value: Any) -> dict[str, str]:
     return roles
 
 
+def _team_execution_roles(value: Any) -> dict[str, tuple[str, ...]]:
+    """`vision=arn:aws:iam::123456789012:role/vision-data,...` (a team may come back with more roles; or a
+    mapping of team to role ARNs) -> {team: (role ARN, ...)}."""
+    from sagequeue_core.quotas import QuotaError, check_team_name
+
+    pairs: list[tuple[str, str]] = []
+    if isinstance(value, Mapping):
+        for team, roles in value.items():
+            for role in [roles] if isinstance(roles, str) else roles:
+                pairs.append((str(team), str(role)))
+    else:
+        for raw in _text(value).split(","):
+            entry = raw.strip()
+            if entry:
+                team, sep, role = (part.strip() for part in entry.partition("="))
+                if not sep:
+                    raise ValueError(f"entry {entry!r} must be <team>=<role ARN>")
+                pairs.append((team, role))
+    by_team: dict[str, tuple[str, ...]] = {}
+    for team, role in pairs:
+        if not _ROLE_ARN.fullmatch(role):
+            raise ValueError(f"{role!r} is not an IAM role ARN")
+        try:
+            check_team_name(team)
+        except QuotaError as exc:
+            raise ValueError(str(exc)) from None
+        if role not in by_team.get(team, ()):
+            by_team[team] = (*by_team.get(team, ()), role)
+    return by_team
+
+
 def setting(default: Any, parse: Parser) -> Any:
     """A settings field: its default and the parser its values go through."""
     return dataclasses.field(default=default, metadata={"parse": parse})
@@ -301,6 +332,11 @@ class Settings:
     team_tag: str = setting("team", _text)
     #: `<role ARN>=<team>` pairs: the team of a job without the tag, from the role that submitted it.
     team_roles: dict[str, str] = dataclasses.field(default_factory=dict, metadata={"parse": _team_roles})
+    #: `<team>=<role ARN>` pairs: an execution role listed here may be passed only by that team's callers
+    #: (and admins); an allowed role no team lists may be passed by anyone (docs/guardrails.md).
+    team_execution_roles: dict[str, tuple[str, ...]] = dataclasses.field(
+        default_factory=dict, metadata={"parse": _team_execution_roles}
+    )
     #: Half-life of the decaying instance-hours counter that orders teams within a priority (fair share).
     fair_share_half_life_seconds: int = setting(86_400, _integer(ge=0))
 
@@ -313,6 +349,16 @@ class Settings:
                 problems.append(f"{env_name(spec.name)}: {exc}")
                 continue
             object.__setattr__(self, spec.name, parsed)
+        if not problems:
+            unknown = sorted(
+                {r for roles in self.team_execution_roles.values() for r in roles}
+                - set(self.allowed_role_arns)
+            )
+            if unknown:
+                problems.append(
+                    f"{env_name('team_execution_roles')}: {', '.join(unknown)} not among "
+                    f"{env_name('allowed_role_arns')} (the only roles the scheduler may pass)"
+                )
         if problems:
             raise ConfigError("invalid settings: " + "; ".join(problems))
 
@@ -333,6 +379,10 @@ class Settings:
             max_runtime_seconds=self.max_runtime_seconds,
             exempt_tag=self.exempt_tag,
         )
+
+    def teams_of_role(self, role_arn: str) -> tuple[str, ...]:
+        """The teams that own an execution role (TeamExecutionRoles); empty for a role any caller may pass."""
+        return tuple(team for team, roles in self.team_execution_roles.items() if role_arn in roles)
 
     @property
     def idle_rules(self) -> IdleRules:

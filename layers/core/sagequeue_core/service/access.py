@@ -95,6 +95,17 @@ def submission_team(tagged: str, caller: str, settings: Any) -> str | None:
     raise Forbidden(f"tag {tag!r}: you submit for team {mine!r} (your IAM principal's), not {tagged!r}")
 
 
+def require_role_allowed(role_arn: str, team: str | None, caller: str, settings: Any) -> None:
+    """Forbidden when the execution role belongs to teams (TeamExecutionRoles) the caller's job is not
+    of; an admin may pass any allowed role."""
+    owners = settings.teams_of_role(role_arn)
+    if not owners or team in owners or is_admin(caller, settings.admin_role_arns):
+        return
+    whose = f"team{'s' if len(owners) > 1 else ''} {', '.join(repr(t) for t in owners)}"
+    yours = f"your team is {team!r}" if team else "your IAM principal is mapped to no team"
+    raise Forbidden(f"RoleArn {role_arn!r} is the execution role of {whose}; {yours}")
+
+
 def require_admin(caller: str, admin_arns: Iterable[str], what: str) -> None:
     if not is_admin(caller, admin_arns):
         raise Forbidden(f"only an admin may {what}")

@@ -27,6 +27,7 @@ from sagequeue_core.service.access import (
     owner_of_caller,
     require_caller,
     require_priority_allowed,
+    require_role_allowed,
     submission_team,
 )
 from sagequeue_core.validation import validate_create_training_job
@@ -113,6 +114,7 @@ def validate(deps: Dependencies, body: Any, caller: str, body_bytes: int | None 
         except QuotaError as exc:
             raise RequestInvalid(f"tag {settings.team_tag!r}: {exc}") from None
     team = submission_team(tagged, caller, settings)
+    require_role_allowed(role, team, caller, settings)
     return Job(
         name=name,
         request=request,
