@@ -11,6 +11,7 @@ THEN the attack fails, and the legitimate path next to it still works.
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -248,4 +249,43 @@ def test_3_a_teams_execution_role_is_refused_to_other_teams_and_passed_for_its_o
     )
     roles = {n: stack.sagemaker.describe_training_job(TrainingJobName=n)["RoleArn"] for n in (own, admins)}
     assert roles == {own: role, admins: role}
+    cancel_all(stack)
+
+
+# --- 4. attempt names nobody outside can block ---------------------------------------------------------------
+
+
+def test_4_training_jobs_created_under_a_jobs_attempt_names_cost_it_no_attempt_and_never_fail_it(
+    stack: LocalStack,
+) -> None:
+    vision, admin = stack.client("user"), stack.client("admin")
+    victim, early = unique("exp"), unique("early")
+    # GIVEN someone with sagemaker:CreateTrainingJob takes every name the docs ever promised the victim's
+    # attempts: <job>--2 ... <job>--6, and the fixed fallbacks <job>--2c1 ... <job>--2c4
+    taken = [f"{victim}--{n}" for n in range(2, 7)] + [f"{victim}--2c{c}" for c in range(1, 5)]
+    for name in taken:
+        stack.sagemaker.create_training_job(**request(stack, name, 60))
+    vision.submit(request(stack, victim, 1800), priority=1)
+    # AND a queued job's own name is taken on SageMaker before it first starts
+    vision.submit(request(stack, early, 600), priority=5)
+    stack.sagemaker.create_training_job(**request(stack, early, 60))
+    until(stack, lambda: states(vision)[victim] == "running", limit=600)
+    # WHEN the victim is preempted and resumes
+    admin.submit(request(stack, unique("urgent"), 120), priority=900)
+    until(stack, lambda: vision.job(victim).attempt == 2 and vision.job(victim).live, limit=1800)
+    # THEN its second attempt runs under a fallback name nobody could create ahead, as attempt 2
+    job = vision.job(victim)
+    assert re.fullmatch(re.escape(victim) + "--2x[0-9a-f]{12}", job.training_job_name or "")
+    assert job.training_job_name not in taken
+    tags = stack.sagemaker.list_tags(
+        ResourceArn=stack.sagemaker.describe_training_job(TrainingJobName=job.training_job_name)[
+            "TrainingJobArn"
+        ]
+    )["Tags"]
+    assert {"Key": "sagequeue:job", "Value": victim} in tags
+    # AND the job whose first name was taken starts under its first attempt's fallback name
+    summaries = stack.sagemaker.list_training_jobs(NameContains=early, MaxResults=100)["TrainingJobSummaries"]
+    ran = sorted(summary["TrainingJobName"] for summary in summaries)
+    assert [n for n in ran if re.fullmatch(re.escape(early) + "--1x[0-9a-f]{12}", n)], ran
+    assert vision.job(early).state != "failed"
     cancel_all(stack)
