@@ -289,3 +289,24 @@ def test_4_training_jobs_created_under_a_jobs_attempt_names_cost_it_no_attempt_a
     assert [n for n in ran if re.fullmatch(re.escape(early) + "--1x[0-9a-f]{12}", n)], ran
     assert vision.job(early).state != "failed"
     cancel_all(stack)
+
+
+# --- 8. a body SageMaker would refuse at create time is refused at submit ----------------------------------
+
+
+def test_8_instance_type_beside_instance_groups_is_a_400_naming_both(stack: LocalStack) -> None:
+    vision = stack.client("user")
+    groups = [{"InstanceGroupName": "g", "InstanceType": POOL, "InstanceCount": 1}]
+    body = request(stack, unique("both"), 60)
+    body["ResourceConfig"] = {**body["ResourceConfig"], "InstanceGroups": groups}
+    with pytest.raises(ApiError) as refused:
+        vision.submit(body)
+    assert refused.value.status == 400
+    assert "ResourceConfig.InstanceType and ResourceConfig.InstanceGroups" in str(refused.value)
+    # AND the groups alone are a job
+    alone = unique("groups")
+    body = request(stack, alone, 60)
+    body["ResourceConfig"] = {"InstanceGroups": groups, "VolumeSizeInGB": 64}
+    vision.submit(body)
+    assert vision.job(alone).state in ("queued", "starting")
+    cancel_all(stack)

@@ -68,6 +68,7 @@ def validate(deps: Dependencies, body: Any, caller: str, body_bytes: int | None 
     try:
         name = validate_job_name(request["TrainingJobName"])
         validate_create_training_job(request)
+        refuse_instance_type_with_groups(request["ResourceConfig"])
         priority = priority_of(request, explicit_priority)
         demand = pool_demand_of(request)
         tags = tags_to_dict(request.get("Tags"))
@@ -123,6 +124,16 @@ def validate(deps: Dependencies, body: Any, caller: str, body_bytes: int | None 
         submitted_at=deps.now(),
         team=team,
     )
+
+
+def refuse_instance_type_with_groups(resources: Any) -> None:
+    """SageMaker refuses InstanceType beside InstanceGroups at create time; the queue would learn it only
+    when the job starts."""
+    if isinstance(resources, Mapping) and resources.get("InstanceType") and resources.get("InstanceGroups"):
+        raise RequestInvalid(
+            "ResourceConfig.InstanceType and ResourceConfig.InstanceGroups: give one or the other (a "
+            "heterogeneous cluster names its instance types in InstanceGroups only)"
+        )
 
 
 def submit(deps: Dependencies, body: Any, caller: str | None, body_bytes: int | None = None) -> Job:
