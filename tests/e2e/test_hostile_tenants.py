@@ -71,6 +71,8 @@ def stack() -> Iterator[LocalStack]:
     vision_data = vision_data_role(running)
     running.requested_settings["allowed_role_arns"] = [running.training_role_arn, vision_data]
     running.requested_settings["team_execution_roles"] = f"vision={vision_data}"
+    loner = running.identity("loner").arn
+    running.requested_settings["priority_ceilings"] = f"speech=300,{loner}=50"
     running.start()
     yield running
     running.stop()
@@ -309,4 +311,38 @@ def test_8_instance_type_beside_instance_groups_is_a_400_naming_both(stack: Loca
     body["ResourceConfig"] = {"InstanceGroups": groups, "VolumeSizeInGB": 64}
     vision.submit(body)
     assert vision.job(alone).state in ("queued", "starting")
+    cancel_all(stack)
+
+
+# --- 6. priority ceilings per team and per principal -----------------------------------------------------
+
+
+def test_6_priorities_above_a_callers_ceiling_are_refused_naming_it_at_submit_and_change(
+    stack: LocalStack,
+) -> None:
+    vision, speech, loner, admin = (stack.client(n) for n in ("user", "other", "loner", "admin"))
+    cases = [
+        (speech, 301, "above 300, the ceiling of team 'speech'"),
+        (loner, 51, "above 50, the ceiling of arn:aws:iam::"),
+        (vision, 901, "above 900, the ceiling of non-admins (MaxPriorityForNonAdmins)"),
+    ]
+    for caller, priority, named in cases:
+        # WHEN a caller submits above its ceiling THEN it is refused, naming the ceiling and whose it is
+        with pytest.raises(ApiError) as refused:
+            caller.submit(request(stack, unique("greedy"), 60), priority=priority)
+        assert refused.value.status == 403
+        assert named in str(refused.value)
+        # AND at its ceiling it is queued
+        modest = unique("modest")
+        caller.submit(request(stack, modest, 600), priority=priority - 1)
+        # AND raising that job above the ceiling later is refused too
+        with pytest.raises(ApiError) as raised:
+            caller.set_priority(modest, 1000)
+        assert raised.value.status == 403
+        assert named.replace(f"above {priority - 1}", "") in str(raised.value)
+        assert caller.job(modest).priority == priority - 1
+    # AND an admin may use the top
+    top = unique("top")
+    admin.submit(request(stack, top, 60), priority=1000)
+    assert admin.job(top).priority == 1000
     cancel_all(stack)

@@ -246,6 +246,35 @@ def _team_execution_roles(value: Any) -> dict[str, tuple[str, ...]]:
     return by_team
 
 
+def _priority_ceilings(value: Any) -> dict[str, int]:
+    """`speech=300,arn:aws:iam::123456789012:role/ci=100` (or a mapping) -> {team or principal ARN: ceiling}."""
+    from sagequeue_core.quotas import QuotaError, check_team_name
+
+    if isinstance(value, Mapping):
+        pairs = [(str(k), v) for k, v in value.items()]
+    else:
+        pairs = []
+        for raw in _text(value).split(","):
+            entry = raw.strip()
+            if entry:
+                key, sep, ceiling = (part.strip() for part in entry.rpartition("="))
+                if not sep:
+                    raise ValueError(f"entry {entry!r} must be <team or principal ARN>=<priority>")
+                pairs.append((key, ceiling))
+    ceilings: dict[str, int] = {}
+    for key, ceiling in pairs:
+        if key.startswith("arn:"):
+            if not _PRINCIPAL_ARN.fullmatch(key):
+                raise ValueError(f"{key!r} is not an IAM principal ARN")
+        else:
+            try:
+                check_team_name(key)
+            except QuotaError as exc:
+                raise ValueError(str(exc)) from None
+        ceilings[key] = _bounded(_to_int(ceiling), 0, 1000)
+    return ceilings
+
+
 def setting(default: Any, parse: Parser) -> Any:
     """A settings field: its default and the parser its values go through."""
     return dataclasses.field(default=default, metadata={"parse": parse})
@@ -272,8 +301,14 @@ class Settings:
     )
     #: Principals (role or user ARNs) that may change any job and set pool capacity.
     admin_role_arns: tuple[str, ...] = setting((), _list(_PRINCIPAL_ARN, "an IAM principal ARN"))
-    #: Highest priority a non-admin may submit or set; admins may use the whole range.
-    max_priority_for_non_admins: int = setting(1000, _integer(ge=0, le=1000))
+    #: Highest priority a non-admin may submit or set, unless priority_ceilings says otherwise for the
+    #: caller or its team; admins may use the whole range. Below the top, so some priorities stay admins'.
+    max_priority_for_non_admins: int = setting(900, _integer(ge=0, le=1000))
+    #: `<team or principal ARN>=<priority>` pairs: the highest priority that principal (first) or that
+    #: team's callers may submit or set, instead of max_priority_for_non_admins.
+    priority_ceilings: dict[str, int] = dataclasses.field(
+        default_factory=dict, metadata={"parse": _priority_ceilings}
+    )
     #: A running attempt is not preempted before it has run this long, so preemption cannot thrash.
     min_runtime_before_preemption_seconds: int = setting(600, _integer(ge=0))
     #: Past this many preemptions a job is not preempted again until it ends, except to end a loan it runs

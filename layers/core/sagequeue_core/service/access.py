@@ -55,11 +55,26 @@ def require_owner_or_admin(job: Job, caller: str, admin_arns: Iterable[str]) -> 
     raise Forbidden(f"only the owner of job {job.name!r} or an admin may change it")
 
 
+def priority_ceiling(caller: str, settings: Any) -> tuple[int, str]:
+    """The highest priority a non-admin caller may use, and whose ceiling it is: the caller's principal's
+    entry in PriorityCeilings, else its team's, else MaxPriorityForNonAdmins."""
+    mine = principal(caller)
+    team = team_of_caller(caller, settings.team_roles)
+    for key, ceiling in settings.priority_ceilings.items():
+        if key.startswith("arn:") and principal(key) == mine:
+            return ceiling, f"the ceiling of {owner_of_caller(caller)} (PriorityCeilings)"
+    if team is not None and team in settings.priority_ceilings:
+        return settings.priority_ceilings[team], f"the ceiling of team {team!r} (PriorityCeilings)"
+    return settings.max_priority_for_non_admins, "the ceiling of non-admins (MaxPriorityForNonAdmins)"
+
+
 def require_priority_allowed(priority: int, caller: str, settings: Any) -> None:
-    """Forbidden when a non-admin asks for a priority above the stack's MaxPriorityForNonAdmins."""
-    ceiling = settings.max_priority_for_non_admins
-    if priority > ceiling and not is_admin(caller, settings.admin_role_arns):
-        raise Forbidden(f"priority {priority} is above {ceiling}, the highest a non-admin may use")
+    """Forbidden when a non-admin asks for a priority above its ceiling (priority_ceiling), naming it."""
+    if is_admin(caller, settings.admin_role_arns):
+        return
+    ceiling, whose = priority_ceiling(caller, settings)
+    if priority > ceiling:
+        raise Forbidden(f"priority {priority} is above {ceiling}, {whose}")
 
 
 def team_of_caller(caller: str, team_roles: Mapping[str, str]) -> str | None:
