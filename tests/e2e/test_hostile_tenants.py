@@ -58,7 +58,7 @@ def request(stack: LocalStack, name: str, seconds: int, *, outcome: str | None =
 def stack() -> Iterator[LocalStack]:
     running = LocalStack(
         settings={
-            "capacity": {POOL: 2},
+            "capacity": {POOL: 2, "plan:shared": 1},
             "min_runtime_before_preemption_seconds": 0,
             "idle_periods": 3,
             "idle_period_seconds": 300,
@@ -96,12 +96,13 @@ def until(stack: LocalStack, done: Any, limit: int, step: int = 30) -> None:
 
 
 def cancel_all(stack: LocalStack) -> None:
-    """Leave the shared stack's pool empty for the next test."""
+    """Leave the shared stack's pools empty for the next test."""
     admin = stack.client("admin")
-    for job in admin.jobs(pool=POOL):
-        if not job.terminal:
-            admin.cancel(job.name)
-    until(stack, lambda: all(job.terminal for job in admin.jobs(pool=POOL)), limit=900)
+    for pool in (POOL, "plan:shared"):
+        for job in admin.jobs(pool=pool):
+            if not job.terminal:
+                admin.cancel(job.name)
+    until(stack, lambda: all(job.terminal for p in (POOL, "plan:shared") for job in admin.jobs(pool=p)), 900)
 
 
 def tagged(team: str) -> list[dict[str, str]]:
@@ -345,4 +346,31 @@ def test_6_priorities_above_a_callers_ceiling_are_refused_naming_it_at_submit_an
     top = unique("top")
     admin.submit(request(stack, top, 60), priority=1000)
     assert admin.job(top).priority == 1000
+    cancel_all(stack)
+
+
+# --- 5. training plans of others ------------------------------------------------------------------------------
+
+
+def test_5_a_plan_of_another_account_region_or_partition_is_no_pool_of_the_stack(stack: LocalStack) -> None:
+    vision = stack.client("user")
+    ours = f"arn:aws:sagemaker:{stack.region}:{stack.account_id}:training-plan/shared"
+    others = [
+        (ours.replace(stack.account_id, "999999999999"), "account 999999999999"),
+        (ours.replace(stack.region, "eu-west-3"), "region eu-west-3"),
+        (ours.replace("arn:aws:", "arn:aws-cn:"), "partition aws-cn"),
+    ]
+    for arn, named in others:
+        body = request(stack, unique("plan"), 60)
+        body["ResourceConfig"] = {**body["ResourceConfig"], "TrainingPlanArn": arn}
+        with pytest.raises(ApiError) as refused:
+            vision.submit(body)
+        assert refused.value.status == 400
+        assert f"ResourceConfig.TrainingPlanArn: the plan is in {named}" in str(refused.value)
+    # AND the stack's own plan of that name is its pool
+    own = unique("own-plan")
+    body = request(stack, own, 60)
+    body["ResourceConfig"] = {**body["ResourceConfig"], "TrainingPlanArn": ours}
+    vision.submit(body)
+    assert vision.job(own).pool == "plan:shared"
     cancel_all(stack)

@@ -290,6 +290,10 @@ class Settings:
     table_name: str = setting("sagequeue", _text)
     #: The EventBridge bus sagequeue publishes its own events on.
     event_bus_name: str = setting("sagequeue", _text)
+    #: The stack's own partition, region and account: only training plans of these are pools (empty: any).
+    partition: str = setting("", _text)
+    region: str = setting("", _text)
+    account_id: str = setting("", _text)
 
     # --- scheduler ----------------------------------------------------------------------------------------
     #: Instances per pool (instance type), seeded into the table; PUT /pools changes them at runtime.

@@ -271,7 +271,10 @@ def demand_of(request: Mapping[str, Any]) -> dict[str, int]:
 #: region, and the name is safe in a URL path where the ARN is not).
 PLAN_POOL_PREFIX = "plan:"
 _INSTANCE_TYPE_RE = re.compile(r"ml\.[a-z0-9]+\.[a-z0-9]+")
-_PLAN_ARN_RE = re.compile(r"arn:aws[a-z-]*:sagemaker:[a-z0-9-]+:\d{12}:training-plan/([A-Za-z0-9-]{1,64})")
+_PLAN_ARN_RE = re.compile(
+    r"arn:(?P<partition>aws[a-z-]*):sagemaker:(?P<region>[a-z0-9-]+):(?P<account>\d{12}):training-plan/"
+    r"(?P<name>[A-Za-z0-9-]{1,64})"
+)
 _PLAN_POOL_RE = re.compile(PLAN_POOL_PREFIX + r"[A-Za-z0-9-]{1,64}")
 
 
@@ -288,7 +291,13 @@ def plan_pool(plan_arn: Any, where: str = "ResourceConfig.TrainingPlanArn") -> s
             f"{where} must be a training plan ARN like "
             f"arn:aws:sagemaker:us-east-1:123456789012:training-plan/my-plan, got {plan_arn!r}"
         )
-    return PLAN_POOL_PREFIX + match.group(1)
+    return PLAN_POOL_PREFIX + match["name"]
+
+
+def plan_home(plan_arn: str) -> tuple[str, str, str] | None:
+    """(partition, region, account) of a training plan ARN, or None when it is not one."""
+    match = _PLAN_ARN_RE.fullmatch(plan_arn)
+    return (match["partition"], match["region"], match["account"]) if match else None
 
 
 def pool_demand_of(request: Mapping[str, Any]) -> dict[str, int]:

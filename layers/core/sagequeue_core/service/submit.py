@@ -11,6 +11,7 @@ from sagequeue_core.domain import (
     DomainError,
     Job,
     JobState,
+    plan_home,
     pool_demand_of,
     priority_of,
     tags_to_dict,
@@ -69,6 +70,7 @@ def validate(deps: Dependencies, body: Any, caller: str, body_bytes: int | None 
         name = validate_job_name(request["TrainingJobName"])
         validate_create_training_job(request)
         refuse_instance_type_with_groups(request["ResourceConfig"])
+        refuse_foreign_plan(request["ResourceConfig"], settings)
         priority = priority_of(request, explicit_priority)
         demand = pool_demand_of(request)
         tags = tags_to_dict(request.get("Tags"))
@@ -134,6 +136,22 @@ def refuse_instance_type_with_groups(resources: Any) -> None:
             "ResourceConfig.InstanceType and ResourceConfig.InstanceGroups: give one or the other (a "
             "heterogeneous cluster names its instance types in InstanceGroups only)"
         )
+
+
+def refuse_foreign_plan(resources: Any, settings: Any) -> None:
+    """A training plan of another partition, region or account is no pool of this stack, even when its
+    name is that of one of ours (pools are named `plan:<name>`)."""
+    plan = resources.get("TrainingPlanArn") if isinstance(resources, Mapping) else None
+    home = plan_home(plan) if isinstance(plan, str) else None
+    if home is None:
+        return  # not a plan ARN: pool_demand_of names the problem
+    ours = (settings.partition, settings.region, settings.account_id)
+    for what, theirs, mine in zip(("partition", "region", "account"), home, ours, strict=True):
+        if mine and theirs != mine:
+            raise RequestInvalid(
+                f"ResourceConfig.TrainingPlanArn: the plan is in {what} {theirs}; this stack's training plans "
+                f"are in {what} {mine}"
+            )
 
 
 def submit(deps: Dependencies, body: Any, caller: str | None, body_bytes: int | None = None) -> Job:
