@@ -228,6 +228,22 @@ def test_2_an_idle_alarm_overwritten_under_its_name_stops_nothing_and_is_put_bac
     cancel_all(stack)
 
 
+def test_2_an_idle_jobs_alarm_overwritten_never_to_fire_is_put_back_and_the_job_still_stops(
+    stack: LocalStack,
+) -> None:
+    speech = stack.client("other")
+    idle = unique("idle")
+    speech.submit(request(stack, idle, 7200, outcome="Idle"), priority=1)
+    until(stack, lambda: bool(idle_alarm(stack, idle)), limit=900)
+    real = idle_alarm(stack, idle)
+    # WHEN someone replaces its alarm with one that never fires, and sends nowhere
+    members = ("AlarmName", "EvaluationPeriods", "ComparisonOperator", "Metrics")
+    stack.aws_client("cloudwatch").put_metric_alarm(**{m: real[m] for m in members}, Threshold=-1.0)
+    # THEN governance's reconcile puts it back, and the idle job is stopped all the same
+    until(stack, lambda: states(speech)[idle] == "idle_stopped", limit=3 * 300 + 2 * 300 + 600, step=60)
+    cancel_all(stack)
+
+
 # --- 3. an execution role of one team is not another's ----------------------------------------------------
 
 
