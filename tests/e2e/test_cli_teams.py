@@ -15,7 +15,7 @@ from sagequeue.local import LocalStack
 
 @pytest.fixture(scope="module")
 def stack() -> Iterator[Any]:
-    with LocalStack(settings={"capacity": {POOL: 4}}) as running:
+    with LocalStack(settings={"capacity": {POOL: 4}}, teams={"user": "vision"}) as running:
         yield running
 
 

@@ -46,6 +46,7 @@ class Scenario:
         emulator: dict[str, Any] | None = None,
         *,
         monitored: bool = False,
+        teams: dict[str, str] | None = None,
         **settings: Any,
     ) -> None:
         values = {
@@ -56,7 +57,7 @@ class Scenario:
         }
         self.capacity = capacity
         self.stack = LocalStack(
-            settings=values, emulator={**REALISTIC, **(emulator or {})}, function_logs=False
+            settings=values, emulator={**REALISTIC, **(emulator or {})}, function_logs=False, teams=teams
         )
         self.stack.start()
         self.queue: QueueClient = self.stack.client()

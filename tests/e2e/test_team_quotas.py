@@ -1,6 +1,7 @@
 """Team quotas end to end on the local stack's virtual clock: two teams with quotas of 2 on a pool of 4.
 
-Quotas are set through `PUT /teams/{team}/quotas` as an admin, a job's team comes from its `team` tag,
+Quotas are set through `PUT /teams/{team}/quotas` as an admin, a job's team is its submitter's (identities
+`a` and `b`, mapped to teams of those names by TeamRoles),
 and every step of the clock checks SageMaker's side (instances held per pool never above capacity, no
 queue entry with two live training jobs), as the other scheduling scenarios do.
 """
@@ -23,10 +24,16 @@ PROVISIONING = 480
 
 
 class TeamScenario(Scenario):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # the jobs of every team, not only the default identity's own
+        everyone = self.queue.jobs
+        self.queue.jobs = lambda **filters: everyone(**{"pool": POOL, **filters})  # type: ignore[method-assign]
+
     def submit_for(self, team: str, name: str, seconds: int, priority: int = 5, **kw: Any) -> None:
         body = self.request(name, seconds, **kw)
         body["Tags"] = [{"Key": "team", "Value": team}]
-        self.queue.submit(body, priority=priority)
+        self.stack.client(team).submit(body, priority=priority)
         self.stack.run_until_idle()
         self.stack.advance(1)
 
@@ -51,7 +58,12 @@ def teams() -> Iterator[Callable[..., TeamScenario]]:
     made: list[TeamScenario] = []
 
     def make(**quota: Any) -> TeamScenario:
-        s = TeamScenario(4, default_keep_alive_seconds=0, min_runtime_before_preemption_seconds=MIN_RUNTIME)
+        s = TeamScenario(
+            4,
+            teams={"a": "a", "b": "b"},
+            default_keep_alive_seconds=0,
+            min_runtime_before_preemption_seconds=MIN_RUNTIME,
+        )
         made.append(s)
         admin = s.stack.client("admin")
         admin.set_team_quota("a", POOL, 2, **quota.get("a", {}))

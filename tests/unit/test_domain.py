@@ -22,6 +22,7 @@ from sagequeue_core.domain import (
     StopReason,
     attempt_name,
     demand_of,
+    is_attempt_name,
     parse_priority,
     priority_of,
     tags_to_dict,
@@ -207,3 +208,18 @@ def test_a_loan_taken_back_counts_apart_from_preemptions() -> None:
     # both requeue; cancel, idle and policy stops do not
     assert {r for r in StopReason if r.requeues} == {StopReason.PREEMPTED, StopReason.TAKEN_BACK}
     assert StopReason.TAKEN_BACK.final_state is JobState.QUEUED
+
+
+@given(names, st.integers(1, 10_000), st.text("0123456789abcdef", min_size=12, max_size=12))
+def test_fallback_attempt_names_are_valid_and_recognised_only_for_their_attempt(
+    name: str, attempt: int, token: str
+) -> None:
+    fallback = attempt_name(name, attempt, token)
+    assert re.fullmatch(TRAINING_JOB_NAME_PATTERN, fallback), fallback
+    assert len(fallback) <= 63
+    assert fallback != attempt_name(name, attempt)
+    assert is_attempt_name(fallback, name, attempt)
+    assert is_attempt_name(attempt_name(name, attempt), name, attempt)
+    assert not is_attempt_name(fallback, name, attempt + 1)
+    with pytest.raises(ValueError, match="lowercase hex"):
+        attempt_name(name, attempt, "guessable")

@@ -1,35 +1,53 @@
-"""A job's team: from its tag, else from the caller's role as the settings map it."""
+"""A job's team: from its submitter's IAM principal as the settings map it; a tag only confirms it."""
 
 from __future__ import annotations
 
 import pytest
 
 from sagequeue_core.config import ConfigError, Settings
-from sagequeue_core.domain import team_of
+from sagequeue_core.errors import Forbidden
+from sagequeue_core.service.access import submission_team, team_of_caller
 
-ROLE = "arn:aws:iam::123456789012:role/vision-ci"
-ROLES = {ROLE: "vision"}
-
-
-def test_the_tag_names_the_team_before_the_role() -> None:
-    request = {"Tags": [{"Key": "team", "Value": "speech"}]}
-    assert team_of(request, ROLE, tag="team", roles=ROLES) == "speech"
-    assert team_of({"Tags": [{"Key": "group", "Value": "x"}]}, ROLE, tag="group", roles=ROLES) == "x"
+ACCOUNT = "123456789012"
+ROLE = f"arn:aws:iam::{ACCOUNT}:role/vision-ci"
+USER = f"arn:aws:iam::{ACCOUNT}:user/ana"
+ADMIN = f"arn:aws:iam::{ACCOUNT}:role/queue-admin"
+ROLES = {ROLE: "vision", USER: "speech"}
 
 
-def test_the_role_names_the_team_of_an_untagged_job_even_through_an_assumed_role_session() -> None:
-    assert team_of({}, ROLE, tag="team", roles=ROLES) == "vision"
-    session = "arn:aws:sts::123456789012:assumed-role/vision-ci/build-17"
-    assert team_of({}, session, tag="team", roles=ROLES) == "vision"
+def test_the_role_names_the_team_even_through_an_assumed_role_session_and_a_path() -> None:
+    assert team_of_caller(ROLE, ROLES) == "vision"
+    assert team_of_caller(f"arn:aws:sts::{ACCOUNT}:assumed-role/vision-ci/build-17", ROLES) == "vision"
+    assert team_of_caller(f"arn:aws:sts::{ACCOUNT}:assumed-role/other/build-17", ROLES) is None
+    assert team_of_caller(ROLE, {f"arn:aws:iam::{ACCOUNT}:role/ci/vision-ci": "vision"}) == "vision"
+
+
+def test_an_iam_user_mapping_names_that_user_alone_and_no_role_of_another_account() -> None:
+    assert team_of_caller(USER, ROLES) == "speech"
+    # the mapping of one IAM user is not every IAM user's (two principals without a role name)
+    assert team_of_caller(f"arn:aws:iam::{ACCOUNT}:user/bob", ROLES) is None
+    assert team_of_caller("arn:aws:sts::999999999999:assumed-role/vision-ci/x", ROLES) is None
+
+
+def test_a_team_tag_must_name_the_callers_team_unless_an_admin_submits() -> None:
+    settings = Settings.build(team_roles=ROLES, admin_role_arns=[ADMIN], allowed_role_arns=[ROLE])
+    assert submission_team("", ROLE, settings) == "vision"
+    assert submission_team("vision", ROLE, settings) == "vision"
+    with pytest.raises(Forbidden, match=r"you submit for team 'vision'.*not 'speech'"):
+        submission_team("speech", ROLE, settings)
+    with pytest.raises(Forbidden, match="mapped to no team"):
+        submission_team("speech", f"arn:aws:iam::{ACCOUNT}:user/bob", settings)
+    assert submission_team("", f"arn:aws:iam::{ACCOUNT}:user/bob", settings) is None
     assert (
-        team_of({}, "arn:aws:sts::123456789012:assumed-role/other/build-17", tag="team", roles=ROLES) is None
+        submission_team("speech", f"arn:aws:sts::{ACCOUNT}:assumed-role/queue-admin/a", settings) == "speech"
     )
-    assert team_of({"Tags": [{"Key": "team", "Value": "  "}]}, None, tag="team", roles=ROLES) is None
+    # a stack that maps nobody does not use teams: the tag is only a tag
+    assert submission_team("speech", ROLE, Settings.build()) is None
 
 
 def test_team_settings_are_parsed_and_bad_ones_named() -> None:
     settings = Settings.build(team_roles=f"{ROLE}=vision", team_tag="squad")
-    assert settings.team_roles == ROLES
+    assert settings.team_roles == {ROLE: "vision"}
     assert settings.team_tag == "squad"
     assert Settings.build().team_tag == "team"
     with pytest.raises(ConfigError, match="SAGEQUEUE_TEAM_ROLES: entry 'vision' must be <role ARN>=<team>"):
@@ -38,3 +56,19 @@ def test_team_settings_are_parsed_and_bad_ones_named() -> None:
         Settings.build(team_roles="nope=vision")
     with pytest.raises(ConfigError, match="team name 'a b'"):
         Settings.build(team_roles=f"{ROLE}=a b")
+
+
+def test_team_execution_roles_are_parsed_named_and_held_to_the_allowed_roles() -> None:
+    data = f"arn:aws:iam::{ACCOUNT}:role/vision-data"
+    settings = Settings.build(
+        allowed_role_arns=[ROLE, data], team_execution_roles=f"vision={data}, speech={data},vision={data}"
+    )
+    assert settings.team_execution_roles == {"vision": (data,), "speech": (data,)}
+    assert settings.teams_of_role(data) == ("vision", "speech")
+    assert settings.teams_of_role(ROLE) == ()
+    with pytest.raises(
+        ConfigError, match=r"SAGEQUEUE_TEAM_EXECUTION_ROLES: .*not among SAGEQUEUE_ALLOWED_ROLE"
+    ):
+        Settings.build(allowed_role_arns=[ROLE], team_execution_roles=f"vision={data}")
+    with pytest.raises(ConfigError, match="entry 'vision' must be <team>=<role ARN>"):
+        Settings.build(team_execution_roles="vision")

@@ -95,7 +95,11 @@ class CloudWatchAlarms:
 
     def names(self, prefix: str) -> list[str]:
         """Names of every metric alarm whose name starts with `prefix`, across all pages."""
-        found: list[str] = []
+        return list(self.definitions(prefix))
+
+    def definitions(self, prefix: str) -> dict[str, dict[str, Any]]:
+        """Every metric alarm whose name starts with `prefix`, as DescribeAlarms shows it, by name."""
+        found: dict[str, dict[str, Any]] = {}
         token: str | None = None
         try:
             while True:
@@ -107,7 +111,7 @@ class CloudWatchAlarms:
                 if token:
                     kwargs["NextToken"] = token
                 page = self._client.describe_alarms(**kwargs)
-                found.extend(alarm["AlarmName"] for alarm in page.get("MetricAlarms", []))
+                found.update((alarm["AlarmName"], dict(alarm)) for alarm in page.get("MetricAlarms", []))
                 token = page.get("NextToken")
                 if not token:
                     return found

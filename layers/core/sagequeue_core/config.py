@@ -23,7 +23,7 @@ from sagequeue_core.defaults import EXEMPT_TAG
 from sagequeue_core.domain import DomainError, is_pool_name, parse_required_tags
 
 if TYPE_CHECKING:
-    from sagequeue_core.governance import PolicyRules
+    from sagequeue_core.governance import IdleRules, PolicyRules
 
 ENV_PREFIX = "SAGEQUEUE_"
 
@@ -215,6 +215,66 @@ def _team_roles(value: Any) -> dict[str, str]:
     return roles
 
 
+def _team_execution_roles(value: Any) -> dict[str, tuple[str, ...]]:
+    """`vision=arn:aws:iam::123456789012:role/vision-data,...` (a team may come back with more roles; or a
+    mapping of team to role ARNs) -> {team: (role ARN, ...)}."""
+    from sagequeue_core.quotas import QuotaError, check_team_name
+
+    pairs: list[tuple[str, str]] = []
+    if isinstance(value, Mapping):
+        for team, roles in value.items():
+            for role in [roles] if isinstance(roles, str) else roles:
+                pairs.append((str(team), str(role)))
+    else:
+        for raw in _text(value).split(","):
+            entry = raw.strip()
+            if entry:
+                team, sep, role = (part.strip() for part in entry.partition("="))
+                if not sep:
+                    raise ValueError(f"entry {entry!r} must be <team>=<role ARN>")
+                pairs.append((team, role))
+    by_team: dict[str, tuple[str, ...]] = {}
+    for team, role in pairs:
+        if not _ROLE_ARN.fullmatch(role):
+            raise ValueError(f"{role!r} is not an IAM role ARN")
+        try:
+            check_team_name(team)
+        except QuotaError as exc:
+            raise ValueError(str(exc)) from None
+        if role not in by_team.get(team, ()):
+            by_team[team] = (*by_team.get(team, ()), role)
+    return by_team
+
+
+def _priority_ceilings(value: Any) -> dict[str, int]:
+    """`speech=300,arn:aws:iam::123456789012:role/ci=100` (or a mapping) -> {team or principal ARN: ceiling}."""
+    from sagequeue_core.quotas import QuotaError, check_team_name
+
+    if isinstance(value, Mapping):
+        pairs = [(str(k), v) for k, v in value.items()]
+    else:
+        pairs = []
+        for raw in _text(value).split(","):
+            entry = raw.strip()
+            if entry:
+                key, sep, ceiling = (part.strip() for part in entry.rpartition("="))
+                if not sep:
+                    raise ValueError(f"entry {entry!r} must be <team or principal ARN>=<priority>")
+                pairs.append((key, ceiling))
+    ceilings: dict[str, int] = {}
+    for key, ceiling in pairs:
+        if key.startswith("arn:"):
+            if not _PRINCIPAL_ARN.fullmatch(key):
+                raise ValueError(f"{key!r} is not an IAM principal ARN")
+        else:
+            try:
+                check_team_name(key)
+            except QuotaError as exc:
+                raise ValueError(str(exc)) from None
+        ceilings[key] = _bounded(_to_int(ceiling), 0, 1000)
+    return ceilings
+
+
 def setting(default: Any, parse: Parser) -> Any:
     """A settings field: its default and the parser its values go through."""
     return dataclasses.field(default=default, metadata={"parse": parse})
@@ -230,6 +290,10 @@ class Settings:
     table_name: str = setting("sagequeue", _text)
     #: The EventBridge bus sagequeue publishes its own events on.
     event_bus_name: str = setting("sagequeue", _text)
+    #: The stack's own partition, region and account: only training plans of these are pools (empty: any).
+    partition: str = setting("", _text)
+    region: str = setting("", _text)
+    account_id: str = setting("", _text)
 
     # --- scheduler ----------------------------------------------------------------------------------------
     #: Instances per pool (instance type), seeded into the table; PUT /pools changes them at runtime.
@@ -241,8 +305,14 @@ class Settings:
     )
     #: Principals (role or user ARNs) that may change any job and set pool capacity.
     admin_role_arns: tuple[str, ...] = setting((), _list(_PRINCIPAL_ARN, "an IAM principal ARN"))
-    #: Highest priority a non-admin may submit or set; admins may use the whole range.
-    max_priority_for_non_admins: int = setting(1000, _integer(ge=0, le=1000))
+    #: Highest priority a non-admin may submit or set, unless priority_ceilings says otherwise for the
+    #: caller or its team; admins may use the whole range. Below the top, so some priorities stay admins'.
+    max_priority_for_non_admins: int = setting(900, _integer(ge=0, le=1000))
+    #: `<team or principal ARN>=<priority>` pairs: the highest priority that principal (first) or that
+    #: team's callers may submit or set, instead of max_priority_for_non_admins.
+    priority_ceilings: dict[str, int] = dataclasses.field(
+        default_factory=dict, metadata={"parse": _priority_ceilings}
+    )
     #: A running attempt is not preempted before it has run this long, so preemption cannot thrash.
     min_runtime_before_preemption_seconds: int = setting(600, _integer(ge=0))
     #: Past this many preemptions a job is not preempted again until it ends, except to end a loan it runs
@@ -308,6 +378,11 @@ class Settings:
     team_tag: str = setting("team", _text)
     #: `<role ARN>=<team>` pairs: the team of a job without the tag, from the role that submitted it.
     team_roles: dict[str, str] = dataclasses.field(default_factory=dict, metadata={"parse": _team_roles})
+    #: `<team>=<role ARN>` pairs: an execution role listed here may be passed only by that team's callers
+    #: (and admins); an allowed role no team lists may be passed by anyone (docs/guardrails.md).
+    team_execution_roles: dict[str, tuple[str, ...]] = dataclasses.field(
+        default_factory=dict, metadata={"parse": _team_execution_roles}
+    )
     #: Half-life of the decaying instance-hours counter that orders teams within a priority (fair share).
     fair_share_half_life_seconds: int = setting(86_400, _integer(ge=0))
 
@@ -320,6 +395,16 @@ class Settings:
                 problems.append(f"{env_name(spec.name)}: {exc}")
                 continue
             object.__setattr__(self, spec.name, parsed)
+        if not problems:
+            unknown = sorted(
+                {r for roles in self.team_execution_roles.values() for r in roles}
+                - set(self.allowed_role_arns)
+            )
+            if unknown:
+                problems.append(
+                    f"{env_name('team_execution_roles')}: {', '.join(unknown)} not among "
+                    f"{env_name('allowed_role_arns')} (the only roles the scheduler may pass)"
+                )
         if problems:
             raise ConfigError("invalid settings: " + "; ".join(problems))
 
@@ -340,6 +425,28 @@ class Settings:
             max_runtime_seconds=self.max_runtime_seconds,
             exempt_tag=self.exempt_tag,
         )
+
+    def teams_of_role(self, role_arn: str) -> tuple[str, ...]:
+        """The teams that own an execution role (TeamExecutionRoles); empty for a role any caller may pass."""
+        return tuple(team for team, roles in self.team_execution_roles.items() if role_arn in roles)
+
+    @property
+    def idle_rules(self) -> IdleRules:
+        """The idle alarms' rules; ConfigError when CloudWatch would refuse the alarms they describe."""
+        from sagequeue_core.governance import IdleRules  # only governance and the idle stop need them
+
+        try:
+            return IdleRules(
+                threshold_percent=self.idle_threshold_percent,
+                period_seconds=self.idle_period_seconds,
+                periods=self.idle_periods,
+                silence_factor=self.idle_silence_factor,
+            )
+        except DomainError as exc:
+            raise ConfigError(
+                f"{env_name('idle_period_seconds')} / {env_name('idle_periods')} / "
+                f"{env_name('idle_silence_factor')} / {env_name('idle_threshold_percent')}: {exc}"
+            ) from exc
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> Settings:

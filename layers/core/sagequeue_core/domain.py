@@ -121,8 +121,12 @@ def check_transition(current: JobState, target: JobState) -> None:
 #: Two hyphens in a row mark a name sagequeue made (a later attempt, or another choice of name for one). No
 #: submitted name may contain them, so no user can take, or be refused by, an attempt's name.
 RESERVED_NAME_MARK = "--"
-#: How many names an attempt may try when training jobs sagequeue did not start hold the first ones.
+#: How many names an attempt may try in one pass when training jobs sagequeue did not start hold them.
 ATTEMPT_NAME_CHOICES = 5
+#: Hex digits of the random part of an attempt's fallback name (`<name>--<n>x<token>`).
+FALLBACK_TOKEN_LENGTH = 12
+_FALLBACK_TOKEN = re.compile(f"[0-9a-f]{{{FALLBACK_TOKEN_LENGTH}}}")
+_FALLBACK_TAIL = re.compile(f"x([0-9a-f]{{{FALLBACK_TOKEN_LENGTH}}})$")
 
 
 def validate_job_name(name: Any) -> str:
@@ -152,23 +156,24 @@ def check_training_job_name(name: Any) -> str:
     return name
 
 
-def attempt_name(job_name: str, attempt: int, choice: int = 0) -> str:
+def attempt_name(job_name: str, attempt: int, token: str = "") -> str:
     """The SageMaker training job name of attempt `attempt` (1-based) of queue entry `job_name`.
 
     The first attempt keeps the user's exact name, so what the SDK printed is what runs. Later attempts are
-    `<name>--<n>`, a form no submitted name can take (RESERVED_NAME_MARK). `choice` > 0 gives the
-    alternatives an attempt falls back on when a training job sagequeue did not start holds the name:
-    `<name>--<n>c<choice>`. When a name would exceed SageMaker's 63 characters it is shortened and a hash of
-    the full name keeps it unique. The same inputs always give the same name: creating an attempt twice is
-    harmless, because SageMaker answers ResourceInUse for the second create.
+    `<name>--<n>`, a form no submitted name can take (RESERVED_NAME_MARK). When a training job sagequeue did
+    not start holds that name, the attempt falls back on `<name>--<n>x<token>`, `token` random hex chosen
+    just before the create: any fixed sequence of names could be created ahead by anyone allowed
+    CreateTrainingJob, a random one cannot. When a name would exceed SageMaker's 63 characters it is
+    shortened and a hash of the full name keeps it unique. The name is written with the intent before the
+    create, so creating an attempt twice is harmless: SageMaker answers ResourceInUse for the second.
     """
     if attempt < 1:
         raise ValueError(f"attempts count from 1, got {attempt}")
-    if choice < 0:
-        raise ValueError(f"name choices count from 0, got {choice}")
-    if attempt == 1 and choice == 0:
+    if token and not _FALLBACK_TOKEN.fullmatch(token):
+        raise ValueError(f"a fallback token is {FALLBACK_TOKEN_LENGTH} lowercase hex digits, got {token!r}")
+    if attempt == 1 and not token:
         return job_name
-    suffix = f"{RESERVED_NAME_MARK}{attempt}" + (f"c{choice}" if choice else "")
+    suffix = f"{RESERVED_NAME_MARK}{attempt}" + (f"x{token}" if token else "")
     candidate = job_name + suffix
     if len(candidate) <= TRAINING_JOB_NAME_MAX_LENGTH:
         return candidate
@@ -177,9 +182,13 @@ def attempt_name(job_name: str, attempt: int, choice: int = 0) -> str:
     return f"{job_name[:keep].rstrip('-')}-{digest}{suffix}"
 
 
-def attempt_names(job_name: str, attempt: int) -> tuple[str, ...]:
-    """Every name attempt `attempt` may have, in the order they are tried."""
-    return tuple(attempt_name(job_name, attempt, choice) for choice in range(ATTEMPT_NAME_CHOICES))
+def is_attempt_name(training_job_name: str, job_name: str, attempt: int) -> bool:
+    """Whether `training_job_name` is a name attempt `attempt` of `job_name` may have (its own or a
+    fallback)."""
+    if training_job_name == attempt_name(job_name, attempt):
+        return True
+    tail = _FALLBACK_TAIL.search(training_job_name)
+    return tail is not None and training_job_name == attempt_name(job_name, attempt, tail.group(1))
 
 
 # --- Priority --------------------------------------------------------------------------------------------------
@@ -262,7 +271,10 @@ def demand_of(request: Mapping[str, Any]) -> dict[str, int]:
 #: region, and the name is safe in a URL path where the ARN is not).
 PLAN_POOL_PREFIX = "plan:"
 _INSTANCE_TYPE_RE = re.compile(r"ml\.[a-z0-9]+\.[a-z0-9]+")
-_PLAN_ARN_RE = re.compile(r"arn:aws[a-z-]*:sagemaker:[a-z0-9-]+:\d{12}:training-plan/([A-Za-z0-9-]{1,64})")
+_PLAN_ARN_RE = re.compile(
+    r"arn:(?P<partition>aws[a-z-]*):sagemaker:(?P<region>[a-z0-9-]+):(?P<account>\d{12}):training-plan/"
+    r"(?P<name>[A-Za-z0-9-]{1,64})"
+)
 _PLAN_POOL_RE = re.compile(PLAN_POOL_PREFIX + r"[A-Za-z0-9-]{1,64}")
 
 
@@ -279,7 +291,13 @@ def plan_pool(plan_arn: Any, where: str = "ResourceConfig.TrainingPlanArn") -> s
             f"{where} must be a training plan ARN like "
             f"arn:aws:sagemaker:us-east-1:123456789012:training-plan/my-plan, got {plan_arn!r}"
         )
-    return PLAN_POOL_PREFIX + match.group(1)
+    return PLAN_POOL_PREFIX + match["name"]
+
+
+def plan_home(plan_arn: str) -> tuple[str, str, str] | None:
+    """(partition, region, account) of a training plan ARN, or None when it is not one."""
+    match = _PLAN_ARN_RE.fullmatch(plan_arn)
+    return (match["partition"], match["region"], match["account"]) if match else None
 
 
 def pool_demand_of(request: Mapping[str, Any]) -> dict[str, int]:
@@ -554,7 +572,7 @@ class Job:
 
     def is_next_attempt(self, training_job_name: str) -> bool:
         """Whether `training_job_name` is one of the names the job's next attempt may have."""
-        return training_job_name in attempt_names(self.name, self.attempt + 1)
+        return is_attempt_name(training_job_name, self.name, self.attempt + 1)
 
     def count_ended_attempt(self, seconds_trained: float | None) -> bool:
         """Add the current attempt, which has just ended, to the totals; False if it is counted already."""
@@ -614,30 +632,6 @@ class Job:
             "team": self.team,
             "on_loan_for": self.on_loan_for if self.state.is_live else None,
         }
-
-
-def team_of(
-    request: Mapping[str, Any], caller: str | None, *, tag: str, roles: Mapping[str, str]
-) -> str | None:
-    """A job's team: the value of its `tag` tag, else the team its caller's role is mapped to, else None."""
-    value = tags_to_dict(request.get("Tags")).get(tag, "").strip() if tag else ""
-    if value:
-        return value
-    if caller:
-        for principal, team in roles.items():
-            # an assumed role's session ARN (sts::...:assumed-role/<name>/<session>) names the role
-            if caller == principal or _role_name(caller) == _role_name(principal):
-                return team
-    return None
-
-
-def _role_name(arn: str) -> str | None:
-    """The role's name in a role ARN (`...:role/path/name`) or an assumed role's (`...:assumed-role/name/s`)."""
-    if ":assumed-role/" in arn:
-        return arn.split(":assumed-role/", 1)[1].split("/")[0] or None
-    if ":role/" in arn:
-        return arn.rsplit("/", 1)[-1] or None
-    return None
 
 
 def parse_time(value: Any) -> datetime | None:

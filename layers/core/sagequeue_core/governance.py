@@ -322,6 +322,79 @@ class AlarmSpec:
 #: Tag on every idle alarm naming the training job it watches, for whoever browses alarms in the console.
 JOB_TAG_FOR_ALARMS = "sagequeue:training-job"
 
+#: The members of a metric alarm that decide when it goes to ALARM (its name, description, actions and
+#: tags do not).
+ALARM_DEFINITION_MEMBERS = (
+    "Namespace",
+    "MetricName",
+    "Dimensions",
+    "Statistic",
+    "ExtendedStatistic",
+    "Period",
+    "Unit",
+    "EvaluationPeriods",
+    "DatapointsToAlarm",
+    "Threshold",
+    "ComparisonOperator",
+    "TreatMissingData",
+    "EvaluateLowSampleCountPercentile",
+    "ThresholdMetricId",
+    "Metrics",
+)
+
+
+def _dimensions(value: Any) -> Any:
+    if not value:
+        return None
+    return tuple(sorted((str(d.get("Name")), str(d.get("Value"))) for d in value if isinstance(d, Mapping)))
+
+
+def _query(query: Mapping[str, Any]) -> tuple[Any, ...]:
+    stat = query.get("MetricStat") or {}
+    metric = stat.get("Metric") or {}
+    return (
+        query.get("Id"),
+        query.get("Expression") or None,
+        query.get("ReturnData", True) is not False,
+        query.get("Period") or None,
+        query.get("AccountId") or None,
+        metric.get("Namespace"),
+        metric.get("MetricName"),
+        _dimensions(metric.get("Dimensions")),
+        stat.get("Period"),
+        stat.get("Stat"),
+        stat.get("Unit") or None,
+    )
+
+
+def _definition_value(alarm: Mapping[str, Any], member: str) -> Any:
+    value = alarm.get(member)
+    if member == "Dimensions":
+        return _dimensions(value)
+    if member == "Metrics":
+        return tuple(sorted((_query(q) for q in value or () if isinstance(q, Mapping)), key=repr)) or None
+    if member == "DatapointsToAlarm" and value is None:
+        value = alarm.get("EvaluationPeriods")  # CloudWatch's default
+    if member == "TreatMissingData" and not value:
+        return "missing"  # CloudWatch's default
+    if isinstance(value, bool) or value in ("", [], {}):
+        return value or None
+    if isinstance(value, int | float):
+        return float(value)
+    return value
+
+
+def alarm_definition_difference(alarm: Mapping[str, Any], spec: AlarmSpec) -> str | None:
+    """The first member in which an alarm as DescribeAlarms shows it differs from the one governance
+    creates for `spec`, or None when it is that alarm. Anyone allowed PutMetricAlarm can replace an alarm
+    of our name with one that fires on anything (a threshold of 100, a statistic forged datapoints pull
+    down); only the definition governance made may stop a job."""
+    wanted = spec.put_metric_alarm_args(())
+    for member in ALARM_DEFINITION_MEMBERS:
+        if _definition_value(alarm, member) != _definition_value(wanted, member):
+            return member
+    return None
+
 
 @dataclass(frozen=True)
 class AlarmRef:
@@ -408,7 +481,10 @@ def idle_alarm_specs(
                 host=host,
                 kind=AlarmKind.IDLE,
                 signal=signal,
-                statistic="Average",
+                # The highest datapoint of each period: datapoints anyone allowed PutMetricData may add
+                # for this host (zeros) cannot pull it down, while a host that is really idle reports
+                # nothing above the threshold (docs/adr/0006, #27).
+                statistic="Maximum",
                 comparison="LessThanOrEqualToThreshold",
                 threshold=float(rules.threshold_percent),
                 period_seconds=rules.period_seconds,
@@ -416,7 +492,7 @@ def idle_alarm_specs(
                 # A gap is not evidence of idleness; the silence alarm is the one that judges gaps.
                 treat_missing_data="notBreaching",
                 description=(
-                    f"sagequeue idle stop: {signal.metric_name} of {host} at or below "
+                    f"sagequeue idle stop: highest {signal.metric_name} of {host} at or below "
                     f"{rules.threshold_percent:g}% for {rules.idle_window_seconds // 60} minutes"
                 ),
             )

@@ -34,7 +34,13 @@ from types import TracebackType
 from typing import Any, TextIO
 
 from sagequeue.local.clock import Clock, RealClock, VirtualClock
-from sagequeue.local.identities import DEFAULT_IDENTITY, Identity, IdentityTable, default_identities
+from sagequeue.local.identities import (
+    DEFAULT_IDENTITY,
+    Identity,
+    IdentityTable,
+    default_identities,
+    user_identity,
+)
 from sagequeue.local.template import StackContext, StackSpec, Template, TemplateError, build_spec, stage_name
 
 logger = logging.getLogger("sagequeue.local")
@@ -195,6 +201,8 @@ class LocalStack:
     (`{"ml.trn1.32xlarge": 2}`, a list of ARNs) or strings as CloudFormation takes them.
     `clock` is "virtual" (time moves only with `advance()`), "real" (wall time times `speed`) or a clock.
     `emulator` passes options to `SageMakerEmulator` (e.g. `provisioning_seconds`, `instance_limits`).
+    `teams` maps local identities to teams (`{"vision-user": "vision"}`) through the TeamRoles parameter;
+    a name that is not a default identity becomes an IAM user of that name.
     """
 
     def __init__(
@@ -215,6 +223,7 @@ class LocalStack:
         function_logs: bool = True,
         state: str | Path | None = None,
         aws: str = "http",
+        teams: Mapping[str, str] | None = None,
     ) -> None:
         if isinstance(clock, str):
             if clock == "virtual":
@@ -255,6 +264,12 @@ class LocalStack:
         self._stdout: _FunctionStdout | None = None
         self._warnings: warnings.catch_warnings[None] | None = None
         self.identities = IdentityTable(default_identities(self.account_id).values())
+        #: Local identity -> team, as an admin maps principals to teams with TeamRoles; an identity not
+        #: among the defaults is made an IAM user of that name.
+        self.teams = dict(teams or {})
+        for name in self.teams:
+            if name not in {identity.name for identity in self.identities}:
+                self.identities.add(user_identity(self.account_id, name))
         self.training_role_arn = f"arn:aws:iam::{self.account_id}:role/{LOCAL_TRAINING_ROLE}"
         self.startup_seconds: float | None = None
         self.spec: StackSpec | None = None
@@ -620,6 +635,17 @@ class LocalStack:
                 *admins,
                 *(a for a in self.identities.admin_arns() if a not in admins),
             ]
+        if "TeamRoles" in declared and self.teams:
+            given = parameters.get("TeamRoles")
+            mapped = (
+                [f"{arn}={team}" for arn, team in given.items()]
+                if isinstance(given, Mapping)
+                else _as_list(given)
+            )
+            for name, team in self.teams.items():
+                who = self.identities[name]
+                mapped.append(f"{who.role_arn or who.arn}={team}")
+            parameters["TeamRoles"] = mapped
         context = StackContext(
             stack_name=self.stack_name,
             region=self.region,

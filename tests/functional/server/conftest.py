@@ -165,8 +165,8 @@ class QueueWorld:
         self.forward_queue_events()
         return answer["statusCode"], payload
 
-    def submit(self, name: str, **kwargs: Any) -> dict[str, Any]:
-        status, body = self.api("POST", "/jobs", training_request(name, **kwargs))
+    def submit(self, name: str, *, caller: str = SUBMITTER, **kwargs: Any) -> dict[str, Any]:
+        status, body = self.api("POST", "/jobs", training_request(name, **kwargs), caller=caller)
         assert status == 201, body
         return body
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import random
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -218,12 +219,13 @@ def test_a_training_job_of_the_same_name_not_started_by_the_queue_makes_the_atte
     # WHEN the job is submitted
     world.api("POST", "/jobs", training_request("taken", duration=60))
 
-    # THEN it starts under its next attempt's name (a reserved form no submission can take) instead of
-    # failing or adopting the stranger's job, which is left as it was; the attempt that met it stays used
+    # THEN its first attempt starts under a fallback name (a reserved form no submission can take, with a
+    # random part nobody can create ahead) instead of failing or adopting the stranger's job, which is left
+    # as it was; the stranger costs the job no attempt
     job = world.job("taken")
     assert job["state"] == "starting"
-    assert job["training_job_name"] == attempt_name("taken", 2) == "taken--2"
-    assert job["attempt"] == 2
+    assert re.fullmatch("taken--1x[0-9a-f]{12}", job["training_job_name"])
+    assert job["attempt"] == 1
     tags = world.sagemaker().list_tags(
         ResourceArn=world.sagemaker().describe_training_job(TrainingJobName="taken")["TrainingJobArn"]
     )["Tags"]

@@ -10,7 +10,7 @@ from datetime import timedelta
 
 import boto3
 import pytest
-from conftest import START, SUBMITTER, TRN1, TRN2, make_world, training_request
+from conftest import ADMIN, START, SUBMITTER, TRN1, TRN2, make_world, training_request
 from support.cfn_template import create_table
 
 from sagequeue_core.domain import Job, JobState
@@ -136,13 +136,13 @@ def test_borrow_and_reclaim_are_announced_and_measured_per_team_and_pool(
         world.deps.store.set_team_quota(TeamQuota("a", TRN1, 1))
         world.deps.store.set_team_quota(TeamQuota("b", TRN1, 1))
         # GIVEN team a alone: its second job borrows b's instance
-        world.submit("a-1", tags={"team": "a"}, duration=7200)
+        world.submit("a-1", tags={"team": "a"}, duration=7200, caller=ADMIN)
         world.clock.advance(60)
-        world.submit("a-2", tags={"team": "a"}, duration=7200)
+        world.submit("a-2", tags={"team": "a"}, duration=7200, caller=ADMIN)
         assert world.state("a-2") == "starting"
         # WHEN b's job arrives
         capsys.readouterr()
-        world.submit("b-1", tags={"team": "b"}, duration=600, priority=0)
+        world.submit("b-1", tags={"team": "b"}, duration=600, priority=0, caller=ADMIN)
         # THEN a's newest job is reclaimed for it, and both moves are events
         assert world.state("a-2") == "preempting"
         assert world.state("a-1") == "starting"

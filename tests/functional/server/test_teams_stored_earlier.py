@@ -45,7 +45,7 @@ def test_a_quota_stored_under_a_name_the_rule_now_refuses_keeps_the_queue_workin
     world.deps.store.set_team_quota(TeamQuota("vision", TRN1, 2))
     _store_quota_as_before(world, team, 2)
     # WHEN a job is submitted and the scheduler runs its pass
-    world.submit("after-upgrade", tags={"team": "vision"})
+    world.submit("after-upgrade", tags={"team": "vision"}, caller=ADMIN)
     world.timer()
     # THEN the job starts, the pools still read, and `sagequeue teams` still answers
     assert world.state("after-upgrade") == "starting"
@@ -147,7 +147,7 @@ def test_a_quota_under_a_refused_name_is_removed_by_an_admin_and_never_set(
         },
     )
     # AND the queue goes on: a job of the team with a quota starts
-    world.submit("after-removal", tags={"team": "vision"})
+    world.submit("after-removal", tags={"team": "vision"}, caller=ADMIN)
     assert world.state("after-removal") == "starting"
 
 
@@ -191,7 +191,11 @@ def test_jobs_without_a_team_that_only_wait_are_counted_beside_teams_without_a_q
     # a team is loaded in bulk (as a migration writes it)
     world.submit("loose-0", tags={"project": "x"})
     world.submit("loose-1", tags={"project": "x"})
-    world.submit("speech-0", tags={"team": "speech"})
+    # (an admin submits for team speech: no principal is mapped to it here)
+    status, body = world.api(
+        "POST", "/jobs", training_request("speech-0", tags={"team": "speech"}), caller=ADMIN
+    )
+    assert status == 201, body
     world.deps.store.import_jobs(
         [
             Job(
@@ -238,12 +242,12 @@ def test_listing_teams_reads_one_query_per_governed_pool_however_many_teams_wait
     for world in make_world(moto_endpoint, capacity={TRN1: 1}):
         # GIVEN a governed pool, a job holding it and one team waiting
         world.deps.store.set_team_quota(TeamQuota("vision", TRN1, 1))
-        world.submit("vision-0", tags={"team": "vision"}, duration=7200)
-        world.submit("team-0", tags={"team": "team-0"})
+        world.submit("vision-0", tags={"team": "vision"}, caller=ADMIN, duration=7200)
+        world.submit("team-0", tags={"team": "team-0"}, caller=ADMIN)
         one = listing_reads(world)
         # WHEN eight more teams and jobs without a team wait there
         for i in range(1, 9):
-            world.submit(f"team-{i}", tags={"team": f"team-{i}"})
+            world.submit(f"team-{i}", tags={"team": f"team-{i}"}, caller=ADMIN)
             world.submit(f"loose-{i}", tags={"project": "x"})
         many = listing_reads(world)
         # THEN the listing still reads the pools and teams, the live jobs, and the pool's queue: 3 Queries

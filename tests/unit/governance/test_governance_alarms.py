@@ -97,7 +97,7 @@ def test_threshold_period_and_periods_come_from_the_rules() -> None:
     assert args["Threshold"] == 2.5
     assert [q["MetricStat"]["Period"] for q in args["Metrics"][:2]] == [120, 120]
     assert args["EvaluationPeriods"] == args["DatapointsToAlarm"] == 4
-    assert [q["MetricStat"]["Stat"] for q in args["Metrics"][:2]] == ["Average", "Maximum"]
+    assert [q["MetricStat"]["Stat"] for q in args["Metrics"][:2]] == ["Maximum", "Maximum"]
     assert args["ComparisonOperator"] == "LessThanOrEqualToThreshold"
     # a gap in the data never counts towards an idle stop; the silence alarm judges gaps
     assert args["TreatMissingData"] == "notBreaching"

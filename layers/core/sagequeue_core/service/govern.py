@@ -21,21 +21,21 @@ from datetime import datetime
 from typing import Any
 
 from sagequeue_core.alarms import CloudWatchAlarms, alarms_of
-from sagequeue_core.config import ConfigError, env_name
 from sagequeue_core.defaults import IDLE_ALARM_PREFIX, JOB_TAG
-from sagequeue_core.domain import DomainError, Job, JobState, StopReason
+from sagequeue_core.domain import Job, JobState, StopReason
 from sagequeue_core.errors import AttemptNameTaken, StaleVersion, TrainingJobNotFound
 from sagequeue_core.events import EventType, Publisher, parse_training_job_event
 from sagequeue_core.governance import (
     CLONE_OF_TAG,
+    AlarmSpec,
     DeleteAlarms,
     EnsureAlarms,
     GovernanceRules,
-    IdleRules,
     RecoveryRules,
     ReplaceSpot,
     Resume,
     StopForPolicy,
+    alarm_definition_difference,
     alarm_prefix,
     clone_request,
     govern,
@@ -57,18 +57,7 @@ SPOT_CLAIM = "governance-spot-replace"
 def rules_from(settings: Any) -> GovernanceRules:
     """The governance rules of `sagequeue_core.config.Settings`; ConfigError when CloudWatch would refuse
     the idle alarms they describe."""
-    try:
-        idle = IdleRules(
-            threshold_percent=settings.idle_threshold_percent,
-            period_seconds=settings.idle_period_seconds,
-            periods=settings.idle_periods,
-            silence_factor=settings.idle_silence_factor,
-        )
-    except DomainError as exc:
-        raise ConfigError(
-            f"{env_name('idle_period_seconds')} / {env_name('idle_periods')} / "
-            f"{env_name('idle_silence_factor')} / {env_name('idle_threshold_percent')}: {exc}"
-        ) from exc
+    idle = settings.idle_rules
     return GovernanceRules(
         policy=settings.policy_rules,
         idle=idle,
@@ -144,7 +133,8 @@ class Governance:
         report = ReconcileReport()
         # Alarms are listed first: one created by an event while the jobs are being read is not in this
         # list, so it cannot be taken for an orphan.
-        existing = set(self.alarms.names(IDLE_ALARM_PREFIX))
+        defined = self.alarms.definitions(IDLE_ALARM_PREFIX)
+        existing = set(defined)
         wanted: set[str] = set()
         for summary in self.sagemaker.list_training_jobs(StatusEquals="InProgress"):
             name = summary["TrainingJobName"]
@@ -153,7 +143,7 @@ class Governance:
             except TrainingJobNotFound:
                 continue
             report.jobs_seen += 1
-            outcome = self._govern(detail, self._tags(detail), existing=existing)
+            outcome = self._govern(detail, self._tags(detail), existing=existing, defined=defined)
             report.outcomes.append(outcome)
             existing.difference_update(outcome.alarms_deleted)
             if outcome.stopped is None and detail.get("SecondaryStatus") == "Training":
@@ -169,7 +159,12 @@ class Governance:
     # --- one job ----------------------------------------------------------------------------------------------
 
     def _govern(
-        self, detail: Mapping[str, Any], tags: Mapping[str, str], *, existing: set[str] | None = None
+        self,
+        detail: Mapping[str, Any],
+        tags: Mapping[str, str],
+        *,
+        existing: set[str] | None = None,
+        defined: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> Outcome:
         name = str(detail["TrainingJobName"])
         outcome = Outcome(name)
@@ -184,7 +179,14 @@ class Governance:
             elif isinstance(action, EnsureAlarms):
                 have = existing if existing is not None else set(self.alarms.names(alarm_prefix(name)))
                 for spec in action.specs:
-                    if spec.name not in have:
+                    # An alarm someone replaced under its name (PutMetricAlarm) is put back as governance
+                    # makes it; the reconcile knows every alarm's definition, an event only their names.
+                    replaced = (
+                        defined is not None
+                        and spec.name in defined
+                        and self._replaced(defined[spec.name], spec)
+                    )
+                    if spec.name not in have or replaced:
                         self.alarms.put(spec, [self.alarm_topic_arn] if self.alarm_topic_arn else [])
                         outcome.alarms_created.append(spec.name)
             elif isinstance(action, DeleteAlarms):
@@ -211,6 +213,15 @@ class Governance:
                 outcome.alarms_created,
             )
         return outcome
+
+    def _replaced(self, alarm: Mapping[str, Any], spec: AlarmSpec) -> bool:
+        """Whether an alarm of our name is not the one governance made: another definition, or actions
+        that no longer notify the alarm topic."""
+        if alarm_definition_difference(alarm, spec) is not None:
+            return True
+        if alarm.get("ActionsEnabled") is False:
+            return True
+        return bool(self.alarm_topic_arn) and self.alarm_topic_arn not in (alarm.get("AlarmActions") or ())
 
     def _stop_for_policy(
         self,

@@ -9,6 +9,7 @@ that is not the job's current one, or asks for a move the job's state does not a
 from __future__ import annotations
 
 import copy
+import secrets
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -26,6 +27,7 @@ from sagequeue_core.defaults import (
 )
 from sagequeue_core.domain import (
     ATTEMPT_NAME_CHOICES,
+    FALLBACK_TOKEN_LENGTH,
     TRANSITIONS,
     Job,
     JobState,
@@ -1033,12 +1035,13 @@ def _queue_metrics(pool: str, window: list[Job], now: datetime) -> None:
 
 
 def attempt_request(
-    job: Job, attempt: int, keep_alive_seconds: int | None, *, choice: int = 0
+    job: Job, attempt: int, keep_alive_seconds: int | None, *, token: str = ""
 ) -> dict[str, Any]:
     """The CreateTrainingJob request of attempt `attempt`: the submitted request (same CheckpointConfig,
-    so training resumes from its checkpoints) under the attempt's name, with sagequeue's tags."""
+    so training resumes from its checkpoints) under the attempt's name (its fallback name with `token`),
+    with sagequeue's tags."""
     request = copy.deepcopy(job.request)
-    request["TrainingJobName"] = attempt_name(job.name, attempt, choice)
+    request["TrainingJobName"] = attempt_name(job.name, attempt, token)
     tags = tags_to_dict(request.get("Tags"))
     tags.update({JOB_TAG: job.name, ATTEMPT_TAG: str(attempt), SUBMITTED_BY_TAG: job.owner})
     request["Tags"] = [{"Key": key, "Value": value} for key, value in tags.items()]
@@ -1065,8 +1068,9 @@ def _start(
     CreateTrainingJob, so a cancel or hold that wins the race leaves nothing to start, and a crash after the
     create leaves a live entry that counts the instances (the reconcile finds what happened).
 
-    A training job outside the queue holding the attempt's name makes the job take its next attempt number
-    (a reserved form no submission can take), never fails it. `held` counts the instances SageMaker holds
+    A training job outside the queue holding the attempt's name makes the attempt take a fallback name with
+    a random part nobody can create ahead (`<name>--<n>x<token>`); it costs the job no attempt and never
+    fails it: should every name tried in a pass be held, the job waits, saying so, for the next pass. `held` counts the instances SageMaker holds
     per pool (live attempts and warm pools, updated here); `quotas` the pools, with the account quota each
     last met. `ledger`: each pool's ledger as the pass read it (moved on by each start it records); the
     intent is written only if no other pass started on the job's pools since, so two passes never both
@@ -1078,10 +1082,12 @@ def _start(
         logger.info("warm start deferred", extra={"job": job.name, "warm_pool": action.warm_pool})
         return
     current: Job | None = job
+    held_names: list[str] = []
     for choice in range(ATTEMPT_NAME_CHOICES):
         fresh_job = current or deps.store.get_job(job.name)
         attempt = fresh_job.attempt + 1
-        request = attempt_request(fresh_job, attempt, action.keep_alive_seconds)
+        token = secrets.token_hex(FALLBACK_TOKEN_LENGTH // 2) if choice else ""
+        request = attempt_request(fresh_job, attempt, action.keep_alive_seconds, token=token)
         name = request["TrainingJobName"]
         undo = partial(_not_created, deps, name=name, previous=fresh_job.training_job_name)
         planned = None if ledger is None else {pool: ledger.get(pool, 0) for pool in job.demand}
@@ -1105,20 +1111,24 @@ def _start(
             return
         try:
             result = deps.sagemaker.create_attempt(request, job_name=job.name)
-        except AttemptNameTaken as exc:
+        except AttemptNameTaken:
+            held_names.append(name)
+            logger.warning(
+                "attempt name held by a training job sagequeue did not start; trying a fallback name",
+                extra={"job": job.name, "attempt": attempt, "training_job_name": name},
+            )
+            why = (
+                f"training job{'s' if len(held_names) > 1 else ''} {', '.join(held_names)} "
+                f"{'are' if len(held_names) > 1 else 'is'} held by someone else; attempt {attempt} takes "
+                "another name"
+            )
+            # Nothing was created: the attempt's number is given back, so a foreign job costs no attempt.
+            _with_retries(deps, job.name, partial(undo, why=why, release=True))
             if choice + 1 < ATTEMPT_NAME_CHOICES:
-                logger.warning(
-                    "attempt name held by a foreign training job; taking the next attempt's",
-                    extra={"job": job.name, "attempt": attempt, "training_job_name": name},
-                )
-                _with_retries(
-                    deps, job.name, partial(undo, why=f"training job {name} belongs to someone else")
-                )
                 current = None
                 continue
-            outcome = _with_retries(deps, job.name, partial(undo, refused=str(exc)))
-            report.failed.append(job.name)
-            logger.warning("every attempt name is taken", extra={"job": job.name, "outcome": outcome})
+            report.waiting[job.name] = f"waiting: {why} at the next pass"
+            logger.warning("every attempt name tried is held", extra={"job": job.name, "names": held_names})
             return
         except SageMakerValidationError as exc:
             outcome = _with_retries(deps, job.name, partial(undo, refused=str(exc)))
@@ -1319,9 +1329,12 @@ def _not_created(
     *,
     refused: str | None = None,
     why: str | None = None,
+    release: bool = False,
 ) -> str:
     """Undo an intent whose CreateTrainingJob did not go through: back in the queue (or failed, when
-    SageMaker refused the request); a job cancelled meanwhile ends as its stop asked."""
+    SageMaker refused the request); a job cancelled meanwhile ends as its stop asked. `release` gives the
+    attempt's number back: only when SageMaker is known not to have created the attempt (its name is held
+    by a training job that is not ours)."""
     if job.training_job_name != name or not job.state.is_live:
         return "no change"
     was = job.state
@@ -1334,6 +1347,8 @@ def _not_created(
             # stopped as not current (the sweep), never adopted by a later start of the same name.
             job.training_job_name = previous
             job.reused_warm_pool_of = None
+            if release:
+                job.attempt -= 1
             job.transition(JobState.QUEUED, now, reason=why or f"training job {name} was not created")
     else:
         target = job.stop_reason.final_state if job.stop_reason else JobState.CANCELLED

@@ -21,8 +21,11 @@ from sagequeue_core.events import EventType, Publisher
 from sagequeue_core.governance import (
     HOST_DIMENSION,
     AlarmKind,
+    IdleRules,
     PolicyRules,
+    alarm_definition_difference,
     alarm_prefix,
+    idle_alarm_specs,
     is_exempt,
     owner_of,
     parse_alarm_name,
@@ -114,9 +117,11 @@ class IdleStop:
         notifier: Notifier,
         policy: PolicyRules,
         clock: Callable[[], datetime],
+        idle: IdleRules,
         alarm_topic_arn: str = "",
     ) -> None:
         self.alarm_topic_arn = alarm_topic_arn
+        self.idle = idle
         self.sagemaker = sagemaker
         self.alarms = alarms
         self.store = store
@@ -153,6 +158,10 @@ class IdleStop:
             # An alarm that outlived its job (its end event not handled yet): nothing to stop.
             self._drop_alarms(name)
             return IdleStopOutcome(notice.alarm_name, name, False, f"the training job is already {status}")
+        forged = self._not_governances(notice.alarm_name, detail)
+        if forged:
+            logger.warning("idle alarm not acted on: %s", forged, extra={"alarm": notice.alarm_name})
+            return IdleStopOutcome(notice.alarm_name, name, False, forged)
         arn = detail.get("TrainingJobArn")
         tags = self.sagemaker.tags(str(arn)) if arn else tags_to_dict(detail.get("Tags"))
         tags = honoured_tags(self.store, self.publisher, name, tags, self.policy.exempt_tag)
@@ -204,6 +213,23 @@ class IdleStop:
             return f"the alarm is {state} now, not ALARM"
         return None
 
+    def _not_governances(self, alarm_name: str, detail: Mapping[str, Any]) -> str | None:
+        """Why the alarm is not the one governance creates for this job now (anyone allowed PutMetricAlarm
+        can overwrite it under its name), or None. A replaced alarm is put back as governance makes it: it
+        evaluates the same datapoints, so a host that is really idle is stopped at its next evaluation."""
+        wanted = {spec.name: spec for spec in idle_alarm_specs(detail, self.idle, now=self.clock())}
+        spec = wanted.get(alarm_name)
+        if spec is None:
+            return "governance creates no alarm of that name for the training job now"
+        alarm = self.alarms.describe(alarm_name)
+        if alarm is None:
+            return "no such alarm in CloudWatch"
+        member = alarm_definition_difference(alarm, spec)
+        if member is None:
+            return None
+        self.alarms.put(spec, [self.alarm_topic_arn] if self.alarm_topic_arn else [])
+        return f"the alarm's {member} is not the one governance set; the alarm is put back as governance makes it"
+
     def _record(self, training_job_name: str, reason: str) -> None:
         """Mark the queue entry, if the job is one, as stopping for idleness: the scheduler turns it into
         IDLE_STOPPED (never requeued) when SageMaker reports it Stopped."""
@@ -250,5 +276,6 @@ def idle_stop_from(deps: Any) -> IdleStop:
         notifier=notifier_of(deps),
         policy=deps.settings.policy_rules,
         clock=deps.clock,
+        idle=deps.settings.idle_rules,
         alarm_topic_arn=deps.settings.alarm_topic_arn,
     )

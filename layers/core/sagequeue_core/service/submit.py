@@ -11,10 +11,10 @@ from sagequeue_core.domain import (
     DomainError,
     Job,
     JobState,
+    plan_home,
     pool_demand_of,
     priority_of,
     tags_to_dict,
-    team_of,
     validate_job_name,
 )
 from sagequeue_core.errors import Forbidden, RequestInvalid
@@ -28,6 +28,8 @@ from sagequeue_core.service.access import (
     owner_of_caller,
     require_caller,
     require_priority_allowed,
+    require_role_allowed,
+    submission_team,
 )
 from sagequeue_core.validation import validate_create_training_job
 
@@ -67,6 +69,8 @@ def validate(deps: Dependencies, body: Any, caller: str, body_bytes: int | None 
     try:
         name = validate_job_name(request["TrainingJobName"])
         validate_create_training_job(request)
+        refuse_instance_type_with_groups(request["ResourceConfig"])
+        refuse_foreign_plan(request["ResourceConfig"], settings)
         priority = priority_of(request, explicit_priority)
         demand = pool_demand_of(request)
         tags = tags_to_dict(request.get("Tags"))
@@ -106,12 +110,14 @@ def validate(deps: Dependencies, body: Any, caller: str, body_bytes: int | None 
     if violations:
         raise RequestInvalid("; ".join(f"policy {v.rule}: {v.message}" for v in violations))
     require_priority_allowed(priority, caller, settings)
-    team = team_of(request, caller, tag=settings.team_tag, roles=settings.team_roles)
-    if team is not None:
+    tagged = tags.get(settings.team_tag, "").strip() if settings.team_tag else ""
+    if tagged:
         try:
-            check_team_name(team)
+            check_team_name(tagged)
         except QuotaError as exc:
             raise RequestInvalid(f"tag {settings.team_tag!r}: {exc}") from None
+    team = submission_team(tagged, caller, settings)
+    require_role_allowed(role, team, caller, settings)
     return Job(
         name=name,
         request=request,
@@ -120,6 +126,32 @@ def validate(deps: Dependencies, body: Any, caller: str, body_bytes: int | None 
         submitted_at=deps.now(),
         team=team,
     )
+
+
+def refuse_instance_type_with_groups(resources: Any) -> None:
+    """SageMaker refuses InstanceType beside InstanceGroups at create time; the queue would learn it only
+    when the job starts."""
+    if isinstance(resources, Mapping) and resources.get("InstanceType") and resources.get("InstanceGroups"):
+        raise RequestInvalid(
+            "ResourceConfig.InstanceType and ResourceConfig.InstanceGroups: give one or the other (a "
+            "heterogeneous cluster names its instance types in InstanceGroups only)"
+        )
+
+
+def refuse_foreign_plan(resources: Any, settings: Any) -> None:
+    """A training plan of another partition, region or account is no pool of this stack, even when its
+    name is that of one of ours (pools are named `plan:<name>`)."""
+    plan = resources.get("TrainingPlanArn") if isinstance(resources, Mapping) else None
+    home = plan_home(plan) if isinstance(plan, str) else None
+    if home is None:
+        return  # not a plan ARN: pool_demand_of names the problem
+    ours = (settings.partition, settings.region, settings.account_id)
+    for what, theirs, mine in zip(("partition", "region", "account"), home, ours, strict=True):
+        if mine and theirs != mine:
+            raise RequestInvalid(
+                f"ResourceConfig.TrainingPlanArn: the plan is in {what} {theirs}; this stack's training plans "
+                f"are in {what} {mine}"
+            )
 
 
 def submit(deps: Dependencies, body: Any, caller: str | None, body_bytes: int | None = None) -> Job:
