@@ -508,6 +508,15 @@ class Binding:
     alarm_topic_arn: str = ""
     notification_topic_arn: str = ""
     allowed_role_arns: tuple[str, ...] = ()
+    job_notices_topic_arn: str = ""
+
+    def topics(self) -> tuple[tuple[str, str], ...]:
+        """The stack's topics this run named: (logical id, ARN)."""
+        return (
+            ("AlarmTopic", self.alarm_topic_arn),
+            ("NotificationTopic", self.notification_topic_arn),
+            ("JobNoticesTopic", self.job_notices_topic_arn),
+        )
 
     def to_json(self) -> dict[str, Any]:
         return {**self.__dict__, "allowed_role_arns": list(self.allowed_role_arns)}
@@ -530,6 +539,7 @@ def binding_of(settings: Any, region: str) -> Binding:
         alarm_topic_arn=settings.alarm_topic_arn,
         notification_topic_arn=settings.notification_topic_arn,
         allowed_role_arns=tuple(settings.allowed_role_arns),
+        job_notices_topic_arn=getattr(settings, "job_notices_topic_arn", ""),
     )
 
 
@@ -583,10 +593,7 @@ def role_statements(
     physical = template._physical  # the names this run used, not the ones a deploy would generate
     physical["JobsTable"] = binding.table_name
     physical["EventBus"] = binding.event_bus_name
-    for logical_id, arn in (
-        ("AlarmTopic", binding.alarm_topic_arn),
-        ("NotificationTopic", binding.notification_topic_arn),
-    ):
+    for logical_id, arn in binding.topics():
         if arn:
             physical[logical_id] = arn.rsplit(":", 1)[-1]
     function_resource = template.resources.get(function)
@@ -799,10 +806,7 @@ def generic(entry: str, binding: Binding) -> str:
     entry = entry.replace(f":{binding.region}:{binding.account}:", ":<region>:<account>:")
     entry = entry.replace(f":table/{binding.table_name}", ":table/<JobsTable>")
     entry = entry.replace(f":event-bus/{binding.event_bus_name}", ":event-bus/<EventBus>")
-    for logical_id, arn in (
-        ("AlarmTopic", binding.alarm_topic_arn),
-        ("NotificationTopic", binding.notification_topic_arn),
-    ):
+    for logical_id, arn in binding.topics():
         if arn and entry == arn.replace(f":{binding.region}:{binding.account}:", ":<region>:<account>:"):
             return f"<{logical_id}>"
     return entry
