@@ -825,7 +825,11 @@ def restore(
 
     control = control or Deadline(None)
     report = RestoreReport(namespace.name)
-    indexes, report.refused_packs = read_indexes(store, namespace, control=control, workers=workers)
+    try:
+        indexes, report.refused_packs = read_indexes(store, namespace, control=control, workers=workers)
+    except Cancelled as exc:
+        report.stopped = str(exc)
+        return report
     for pack_id, why in report.refused_packs.items():
         log.warning("ignoring pack %s: %s", pack_id, why)
     available = remote_entries(indexes)
