@@ -842,7 +842,8 @@ def restore(
     )
     staging = sync.staging_dir(root)
     allowance = sync.free_bytes(root) - min_free_bytes if min_free_bytes else None
-    budget = min(b for b in (max_bytes, allowance) if b is not None) if (max_bytes or allowance) else None
+    limits = [b for b in (max_bytes, allowance) if b is not None]
+    budget = min(limits) if limits else None
     chosen: list[tuple[str, IndexEntry]] = []
     used = 0
     for index, entry in missing:

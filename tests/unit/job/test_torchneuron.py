@@ -262,3 +262,14 @@ def test_plan_runs_groups_neighbours_and_splits_large_reads() -> None:
     assert len(torchneuron.plan_runs([("p", e) for e in big])) == 3
     sparse = [torchneuron.IndexEntry(f"s{i}", i * 10 * 1024 * 1024, 10, "0" * 64) for i in range(3)]
     assert len(torchneuron.plan_runs([("p", e) for e in sparse])) == 3
+
+
+def test_a_pack_whose_index_never_came_is_invisible_and_verify_reports_it(tmp_path: Path) -> None:
+    """An upload cut between the pack and its index (S3) leaves bytes no reader follows."""
+    store = MemoryStore()
+    pack_path, _ = torchneuron.pack_paths(NS, "cut-short-0001")
+    store.objects[pack_path] = b"x" * 100
+    report = torchneuron.restore(store, tmp_path / "root", NS)
+    assert report.remote_entries == 0
+    assert report.restored == []
+    assert torchneuron.verify(store, NS) == {"cut-short-0001": "a pack no index names (an upload cut short)"}
