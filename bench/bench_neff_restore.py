@@ -145,6 +145,7 @@ def main() -> None:
     parser.add_argument("--work-dir", type=Path, default=None)
     parser.add_argument("--tnx-entries", type=int, default=2000, help="TorchNeuron eager NEFFs (0: none)")
     parser.add_argument("--tnx-mean-kb", type=int, default=300, help="their mean size")
+    parser.add_argument("--tnx-repeat", type=int, default=3, help="cold runs of the S3 pair, alternating")
     parser.add_argument("--skip-xla", action="store_true", help="only the TorchNeuron-shaped cache")
     args = parser.parse_args()
     if not AWS.exists():
@@ -439,20 +440,44 @@ def run_torchneuron(args: argparse.Namespace, work: Path, env: dict[str, str]) -
             str(dest),
         ],
     }
-    for (tool, backend), command in tools.items():
+
+    def cold_run(tool: str, backend: str) -> float:
         dest = work / f"tnx-restore-{tool.split()[0]}-{backend}"
         shutil.rmtree(dest, ignore_errors=True)
-        for phase in ("cold", "warm"):
+        elapsed = timed(tools[(tool, backend)](dest), env)
+        got = sorted(dest.rglob("*.neff"))
+        size = sum(p.stat().st_size for p in got)
+        assert size == total, f"{tool} on {backend}: {size} bytes restored, {total} expected"
+        return elapsed
+
+    for (tool, backend), command in tools.items():
+        dest = work / f"tnx-restore-{tool.split()[0]}-{backend}"
+        elapsed = cold_run(tool, backend)
+        runs.append(Run(tool, backend, "cold", elapsed, files, total))
+        print(f"{tool:<24} {backend:<4} cold  {elapsed:7.1f}s", flush=True)
+        if not tool.startswith("raw"):  # a raw GET has no notion of what is already there
             elapsed = timed(command(dest), env)
-            got = sorted(dest.rglob("*.neff"))
-            size = sum(p.stat().st_size for p in got)
-            assert size == total, f"{tool} on {backend}: {size} bytes restored, {total} expected"
-            runs.append(Run(tool, backend, phase, elapsed, len(got), size))
-            print(f"{tool:<24} {backend:<4} {phase:<5} {elapsed:7.1f}s", flush=True)
+            runs.append(Run(tool, backend, "warm", elapsed, files, total))
+            print(f"{tool:<24} {backend:<4} warm  {elapsed:7.1f}s", flush=True)
         shutil.rmtree(dest, ignore_errors=True)
-    cold = {(r.tool, r.backend): r.seconds for r in runs if r.phase == "cold"}
-    ratio = cold[("sagequeue restore (tnx)", "s3")] / cold[("raw parallel GET (tnx)", "s3")]
-    print(f"TorchNeuron restore / raw parallel GET of the same bytes (S3, cold): {ratio:.2f}", flush=True)
+    # the ratio the cache is judged by: more cold runs of the pair, alternating, so load moves both alike
+    pair: dict[str, list[float]] = {"sagequeue restore (tnx)": [], "raw parallel GET (tnx)": []}
+    for run in runs:
+        if run.backend == "s3" and run.phase == "cold" and run.tool in pair:
+            pair[run.tool].append(run.seconds)
+    for _ in range(args.tnx_repeat - 1):
+        for tool in pair:
+            pair[tool].append(cold_run(tool, "s3"))
+    medians = {tool: sorted(times)[len(times) // 2] for tool, times in pair.items()}
+    for tool, times in pair.items():
+        print(
+            f"{tool:<24} s3   cold runs {', '.join(f'{t:.1f}' for t in times)} s; median {medians[tool]:.1f} s"
+        )
+    ratio = medians["sagequeue restore (tnx)"] / medians["raw parallel GET (tnx)"]
+    print(
+        f"TorchNeuron restore / raw parallel GET of the same bytes (S3, cold, medians): {ratio:.2f}",
+        flush=True,
+    )
     return runs
 
 
