@@ -131,6 +131,23 @@ def one_line(exc: BaseException, limit: int = 300) -> str:
 class _OneLineErrors(click.Group):
     """Every error of a cache command is one line and an exit code; a traceback is never shown."""
 
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        # the TorchNeuron kind has its own commands of the same names (sagequeue.job.torchneuron_cli)
+        kind = ctx.params.get("kind")
+        if kind is not None:
+            from sagequeue.job import torchneuron
+
+            try:
+                resolved = torchneuron.resolve_kind(kind)
+            except ValueError as exc:
+                raise click.BadParameter(str(exc), param_hint="--kind") from exc
+            if resolved == torchneuron.KIND:
+                from sagequeue.job.torchneuron_cli import COMMANDS
+
+                if cmd_name in COMMANDS:
+                    return COMMANDS[cmd_name]
+        return super().get_command(ctx, cmd_name)
+
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
@@ -155,7 +172,17 @@ def _bar(items: Any, label: str, length: int | None = None) -> Any:
 
 
 @click.group(cls=_OneLineErrors, context_settings={"help_option_names": ["-h", "--help"]})
-def cache() -> None:
+@click.option(
+    "--kind",
+    envvar="SAGEQUEUE_CACHE_KIND",
+    show_envvar=True,
+    type=click.Choice(["auto", "xla", "torchneuron"]),
+    default="auto",
+    show_default=True,
+    help="xla: neuronx-cc's cache of the PyTorch/XLA flow; torchneuron: native PyTorch on trn2/trn3; "
+    "auto: torchneuron where torch-neuronx is installed without torch-xla.",
+)
+def cache(kind: str) -> None:
     """Share compiled Neuron graphs (NEFFs) between jobs through the Hugging Face Hub or S3."""
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sagequeue.job import neuron, settings, sync
+from sagequeue.job import neuron, settings, sync, torchneuron
 from sagequeue.job.backends import open_remote
 from sagequeue.job.host import INSTANCE_TYPE_ENV, HostIdentityError
 from sagequeue.job.host import resolve as resolve_host
@@ -111,6 +111,13 @@ class JobOptions:
     workers: int = 16
     progress: bool = True
     remote_options: dict[str, Any] = field(default_factory=dict)
+    #: auto (what the image has installed), xla, or torchneuron (see sagequeue.job.torchneuron)
+    cache_kind: str = "auto"
+    #: TorchNeuron namespace parts the environment does not give (None: discovered)
+    torch_neuronx_version: str | None = None
+    platform: str | None = None
+    cores: str | None = None
+    nki_sources: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -242,6 +249,10 @@ class JobRunner:
 
     def _run(self) -> JobOutcome:
         options = self.options
+        if torchneuron.resolve_kind(options.cache_kind, self.env) == torchneuron.KIND:
+            from sagequeue.job.torchneuron_job import run_job
+
+            return run_job(self)
         location = neuron.choose_cache_dir(self.env, options.cache_dir)
         root = location.path
         root.mkdir(parents=True, exist_ok=True)
