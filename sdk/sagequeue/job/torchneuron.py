@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from sagequeue.job import neuron
+from sagequeue.job.names import UnsafeNameError, check_name, path_inside
 from sagequeue.job.remote import Cancelled, Deadline, RemoteCacheError
 from sagequeue_core.defaults import WARMPOOL_CACHE_ENV
 
@@ -96,10 +97,6 @@ ATTEMPTS = 3
 _READ = 1024 * 1024
 
 
-class UnsafeNameError(ValueError):
-    """A name a remote index gives would be written outside the cache root, or is not a NEFF entry."""
-
-
 class NamespaceError(ValueError):
     """The job's namespace cannot be determined (a version, the platform or the core count is unknown)."""
 
@@ -109,20 +106,11 @@ def is_entry_name(name: str) -> bool:
 
 
 def safe_target(root: Path, name: str) -> Path:
-    """Where entry `name` goes under `root`; refuses names outside the two layouts (so `..`, absolute names
-    and anything else) and paths through a symbolic link (a link planted in the cache would carry the write
-    elsewhere)."""
+    """Where entry `name` goes under `root`: a name outside the two layouts is refused, then the shared name
+    check (`names.path_inside`) refuses a path that leaves `root`, through a symbolic link or otherwise."""
     if not is_entry_name(name):
         raise UnsafeNameError(f"not a TorchNeuron NEFF entry name: {name!r}")
-    current = root
-    for part in name.split("/"):
-        current = current / part
-        if current.is_symlink():
-            raise UnsafeNameError(f"{name}: {current} is a symbolic link")
-    with contextlib.suppress(FileNotFoundError):
-        if not current.parent.resolve().is_relative_to(root.resolve()):
-            raise UnsafeNameError(f"{name}: resolves outside {root}")
-    return current
+    return path_inside(root, name, "TorchNeuron entry")
 
 
 # --- which flow the image runs ------------------------------------------------------------------------------
@@ -558,7 +546,7 @@ class PackIndex:
         end = 0
         for item in data.get("entries", []):
             name, offset, size, digest = item
-            if not is_entry_name(str(name)):
+            if not isinstance(name, str) or not is_entry_name(check_name(name, f"pack {pack_id}: entry")):
                 raise UnsafeNameError(f"pack {pack_id}: refused entry name {name!r}")
             if not (isinstance(offset, int) and isinstance(size, int) and offset >= end and size > 0):
                 raise ValueError(f"pack {pack_id}: entry {name} has a bad range")

@@ -73,12 +73,12 @@ def test_entry_names(name: str, ok: bool) -> None:
     assert torchneuron.is_entry_name(name) is ok
 
 
-def test_safe_target_refuses_links_anywhere_on_the_path(tmp_path: Path) -> None:
+def test_safe_target_refuses_a_link_out_anywhere_on_the_path(tmp_path: Path) -> None:
     root = tmp_path / "root"
     (root / "ab").mkdir(parents=True)
     assert torchneuron.safe_target(root, NAME) == root / NAME
     os.symlink(tmp_path, root / "ab" / "cd")
-    with pytest.raises(torchneuron.UnsafeNameError, match="symbolic link"):
+    with pytest.raises(torchneuron.UnsafeNameError, match="outside"):
         torchneuron.safe_target(root, NAME)
     with pytest.raises(torchneuron.UnsafeNameError):
         torchneuron.safe_target(root, "../" + NAME)
