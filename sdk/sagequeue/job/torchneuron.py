@@ -48,7 +48,7 @@ from typing import Any, Protocol
 
 from sagequeue.job import neuron
 from sagequeue.job.names import UnsafeNameError, check_name, path_inside
-from sagequeue.job.remote import Cancelled, Deadline, RemoteCacheError
+from sagequeue.job.remote import Cancelled, Deadline, RemoteCacheError, Trust, check_writer
 from sagequeue_core.defaults import WARMPOOL_CACHE_ENV
 
 log = logging.getLogger(__name__)
@@ -330,11 +330,23 @@ def _parents(name: str) -> list[str]:
 
 class PackStore(Protocol):
     """What this kind needs of a remote cache: paths under its root, read whole or by range, an atomic put
-    of a pack and its index, and deletes."""
+    of a pack and its index, deletes, and who wrote a file. Paths are relative to the cache root; on S3 a
+    named writer's packs sit under `writers/<writer>/` (`base`), the folder IAM gives that team alone."""
 
     url: str
+    #: Where this handle publishes: "" or `writers/<writer>/`.
+    base: str
 
     def list_paths(self, prefix: str) -> dict[str, int]: ...
+
+    def namespace_paths(self, prefix: str) -> dict[str, int]:
+        """`list_paths(prefix)` and the same prefix in every writer's folder."""
+        ...
+
+    def writers(self, paths: Sequence[str]) -> dict[str, str | None]:
+        """Path -> who wrote it, as the storage's own access control binds it (S3: the writer folder it
+        is in; the Hub: the author of the commit that last changed it); None when it cannot tell."""
+        ...
 
     def read_bytes(self, path: str) -> bytes: ...
 
@@ -351,8 +363,11 @@ class S3PackStore:
     def __init__(self, cache: Any) -> None:
         from botocore.exceptions import ClientError
 
+        from sagequeue.job.s3 import WRITERS_DIR
+
         self.cache = cache
         self.url = cache.url
+        self.base = f"{WRITERS_DIR}/{cache.writer}/" if cache.writer else ""
         self._client_error = ClientError
 
     def list_paths(self, prefix: str) -> dict[str, int]:
@@ -361,6 +376,21 @@ class S3PackStore:
             for item in self.cache._list(prefix.rstrip("/") + "/")
             if "Key" in item
         }
+
+    def namespace_paths(self, prefix: str) -> dict[str, int]:
+        from sagequeue.job.s3 import WRITERS_DIR
+
+        out = self.list_paths(prefix)
+        for item in self.cache._list(WRITERS_DIR + "/", delimiter="/"):
+            if "CommonPrefix" not in item:
+                continue
+            base, writer = writer_base(self.cache._relative(item["CommonPrefix"]) + prefix)
+            if writer is not None:
+                out.update(self.list_paths(base + prefix))
+        return out
+
+    def writers(self, paths: Sequence[str]) -> dict[str, str | None]:
+        return {path: writer_base(path)[1] for path in paths}
 
     def read_bytes(self, path: str) -> bytes:
         try:
@@ -422,6 +452,18 @@ class HubPackStore:
     def __init__(self, cache: Any) -> None:
         self.cache = cache
         self.url = cache.url
+        # the Hub records who made each commit: a writer needs no folder of its own
+        self.base = ""
+
+    def namespace_paths(self, prefix: str) -> dict[str, int]:
+        return self.list_paths(prefix)
+
+    def writers(self, paths: Sequence[str]) -> dict[str, str | None]:
+        folders = sorted({p.rsplit("/", 1)[0] for p in paths})
+        authors: dict[str, str | None] = {}
+        for folder in folders:
+            authors.update(self.cache.file_authors(folder))
+        return {path: authors.get(path) for path in paths}
 
     def list_paths(self, prefix: str) -> dict[str, int]:
         from huggingface_hub.hf_api import RepoFile
@@ -513,6 +555,13 @@ class PackIndex:
     writer: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
     training_job: str | None = None
     model: str | None = None
+    #: The writer folder the pack is in ("" or `writers/<writer>/`); not part of the index's own text.
+    base: str = ""
+
+    @property
+    def ref(self) -> str:
+        """What names the pack in a namespace: its id, after its writer folder if it has one."""
+        return self.base + self.pack_id
 
     @property
     def size(self) -> int:
@@ -565,16 +614,44 @@ class PackIndex:
         )
 
 
-def pack_paths(namespace: Namespace, pack_id: str) -> tuple[str, str]:
-    base = f"{namespace.prefix}/{PACKS_DIR}/{pack_id}"
-    return base + PACK_SUFFIX, base + INDEX_SUFFIX
+def writer_base(path: str) -> tuple[str, str | None]:
+    """(the `writers/<writer>/` folder a path is in, or "", that writer or None). Only S3 keys are read
+    this way: on S3 the folder is what IAM lets a team write; on the Hub anyone could name any folder."""
+    from sagequeue.job.s3 import WRITERS_DIR
+
+    parts = path.split("/", 2)
+    if len(parts) == 3 and parts[0] == WRITERS_DIR:
+        try:
+            return f"{parts[0]}/{check_writer(parts[1])}/", parts[1]
+        except ValueError:
+            return "", None
+    return "", None
+
+
+def split_ref(ref: str) -> tuple[str, str]:
+    """A pack's reference (`<pack id>` or `writers/<writer>/<pack id>`) as (its writer folder, its id)."""
+    folder, _, pack_id = ref.rpartition("/")
+    base = folder + "/" if folder else ""
+    if base and writer_base(ref)[0] != base:
+        raise ValueError(f"not a pack reference: {ref!r} (a pack id, or writers/<writer>/<pack id>)")
+    if not _PACK_ID_RE.match(pack_id):
+        raise ValueError(f"not a pack id: {pack_id!r}")
+    return base, pack_id
+
+
+def pack_paths(namespace: Namespace, ref: str) -> tuple[str, str]:
+    """(pack, index) paths of the pack `ref` (see `split_ref`) of a namespace."""
+    base, pack_id = split_ref(ref)
+    stem = f"{base}{namespace.prefix}/{PACKS_DIR}/{pack_id}"
+    return stem + PACK_SUFFIX, stem + INDEX_SUFFIX
 
 
 def namespaces(store: PackStore) -> dict[Namespace, dict[str, int]]:
     """Every namespace of the remote with its paths (relative to the cache root) and sizes."""
     out: dict[Namespace, dict[str, int]] = {}
-    for path, size in store.list_paths(REMOTE_DIR).items():
-        parts = path.split("/")
+    for path, size in store.namespace_paths(REMOTE_DIR).items():
+        base, _ = writer_base(path)
+        parts = path[len(base) :].split("/")
         if len(parts) < 3 or parts[0] != REMOTE_DIR:
             continue
         try:
@@ -592,41 +669,67 @@ def read_indexes(
     control: Deadline | None = None,
     workers: int = 16,
 ) -> tuple[list[PackIndex], dict[str, str]]:
-    """(the namespace's readable indexes whose pack is there and long enough, pack id -> why one was refused)."""
-    paths = dict(listing) if listing is not None else store.list_paths(namespace.prefix)
+    """(the namespace's readable indexes whose pack is there and long enough, in every writer's folder;
+    pack reference -> why one was refused)."""
+    paths = dict(listing) if listing is not None else store.namespace_paths(namespace.prefix)
     if control is not None:
         control.touch()
-    prefix = f"{namespace.prefix}/{PACKS_DIR}/"
-    ids = sorted(
-        p[len(prefix) : -len(INDEX_SUFFIX)]
-        for p in paths
-        if p.startswith(prefix)
-        and p.endswith(INDEX_SUFFIX)
-        and _PACK_ID_RE.match(p[len(prefix) : -len(INDEX_SUFFIX)])
-    )
+    refs = sorted(r for r in (pack_ref(namespace, p, INDEX_SUFFIX) for p in paths) if r is not None)
     problems: dict[str, str] = {}
 
-    def read(pack_id: str) -> PackIndex | None:
+    def read(ref: str) -> PackIndex | None:
         if control is not None and control.cancel.is_set():
             raise Cancelled("restore called off")
-        pack_path, index_path = pack_paths(namespace, pack_id)
+        base, pack_id = split_ref(ref)
+        pack_path, index_path = pack_paths(namespace, ref)
         try:
             index = PackIndex.from_json(store.read_bytes(index_path), pack_id, namespace)
         except (ValueError, TypeError, KeyError) as exc:
-            problems[pack_id] = str(exc)
+            problems[ref] = str(exc)
             return None
         finally:
             if control is not None:
                 control.touch()
+        index.base = base
         if paths.get(pack_path, -1) < index.size:
-            problems[pack_id] = f"pack {pack_id}: its pack file is missing or shorter than its index says"
+            problems[ref] = f"pack {ref}: its pack file is missing or shorter than its index says"
             return None
         return index
 
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        indexes = [i for i in pool.map(read, ids) if i is not None]
-    indexes.sort(key=lambda i: (i.created_at, i.pack_id))
+        indexes = [i for i in pool.map(read, refs) if i is not None]
+    indexes.sort(key=lambda i: (i.created_at, i.ref))
     return indexes, problems
+
+
+def pack_ref(namespace: Namespace, path: str, suffix: str) -> str | None:
+    """The reference of the pack whose file (ending in `suffix`) `path` is, else None."""
+    base, _ = writer_base(path)
+    rest = path[len(base) :]
+    prefix = f"{namespace.prefix}/{PACKS_DIR}/"
+    if not (rest.startswith(prefix) and rest.endswith(suffix)):
+        return None
+    pack_id = rest[len(prefix) : -len(suffix)]
+    return base + pack_id if _PACK_ID_RE.match(pack_id) else None
+
+
+def trusted(
+    store: PackStore, namespace: Namespace, indexes: Sequence[PackIndex], trust: Trust | None
+) -> tuple[list[PackIndex], dict[str, str]]:
+    """(the packs of writers `trust` allows, pack reference -> the writer of each other one or "unknown").
+    The writer is the storage's (`PackStore.writers`), never what an index says of itself."""
+    if trust is None or not trust.restricted or not indexes:
+        return list(indexes), {}
+    writers = store.writers([pack_paths(namespace, i.ref)[1] for i in indexes])
+    kept: list[PackIndex] = []
+    untrusted: dict[str, str] = {}
+    for index in indexes:
+        writer = writers.get(pack_paths(namespace, index.ref)[1])
+        if trust.allows(writer):
+            kept.append(index)
+        else:
+            untrusted[index.ref] = writer or "unknown"
+    return kept, untrusted
 
 
 def remote_entries(indexes: Sequence[PackIndex]) -> dict[str, tuple[PackIndex, IndexEntry]]:
@@ -653,6 +756,8 @@ class RestoreReport:
     over_budget: list[str] = field(default_factory=list)
     requests: int = 0
     stopped: str | None = None
+    #: Packs left out because their writer is not one the job trusts (pack reference -> writer or "unknown").
+    untrusted: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -807,8 +912,10 @@ def restore(
     control: Deadline | None = None,
     min_free_bytes: int = 0,
     max_bytes: int | None = None,
+    trust: Trust | None = None,
 ) -> RestoreReport:
-    """Bring the remote entries of exactly `namespace` that `root` lacks into `root`."""
+    """Bring the remote entries of exactly `namespace` that `root` lacks into `root`, from the packs of the
+    writers `trust` allows (None: any writer)."""
     from sagequeue.job import sync  # the shared guard: cancel flag, disk floor, activity
 
     control = control or Deadline(None)
@@ -820,6 +927,18 @@ def restore(
         return report
     for pack_id, why in report.refused_packs.items():
         log.warning("ignoring pack %s: %s", pack_id, why)
+    try:
+        indexes, report.untrusted = trusted(store, namespace, indexes, trust)
+    except Cancelled as exc:
+        report.stopped = str(exc)
+        return report
+    if report.untrusted and trust is not None:
+        log.warning(
+            "not restoring %d packs of writers this job does not trust (it trusts %s): %s",
+            len(report.untrusted),
+            trust.describe(),
+            ", ".join(f"{k} by {w}" for k, w in sorted(report.untrusted.items())[:10]),
+        )
     available = remote_entries(indexes)
     report.remote_entries = len(available)
     local = local_entries(root)
@@ -839,7 +958,7 @@ def restore(
             report.over_budget.append(entry.name)
             continue
         used += entry.size
-        chosen.append((pack_paths(namespace, index.pack_id)[0], entry))
+        chosen.append((pack_paths(namespace, index.ref)[0], entry))
     if not chosen:
         return report
     staging.mkdir(parents=True, exist_ok=True)
@@ -911,9 +1030,12 @@ def upload(
     training_job: str | None = None,
     model: str | None = None,
     pack_bytes: int = PACK_BYTES,
+    trust: Trust | None = None,
 ) -> UploadReport:
-    """Publish the complete local entries the namespace lacks, smallest first, in packs; a pack becomes
-    visible whole or not at all, so a deadline that cuts the upload leaves only whole packs behind."""
+    """Publish the complete local entries the namespace lacks, smallest first, in packs under the store's
+    writer folder; a pack becomes visible whole or not at all, so a deadline that cuts the upload leaves
+    only whole packs behind. An entry only untrusted writers (by `trust`) hold counts as lacking: the
+    jobs that trust this one would not restore theirs."""
     deadline = deadline or Deadline(None)
     report = UploadReport(namespace.name)
     local = local_entries(root)
@@ -923,6 +1045,7 @@ def upload(
     if not local:
         return report
     indexes, _ = read_indexes(store, namespace, control=deadline)
+    indexes, _ = trusted(store, namespace, indexes, trust)
     deadline.touch()
     present = remote_entries(indexes)
     report.already_present = sorted(n for n in local if n in present)
@@ -951,10 +1074,10 @@ def upload(
                 pack_file.unlink(missing_ok=True)
                 continue
             index = PackIndex(pack_id, namespace, entries, training_job=training_job, model=model)
-            pack_path, index_path = pack_paths(namespace, pack_id)
+            pack_path, index_path = pack_paths(namespace, store.base + pack_id)
             if store.put_pack(pack_path, pack_file, index_path, index.to_json(), deadline.touch):
                 report.published += [e.name for e in entries]
-                report.packs.append(pack_id)
+                report.packs.append(store.base + pack_id)
                 report.bytes_uploaded += index.size
             pack_file.unlink(missing_ok=True)
     finally:
@@ -965,21 +1088,28 @@ def upload(
 # --- verify, prune, remove ------------------------------------------------------------------------------------
 
 
-def verify(store: PackStore, namespace: Namespace, workers: int = 16) -> dict[str, str]:
-    """Pack id -> what is wrong with it: an unreadable index, a missing or short pack, an entry whose bytes
-    do not match its checksum."""
-    listing = store.list_paths(namespace.prefix)
+def verify(
+    store: PackStore,
+    namespace: Namespace,
+    workers: int = 16,
+    trust: Trust | None = None,
+    untrusted: dict[str, str] | None = None,
+) -> dict[str, str]:
+    """Pack reference -> what is wrong with it: an unreadable index, a missing or short pack, an entry whose
+    bytes do not match its checksum. With a restricting `trust`, the packs of other writers go into
+    `untrusted` (reference -> writer or "unknown")."""
+    listing = store.namespace_paths(namespace.prefix)
     indexes, problems = read_indexes(store, namespace, listing, workers=workers)
-    prefix = f"{namespace.prefix}/{PACKS_DIR}/"
-    indexed = {i.pack_id for i in indexes} | set(problems)
+    indexed = {i.ref for i in indexes} | set(problems)
     for path in listing:
-        if path.startswith(prefix) and path.endswith(PACK_SUFFIX):
-            pack_id = path[len(prefix) : -len(PACK_SUFFIX)]
-            if pack_id not in indexed:
-                problems[pack_id] = "a pack no index names (an upload cut short)"
+        ref = pack_ref(namespace, path, PACK_SUFFIX)
+        if ref is not None and ref not in indexed:
+            problems[ref] = "a pack no index names (an upload cut short)"
+    if untrusted is not None:
+        untrusted.update(trusted(store, namespace, indexes, trust)[1])
 
     def check(index: PackIndex) -> tuple[str, str | None]:
-        pack_path = pack_paths(namespace, index.pack_id)[0]
+        pack_path = pack_paths(namespace, index.ref)[0]
         entries = iter(index.entries)
         entry = next(entries, None)
         position = 0
@@ -1000,10 +1130,10 @@ def verify(store: PackStore, namespace: Namespace, workers: int = 16) -> dict[st
                     position += take
                     if position == entry.offset + entry.size:
                         if digest.hexdigest() != entry.sha256:
-                            return index.pack_id, f"entry {entry.name}: checksum mismatch"
+                            return index.ref, f"entry {entry.name}: checksum mismatch"
                         digest = hashlib.sha256()
                         entry = next(entries, None)
-        return index.pack_id, None if entry is None else "the pack ends early"
+        return index.ref, None if entry is None else "the pack ends early"
 
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         for pack_id, problem in pool.map(check, indexes):
@@ -1013,7 +1143,7 @@ def verify(store: PackStore, namespace: Namespace, workers: int = 16) -> dict[st
 
 
 def remove_packs(store: PackStore, namespace: Namespace, pack_ids: Sequence[str]) -> None:
-    """Indexes first (the packs become invisible), then the packs."""
+    """Indexes first (the packs become invisible), then the packs. `pack_ids` are references (`split_ref`)."""
     paths = [pack_paths(namespace, p) for p in pack_ids]
     store.delete([index for _, index in paths])
     store.delete([pack for pack, _ in paths])
@@ -1023,7 +1153,7 @@ def pack_times(indexes: Sequence[PackIndex]) -> dict[str, float]:
     out = {}
     for index in indexes:
         try:
-            out[index.pack_id] = datetime.fromisoformat(index.created_at).timestamp()
+            out[index.ref] = datetime.fromisoformat(index.created_at).timestamp()
         except ValueError:
-            out[index.pack_id] = 0.0
+            out[index.ref] = 0.0
     return out

@@ -13,7 +13,7 @@ from typing import Any
 import click
 
 from sagequeue.job import torchneuron
-from sagequeue.job.cache_cli import _cache_option, _remote, human, parse_size
+from sagequeue.job.cache_cli import _cache_option, _remote, _trust, _trust_option, human, parse_size
 from sagequeue.job.remote import Deadline, RemoteCacheError
 
 _dir_option = click.option(
@@ -124,6 +124,7 @@ def lookup(cache_url: str | None, model: str) -> None:
 @_dir_option
 @_namespace_options
 @click.option("--timeout", type=float, default=None, help="Stop starting new packs after this many seconds.")
+@_trust_option
 def sync_cmd(
     cache_url: str | None,
     cache_dir: Path | None,
@@ -133,12 +134,17 @@ def sync_cmd(
     cores: str | None,
     nki_sources: tuple[str, ...],
     timeout: float | None,
+    trust: str | None,
 ) -> None:
-    """Upload the complete local NEFFs the namespace lacks (never temporary or empty files)."""
+    """Upload the complete local NEFFs the namespace lacks (never temporary or empty files); with a trust
+    list, what only other writers hold is uploaded too."""
+    trusted = _trust(trust)
     store = _store(cache_url)
     namespace = _namespace(torch_neuronx_version, compiler_version, platform, cores, nki_sources)
     try:
-        report = torchneuron.upload(store, _root(cache_dir), namespace, deadline=Deadline(timeout))
+        report = torchneuron.upload(
+            store, _root(cache_dir), namespace, deadline=Deadline(timeout), trust=trusted
+        )
     except RemoteCacheError as exc:
         raise click.ClickException(str(exc)) from exc
     click.echo(
@@ -152,6 +158,7 @@ def sync_cmd(
 @_dir_option
 @_namespace_options
 @click.option("--workers", type=click.IntRange(1, 128), default=16, show_default=True, help="Parallel reads.")
+@_trust_option
 def restore(
     cache_url: str | None,
     cache_dir: Path | None,
@@ -161,21 +168,24 @@ def restore(
     cores: str | None,
     nki_sources: tuple[str, ...],
     workers: int,
+    trust: str | None,
 ) -> None:
-    """Fill the local NEFF cache with the entries of exactly this job's namespace."""
+    """Fill the local NEFF cache with the entries of exactly this job's namespace, from trusted writers."""
+    trusted = _trust(trust)
     store = _store(cache_url)
     namespace = _namespace(torch_neuronx_version, compiler_version, platform, cores, nki_sources)
     root = _root(cache_dir)
     root.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     try:
-        report = torchneuron.restore(store, root, namespace, workers=workers)
+        report = torchneuron.restore(store, root, namespace, workers=workers, trust=trusted)
     except RemoteCacheError as exc:
         raise click.ClickException(str(exc)) from exc
     click.echo(
         f"{namespace.name}: restored {len(report.restored)} entries ({human(report.bytes_downloaded)}, "
         f"{report.requests} requests) in {time.monotonic() - started:.1f}s; {report.already_local} already "
         f"local, {len(report.failed)} failed, {len(report.refused_packs)} packs refused"
+        + (f", {len(report.untrusted)} packs of untrusted writers left out" if report.untrusted else "")
     )
     if report.failed:
         raise SystemExit(1)
@@ -186,20 +196,35 @@ def restore(
 @click.argument("names", nargs=-1, metavar="[NAMESPACE]...")
 @click.option("--repair", is_flag=True, help="Remove the broken packs (their entries are published again).")
 @click.option("--workers", type=click.IntRange(1, 128), default=16, show_default=True)
-def verify(cache_url: str | None, names: tuple[str, ...], repair: bool, workers: int) -> None:
-    """Read every pack and check each entry against its index's SHA-256."""
+@_trust_option
+def verify(
+    cache_url: str | None, names: tuple[str, ...], repair: bool, workers: int, trust: str | None
+) -> None:
+    """Read every pack and check each entry against its index's SHA-256. With a trust list, the packs of
+    other writers are reported (`cache rm NAMESPACE --pack REF` removes one)."""
+    trusted = _trust(trust)
     store = _store(cache_url)
     broken_total = 0
+    untrusted_total = 0
     for namespace in sorted(_chosen(store, names), key=lambda n: n.name):
-        problems = torchneuron.verify(store, namespace, workers=workers)
+        untrusted: dict[str, str] = {}
+        problems = torchneuron.verify(store, namespace, workers=workers, trust=trusted, untrusted=untrusted)
         broken_total += len(problems)
+        untrusted_total += len(untrusted)
         for pack_id, why in sorted(problems.items()):
             click.echo(f"{namespace.name}/{pack_id}: {why}")
+        for ref, writer in sorted(untrusted.items()):
+            click.echo(
+                f"untrusted {namespace.name}/{ref}: written by {writer}, not one of {trusted.describe()}"
+            )
         if problems and repair:
             torchneuron.remove_packs(store, namespace, sorted(problems))
             click.echo(f"{namespace.name}: removed {len(problems)} broken packs")
-        click.echo(f"{namespace.name}: {len(problems)} broken")
-    if broken_total and not repair:
+        click.echo(
+            f"{namespace.name}: {len(problems)} broken"
+            + (f", {len(untrusted)} of untrusted writers" if trusted.restricted else "")
+        )
+    if (broken_total and not repair) or untrusted_total:
         raise SystemExit(1)
 
 
@@ -221,7 +246,7 @@ def prune(
     for namespace, paths in _chosen(store, names).items():
         indexes, _ = torchneuron.read_indexes(store, namespace, paths)
         times = torchneuron.pack_times(indexes)
-        packs += [(times[i.pack_id], i.size, namespace, i.pack_id) for i in indexes]
+        packs += [(times[i.ref], i.size, namespace, i.ref) for i in indexes]
     packs.sort(key=lambda p: (p[0], p[3]))
     doomed = []
     if older_than is not None:
@@ -250,7 +275,12 @@ def prune(
 @click.command(name="rm")
 @_cache_option
 @click.argument("names", nargs=-1, required=True, metavar="NAMESPACE...")
-@click.option("--pack", "packs", multiple=True, help="Only this pack of the namespace (repeatable).")
+@click.option(
+    "--pack",
+    "packs",
+    multiple=True,
+    help="Only this pack of the namespace, as verify names it: ID or writers/<writer>/ID (repeatable).",
+)
 @click.option("--yes", is_flag=True, help="Remove; without it, only say what would go.")
 def remove(cache_url: str | None, names: tuple[str, ...], packs: tuple[str, ...], yes: bool) -> None:
     """Remove whole namespaces (or some of their packs) from the remote cache."""
@@ -260,6 +290,15 @@ def remove(cache_url: str | None, names: tuple[str, ...], packs: tuple[str, ...]
         raise click.ClickException(f"no such namespace in {store.url}: {', '.join(names)}")
     for namespace, paths in chosen.items():
         if packs:
+            known = {
+                ref
+                for path in paths
+                for suffix in (torchneuron.INDEX_SUFFIX, torchneuron.PACK_SUFFIX)
+                if (ref := torchneuron.pack_ref(namespace, path, suffix))
+            }
+            unknown = sorted(set(packs) - known)
+            if unknown:
+                raise click.ClickException(f"no such pack in {namespace.name}: {', '.join(unknown)}")
             if yes:
                 torchneuron.remove_packs(store, namespace, list(packs))
             click.echo(f"{'removed' if yes else 'would remove'} {len(packs)} packs of {namespace.name}")

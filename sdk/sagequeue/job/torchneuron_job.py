@@ -99,6 +99,7 @@ def _restore(
                 control=control,
                 min_free_bytes=min_free,
                 max_bytes=options.restore_max_bytes,
+                trust=runner._trust,
             ),
             options.restore_timeout,
             runner.watch,
@@ -118,7 +119,8 @@ def _restore(
         return
     outcome.restored = report.restored
     log.info(
-        "restored %d entries (%d bytes, %d requests) in %.1fs; %d already local, %d failed, %d over budget%s",
+        "restored %d entries (%d bytes, %d requests) in %.1fs; %d already local, %d failed, %d over budget, "
+        "%d packs of untrusted writers%s",
         len(report.restored),
         report.bytes_downloaded,
         report.requests,
@@ -126,6 +128,7 @@ def _restore(
         report.already_local,
         len(report.failed),
         len(report.over_budget),
+        len(report.untrusted),
         f"; stopped: {report.stopped}" if report.stopped else "",
     )
 
@@ -199,7 +202,14 @@ class _Uploads:
 
         def work() -> Any:
             return torchneuron.upload(
-                store, root, namespace, deadline=deadline, only=only, training_job=job, model=options.model
+                store,
+                root,
+                namespace,
+                deadline=deadline,
+                only=only,
+                training_job=job,
+                model=options.model,
+                trust=runner._trust,
             )
 
         try:

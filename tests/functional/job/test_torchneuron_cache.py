@@ -15,9 +15,10 @@ from pathlib import Path
 import pytest
 from conftest import BIN, STANDINS, Cache, make_cache, run_cli, run_wrapper
 from fault_proxy import FaultProxy
-from support.hub_server import HubServer
+from support.hub_server import DEFAULT_USER, HubServer
 
 from sagequeue.job import torchneuron
+from sagequeue.job.backends import open_remote
 
 TRAIN = str(STANDINS / "standin-torchneuron-train")
 TNX = "2.14.0"
@@ -339,3 +340,70 @@ def test_a_hostile_index_writes_nothing_outside_the_cache(cache: Cache, tmp_path
     assert good in report.failed
     assert list(outside.iterdir()) == []
     assert not (tmp_path / "outside" / "ab").exists()
+
+
+def _op_key(op: int) -> str:
+    """The stand-in's key of eager op `op` in this image (default shape, trn2, 32 cores, no compiler flags)."""
+    import hashlib
+
+    spec = json.dumps(["op", f"aten::op{op}", "8x1024", "trn2", "32", ""])
+    return hashlib.blake2b(spec.encode(), digest_size=16).hexdigest()
+
+
+def test_a_pack_an_untrusted_writer_planted_is_not_restored(
+    cache: Cache, hub_server: HubServer, tmp_path: Path
+) -> None:
+    env = image(tmp_path, cache.env)
+    env["SAGEQUEUE_CACHE_KIND"] = "torchneuron"
+    if cache.kind == "s3":
+        env["SAGEQUEUE_NEFF_CACHE_WRITER"] = me = "team-a"
+        theirs = open_remote(cache.url, writer="team-b")
+    else:
+        me = DEFAULT_USER  # the user of the job's token, as the Hub records it
+        theirs = open_remote(
+            cache.url, endpoint=hub_server.url, token=hub_server.add_user("team-b"), backoff_base=0.05
+        )
+    namespace = torchneuron.Namespace(TNX, CC, "trn2", "32")
+    # GIVEN the job's own team published the first two ops
+    first, _ = train(cache, env, tmp_path / "host-a", "--ops", "2")
+    assert sorted(first["compiled"]) == sorted(_op_key(i) for i in range(2))
+    # AND another team planted NEFFs of the next two, bytes of its choosing with checksums that match them
+    planted = tmp_path / "planted"
+    for op in (2, 3):
+        key = _op_key(op)
+        path = planted / key[:2] / key[2:4] / f"{key}.neff"
+        path.parent.mkdir(parents=True)
+        path.write_bytes(json.dumps({"key": key, "compiler": "planted"}).encode() + b"\n" + b"x" * 200)
+    plant = torchneuron.upload(torchneuron.pack_store(theirs), planted, namespace)
+    assert len(plant.published) == 2
+    (ref,) = plant.packs
+    assert ref.startswith("writers/team-b/") if cache.kind == "s3" else "/" not in ref
+    # WHEN a job trusting only its own team runs on a fresh host
+    second, done = train(cache, dict(env, SAGEQUEUE_NEFF_CACHE_TRUST=me), tmp_path / "host-b", "--ops", "4")
+    # THEN it restored its team's NEFFs, compiled the planted ops itself and loaded nothing planted
+    assert sorted(second["hit"]) == sorted(first["compiled"]), done.stderr
+    assert sorted(second["compiled"]) == sorted(_op_key(i) for i in (2, 3)), done.stderr
+    assert second["stale"] == []
+    assert "not restoring 1 packs of writers this job does not trust" in done.stderr
+    # a job trusting any writer takes the planted pack (the earliest pack serves a name)
+    third, done = train(cache, env, tmp_path / "host-c", "--ops", "4")
+    assert sorted(third["stale"]) == sorted(_op_key(i) for i in (2, 3)), done.stderr
+
+    # verify with the trust list names the planted pack; rm removes it by that name
+    name = namespace.name
+    verified = run_cli(["cache", "verify", "--cache", cache.url, "--trust", me], env)
+    assert verified.returncode == 1, verified.stdout + verified.stderr
+    assert f"untrusted {name}/{ref}: written by team-b" in verified.stdout
+    assert "0 broken, 1 of untrusted writers" in verified.stdout
+    unknown = run_cli(
+        ["cache", "rm", "--cache", cache.url, name, "--pack", "writers/team-z/20260101T000000-0"], env
+    )
+    assert unknown.returncode == 1
+    assert "no such pack" in unknown.stderr
+    removed = run_cli(["cache", "rm", "--cache", cache.url, name, "--pack", ref, "--yes"], env)
+    assert removed.returncode == 0, removed.stdout + removed.stderr
+    again = run_cli(["cache", "verify", "--cache", cache.url, "--trust", me], env)
+    assert again.returncode == 0, again.stdout + again.stderr
+    fourth, done = train(cache, env, tmp_path / "host-d", "--ops", "4")
+    assert fourth["stale"] == [], done.stderr
+    assert len(fourth["hit"]) == 4, done.stderr

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from sagequeue.job import torchneuron
-from sagequeue.job.remote import Deadline
+from sagequeue.job.remote import Deadline, Trust
 
 KEY = "abcd" + "0" * 28
 NAME = f"ab/cd/{KEY}.neff"
@@ -25,12 +25,24 @@ class MemoryStore:
 
     url = "mem://cache"
 
-    def __init__(self) -> None:
+    def __init__(self, base: str = "") -> None:
         self.objects: dict[str, bytes] = {}
         self.ranges = 0
+        self.base = base
 
     def list_paths(self, prefix: str) -> dict[str, int]:
         return {p: len(b) for p, b in self.objects.items() if p.startswith(prefix.rstrip("/") + "/")}
+
+    def namespace_paths(self, prefix: str) -> dict[str, int]:
+        """Every writer folder, as S3 lists them."""
+        return {
+            p: len(b)
+            for p, b in self.objects.items()
+            if p[len(torchneuron.writer_base(p)[0]) :].startswith(prefix.rstrip("/") + "/")
+        }
+
+    def writers(self, paths: list[str]) -> dict[str, str | None]:
+        return {p: torchneuron.writer_base(p)[1] for p in paths}
 
     def read_bytes(self, path: str) -> bytes:
         return self.objects[path]
@@ -273,3 +285,44 @@ def test_a_pack_whose_index_never_came_is_invisible_and_verify_reports_it(tmp_pa
     assert report.remote_entries == 0
     assert report.restored == []
     assert torchneuron.verify(store, NS) == {"cut-short-0001": "a pack no index names (an upload cut short)"}
+
+
+def test_a_trust_list_restores_only_its_writers_packs_and_each_writer_publishes_in_its_folder(
+    tmp_path: Path,
+) -> None:
+    store = MemoryStore()
+    mine, theirs, legacy = (MemoryStore(base) for base in ("writers/team-a/", "writers/team-b/", ""))
+    for writer in (mine, theirs, legacy):
+        writer.objects = store.objects  # one bucket, three handles
+    a = _fill(tmp_path / "a", 20, seed=1)
+    b = _fill(tmp_path / "b", 20, seed=2)
+    c = _fill(tmp_path / "c", 20, seed=3)
+    assert torchneuron.upload(mine, tmp_path / "a", NS).packs[0].startswith("writers/team-a/")
+    assert torchneuron.upload(theirs, tmp_path / "b", NS).packs[0].startswith("writers/team-b/")
+    assert "/" not in torchneuron.upload(legacy, tmp_path / "c", NS).packs[0]
+    assert all(p.startswith(("writers/team-a/", "writers/team-b/", "torchneuron/")) for p in store.objects)
+
+    report = torchneuron.restore(store, tmp_path / "job", NS, trust=Trust.parse("team-a"))
+    assert sorted(report.restored) == sorted(a)
+    assert sorted(report.untrusted.values()) == ["team-b", "unknown"]
+    assert all(not (tmp_path / "job" / n).exists() for n in (*b, *c))
+    # under the trust list, team-b's entries count as missing: team-a publishes its own copy
+    assert sorted(
+        torchneuron.upload(mine, tmp_path / "b", NS, trust=Trust.parse("team-a")).published
+    ) == sorted(b)
+    # without a list every writer is restored
+    assert len(torchneuron.restore(store, tmp_path / "any", NS).restored) == 60
+    # verify names the other writers' packs; their references remove them
+    untrusted: dict[str, str] = {}
+    assert torchneuron.verify(store, NS, trust=Trust.parse("team-a"), untrusted=untrusted) == {}
+    assert sorted(untrusted.values()) == ["team-b", "unknown"]
+    torchneuron.remove_packs(store, NS, sorted(untrusted))
+    assert all(p.startswith("writers/team-a/") for p in store.objects)
+
+
+@pytest.mark.parametrize(
+    "ref", ["a/b/20261127T000000-abc", "writers/../20261127T000000-abc", "writers/x/y/z"]
+)
+def test_a_pack_reference_outside_a_writer_folder_is_refused(ref: str) -> None:
+    with pytest.raises(ValueError, match="not a pack"):
+        torchneuron.pack_paths(NS, ref)
