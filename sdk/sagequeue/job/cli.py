@@ -14,7 +14,8 @@ import sys
 import click
 
 from sagequeue.job import settings
-from sagequeue.job.runner import SAGEMAKER_STOP_GRACE_SECONDS, STALL_SECONDS, JobOptions, JobRunner
+from sagequeue.job.flow import SAGEMAKER_STOP_GRACE_SECONDS, STALL_SECONDS, JobOptions
+from sagequeue.job.runner import JobRunner
 from sagequeue_core.defaults import METRIC_PERIOD_SECONDS, NEFF_CACHE_ENV
 
 

@@ -13,7 +13,11 @@ from typing import Any
 import click
 
 from sagequeue.job import torchneuron
-from sagequeue.job.cache_cli import _cache_option, _remote, _trust, _trust_option, human, parse_size
+from sagequeue.job.cache_options import cache_option as _cache_option
+from sagequeue.job.cache_options import human, parse_size
+from sagequeue.job.cache_options import open_cache as _remote
+from sagequeue.job.cache_options import parse_trust as _trust
+from sagequeue.job.cache_options import trust_option as _trust_option
 from sagequeue.job.remote import Deadline, RemoteCacheError
 
 _dir_option = click.option(

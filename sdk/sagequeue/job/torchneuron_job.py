@@ -16,19 +16,35 @@ import logging
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from sagequeue.job import torchneuron
-from sagequeue.job.remote import Deadline
-
-if TYPE_CHECKING:
-    from sagequeue.job.runner import JobOutcome, JobRunner
+from sagequeue.job.flow import CACHE_DIR_ENV, JobOptions, JobOutcome
+from sagequeue.job.process import SignalForwarder, StopWatch
+from sagequeue.job.remote import Deadline, RemoteCache, Trust
 
 log = logging.getLogger("sagequeue.job")
 
 
+class JobRunner(Protocol):
+    """What this flow uses of `runner.JobRunner`, which calls it (named here, so nothing imports back)."""
+
+    options: JobOptions
+    env: dict[str, str]
+    watch: StopWatch
+    forwarder: SignalForwarder
+    _trust: Trust
+
+    def _remote(self) -> RemoteCache | None: ...
+
+    def _start_metrics(self) -> Any: ...
+
+    def _stop_end(self) -> float: ...
+
+    def _group_waiter(self) -> threading.Thread | None: ...
+
+
 def run_job(runner: JobRunner) -> JobOutcome:
-    from sagequeue.job.runner import CACHE_DIR_ENV, JobOutcome
 
     options = runner.options
     root, source = torchneuron.choose_cache_dir(runner.env, options.cache_dir)
@@ -83,7 +99,8 @@ def _restore(
     namespace: torchneuron.Namespace,
     outcome: JobOutcome,
 ) -> None:
-    from sagequeue.job.runner import _bounded, default_min_free
+    from sagequeue.job.flow import bounded as _bounded
+    from sagequeue.job.flow import default_min_free
 
     options = runner.options
     control = Deadline(options.restore_timeout)
@@ -185,7 +202,7 @@ class _Uploads:
             self._pass(complete - self._seen)
 
     def _pass(self, only: set[str] | None) -> None:
-        from sagequeue.job.runner import _bounded
+        from sagequeue.job.flow import bounded as _bounded
 
         assert self.store is not None
         assert self.namespace is not None
