@@ -14,6 +14,17 @@ parallelism over loopback, not a network; on a real network the ratio between to
 Time grows linearly with total bytes once past the per-entry cost (S3: one manifest GET and one GET per
 file; Hub: one GET per file, one tree listing per 1000 files).
 
+A TorchNeuron-shaped cache runs in the same invocation: TNX_ENTRIES eager-mode NEFFs (one per op,
+log-normal around TNX_MEAN_KB, torch-neuronx's `ab/cd/<32 hex>.neff` layout) published in packs, restored by
+
+    sagequeue cache --kind torchneuron restore   S3 and the Hub (ranged GETs of packs, in parallel)
+    raw parallel GET          the same NEFFs as one S3 object each, WORKERS GETs at a time (the floor a
+                              per-file restore could reach)
+    aws s3 sync               that per-file tree on S3
+    snapshot_download         that per-file tree on the Hub
+
+and the ratio of sagequeue's restore to the raw parallel GET of the same bytes is printed.
+
 Usage (from the repository root, after `python -m venv .venv-bench && .venv-bench/bin/pip install awscli`):
 
     .venv/bin/python bench/bench_neff_restore.py                  # 300 entries + 3 x 200 MB, a few minutes
@@ -132,6 +143,10 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=16)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--work-dir", type=Path, default=None)
+    parser.add_argument("--tnx-entries", type=int, default=2000, help="TorchNeuron eager NEFFs (0: none)")
+    parser.add_argument("--tnx-mean-kb", type=int, default=300, help="their mean size")
+    parser.add_argument("--tnx-repeat", type=int, default=3, help="cold runs of the S3 pair, alternating")
+    parser.add_argument("--skip-xla", action="store_true", help="only the TorchNeuron-shaped cache")
     args = parser.parse_args()
     if not AWS.exists():
         sys.exit(f"{AWS} not found: python -m venv .venv-bench && .venv-bench/bin/pip install awscli")
@@ -194,6 +209,15 @@ def run_benchmark(args: argparse.Namespace, work: Path, env: dict[str, str]) -> 
     import boto3
     from huggingface_hub import HfApi
 
+    boto3.client("s3").create_bucket(Bucket=BUCKET)
+    HfApi().create_repo(REPO_ID, private=True, exist_ok=True)
+    runs: list[Run] = [] if args.skip_xla else run_xla(args, work, env)
+    if args.tnx_entries:
+        runs += run_torchneuron(args, work, env)
+    return runs
+
+
+def run_xla(args: argparse.Namespace, work: Path, env: dict[str, str]) -> list[Run]:
     from sagequeue.job import sync
     from sagequeue.job.backends import open_remote
     from sagequeue.job.remote import Deadline
@@ -206,8 +230,6 @@ def run_benchmark(args: argparse.Namespace, work: Path, env: dict[str, str]) -> 
         f"(written in {time.monotonic() - started:.1f}s)",
         flush=True,
     )
-    boto3.client("s3").create_bucket(Bucket=BUCKET)
-    HfApi().create_repo(REPO_ID, private=True, exist_ok=True)
     runs: list[Run] = []
     for backend, url in (("s3", f"s3://{BUCKET}/{PREFIX}"), ("hub", f"hf://{REPO_ID}")):
         remote = open_remote(url)
@@ -277,6 +299,187 @@ def run_benchmark(args: argparse.Namespace, work: Path, env: dict[str, str]) -> 
             runs.append(Run(tool, backend, phase, elapsed, got_files, got_size))
             print(f"{tool:<24} {backend:<4} {phase:<5} {elapsed:7.1f}s", flush=True)
         shutil.rmtree(dest, ignore_errors=True)
+    return runs
+
+
+TNX_NS = {"torch_neuronx": "2.14.0", "neuronx_cc": VERSION, "platform": "trn2", "cores": "32", "nki": "none"}
+RAW_PREFIX = "raw-neff-cache"
+RAW_REPO_ID = "bench-org/raw-neff-cache"
+#: A restore by one GET per file, WORKERS at a time, in its own process like the other tools.
+RAW_GET = """
+import sys, boto3
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from botocore.config import Config
+bucket, prefix, dest, workers = sys.argv[1], sys.argv[2], Path(sys.argv[3]), int(sys.argv[4])
+client = boto3.client("s3", config=Config(max_pool_connections=workers * 2))
+keys = [o["Key"] for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix + "/")
+        for o in page.get("Contents", [])]
+def get(key):
+    target = dest / key[len(prefix) + 1:]
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_bytes(client.get_object(Bucket=bucket, Key=key)["Body"].read())
+with ThreadPoolExecutor(workers) as pool:
+    list(pool.map(get, keys))
+"""
+
+
+def build_torchneuron_cache(root: Path, entries: int, mean_kb: int, seed: int) -> int:
+    """`entries` eager-mode NEFFs in torch-neuronx's sharded layout, log-normal sizes around mean_kb."""
+    import math
+
+    rng = random.Random(seed + 1)
+    sigma = 0.9
+    mu = math.log(mean_kb * 1024) - sigma * sigma / 2
+    total = 0
+    for _ in range(entries):
+        key = f"{rng.getrandbits(128):032x}"
+        path = root / key[:2] / key[2:4] / f"{key}.neff"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        size = int(min(8 * MB, max(4 * 1024, rng.lognormvariate(mu, sigma))))
+        write_random(path, size, rng)
+        total += size
+    return total
+
+
+def run_torchneuron(args: argparse.Namespace, work: Path, env: dict[str, str]) -> list[Run]:
+    import boto3
+    from huggingface_hub import HfApi
+
+    from sagequeue.job import torchneuron
+    from sagequeue.job.backends import open_remote
+    from sagequeue.job.remote import Deadline
+
+    source = work / "tnx-source"
+    total = build_torchneuron_cache(source, args.tnx_entries, args.tnx_mean_kb, args.seed)
+    files = args.tnx_entries
+    print(f"TorchNeuron cache: {files} NEFFs, {total / MB:.0f} MB", flush=True)
+    namespace = torchneuron.Namespace(**TNX_NS)
+    runs: list[Run] = []
+    for backend, url in (("s3", f"s3://{BUCKET}/{PREFIX}"), ("hub", f"hf://{REPO_ID}")):
+        store = torchneuron.pack_store(open_remote(url))
+        started = time.monotonic()
+        report = torchneuron.upload(store, source, namespace, deadline=Deadline(None))
+        elapsed = time.monotonic() - started
+        assert len(report.published) == files, report
+        runs.append(Run("sagequeue upload (tnx)", backend, "publish", elapsed, files, total))
+        print(f"TorchNeuron: published {len(report.packs)} packs to {backend} in {elapsed:.1f}s", flush=True)
+    # the per-file tree the other tools read: one object per NEFF
+    client = boto3.client("s3")
+    started = time.monotonic()
+    from concurrent.futures import ThreadPoolExecutor
+
+    neffs = sorted(source.rglob("*.neff"))
+    with ThreadPoolExecutor(16) as pool:
+        list(
+            pool.map(
+                lambda p: client.put_object(
+                    Bucket=BUCKET, Key=f"{RAW_PREFIX}/{p.relative_to(source).as_posix()}", Body=p.read_bytes()
+                ),
+                neffs,
+            )
+        )
+    HfApi().create_repo(RAW_REPO_ID, private=True, exist_ok=True)
+    HfApi().upload_folder(repo_id=RAW_REPO_ID, folder_path=str(source))
+    print(f"per-file copies written in {time.monotonic() - started:.1f}s", flush=True)
+
+    ns_args = [
+        "--torch-neuronx-version", TNX_NS["torch_neuronx"], "--compiler-version", VERSION,
+        "--platform", TNX_NS["platform"], "--cores", TNX_NS["cores"],
+    ]  # fmt: skip
+    tools = {
+        ("sagequeue restore (tnx)", "s3"): lambda dest: [
+            str(SAGEQUEUE),
+            "cache",
+            "--kind",
+            "torchneuron",
+            "restore",
+            "--cache",
+            f"s3://{BUCKET}/{PREFIX}",
+            "--cache-dir",
+            str(dest),
+            "--workers",
+            str(args.workers),
+            *ns_args,
+        ],
+        ("raw parallel GET (tnx)", "s3"): lambda dest: [
+            str(PYTHON),
+            "-c",
+            RAW_GET,
+            BUCKET,
+            RAW_PREFIX,
+            str(dest),
+            str(args.workers),
+        ],
+        ("aws s3 sync (tnx)", "s3"): lambda dest: [
+            str(AWS),
+            "s3",
+            "sync",
+            f"s3://{BUCKET}/{RAW_PREFIX}",
+            str(dest),
+            "--only-show-errors",
+        ],
+        ("sagequeue restore (tnx)", "hub"): lambda dest: [
+            str(SAGEQUEUE),
+            "cache",
+            "--kind",
+            "torchneuron",
+            "restore",
+            "--cache",
+            f"hf://{REPO_ID}",
+            "--cache-dir",
+            str(dest),
+            "--workers",
+            str(args.workers),
+            *ns_args,
+        ],
+        ("snapshot_download (tnx)", "hub"): lambda dest: [
+            str(PYTHON),
+            "-c",
+            "import sys; from huggingface_hub import snapshot_download; "
+            f"snapshot_download({RAW_REPO_ID!r}, allow_patterns=['*.neff'], local_dir=sys.argv[1], "
+            f"max_workers={args.workers})",
+            str(dest),
+        ],
+    }
+
+    def cold_run(tool: str, backend: str) -> float:
+        dest = work / f"tnx-restore-{tool.split()[0]}-{backend}"
+        shutil.rmtree(dest, ignore_errors=True)
+        elapsed = timed(tools[(tool, backend)](dest), env)
+        got = sorted(dest.rglob("*.neff"))
+        size = sum(p.stat().st_size for p in got)
+        assert size == total, f"{tool} on {backend}: {size} bytes restored, {total} expected"
+        return elapsed
+
+    for (tool, backend), command in tools.items():
+        dest = work / f"tnx-restore-{tool.split()[0]}-{backend}"
+        elapsed = cold_run(tool, backend)
+        runs.append(Run(tool, backend, "cold", elapsed, files, total))
+        print(f"{tool:<24} {backend:<4} cold  {elapsed:7.1f}s", flush=True)
+        if not tool.startswith("raw"):  # a raw GET has no notion of what is already there
+            elapsed = timed(command(dest), env)
+            runs.append(Run(tool, backend, "warm", elapsed, files, total))
+            print(f"{tool:<24} {backend:<4} warm  {elapsed:7.1f}s", flush=True)
+        shutil.rmtree(dest, ignore_errors=True)
+    # the ratio the cache is judged by: more cold runs of the pair, alternating, so load moves both alike
+    pair: dict[str, list[float]] = {"sagequeue restore (tnx)": [], "raw parallel GET (tnx)": []}
+    for run in runs:
+        if run.backend == "s3" and run.phase == "cold" and run.tool in pair:
+            pair[run.tool].append(run.seconds)
+    for _ in range(args.tnx_repeat - 1):
+        for tool in pair:
+            pair[tool].append(cold_run(tool, "s3"))
+    medians = {tool: sorted(times)[len(times) // 2] for tool, times in pair.items()}
+    for tool, times in pair.items():
+        print(
+            f"{tool:<24} s3   cold runs {', '.join(f'{t:.1f}' for t in times)} s; median {medians[tool]:.1f} s"
+        )
+    ratio = medians["sagequeue restore (tnx)"] / medians["raw parallel GET (tnx)"]
+    print(
+        f"TorchNeuron restore / raw parallel GET of the same bytes (S3, cold, medians): {ratio:.2f}",
+        flush=True,
+    )
     return runs
 
 

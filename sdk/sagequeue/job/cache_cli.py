@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import sys
 import time
@@ -17,40 +16,12 @@ from typing import Any
 import click
 
 from sagequeue.job import neuron, settings, sync
-from sagequeue.job.backends import open_remote
-from sagequeue.job.remote import Deadline, RemoteCache, RemoteCacheError, RemoteEntry, RemoteFile, Trust
-from sagequeue_core.defaults import NEFF_CACHE_ENV
-
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)i?B?\s*$", re.IGNORECASE)
-_UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
-
-
-def parse_size(text: str) -> int:
-    match = _SIZE_RE.match(text)
-    if match is None:
-        raise click.BadParameter(f"expected a size like 500M or 20G, got {text!r}")
-    return int(float(match.group(1)) * _UNITS[match.group(2).upper()])
-
-
-def human(size: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if size < 1024:
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{size:.1f} TiB"
-
-
-def _remote(url: str | None) -> RemoteCache:
-    resolved = settings.cache_url(url)
-    if not resolved:
-        raise click.UsageError(
-            f"no NEFF cache: pass --cache, set {NEFF_CACHE_ENV}, or run `sagequeue cache set <url>`"
-        )
-    try:
-        writer = settings.cache_writer()
-        return open_remote(resolved, **({"writer": writer} if writer else {}))
-    except ValueError as exc:
-        raise click.UsageError(str(exc)) from exc
+from sagequeue.job.cache_options import cache_option as _cache_option
+from sagequeue.job.cache_options import human, parse_size
+from sagequeue.job.cache_options import open_cache as _remote
+from sagequeue.job.cache_options import parse_trust as _trust
+from sagequeue.job.cache_options import trust_option as _trust_option
+from sagequeue.job.remote import Deadline, RemoteCache, RemoteCacheError, RemoteEntry, RemoteFile
 
 
 def _with_files(remote: RemoteCache, entries: dict[str, RemoteEntry]) -> dict[str, RemoteEntry]:
@@ -69,25 +40,6 @@ def _with_files(remote: RemoteCache, entries: dict[str, RemoteEntry]) -> dict[st
 def _versions(remote: RemoteCache, chosen: Iterable[str]) -> list[str]:
     picked = list(chosen)
     return picked or remote.versions()
-
-
-_cache_option = click.option(
-    "--cache",
-    "cache_url",
-    help=f"hf://<org>/<repo> or s3://<bucket>/<prefix> (default: {NEFF_CACHE_ENV}, then `cache set`).",
-)
-_trust_option = click.option(
-    "--trust",
-    help="Writers whose entries count as trusted, comma-separated; '*' any "
-    f"(default: {settings.CACHE_TRUST_ENV}, else any).",
-)
-
-
-def _trust(text: str | None) -> Trust:
-    try:
-        return Trust.parse(text or settings.cache_trust())
-    except ValueError as exc:
-        raise click.UsageError(str(exc)) from exc
 
 
 _dir_option = click.option(
@@ -131,6 +83,23 @@ def one_line(exc: BaseException, limit: int = 300) -> str:
 class _OneLineErrors(click.Group):
     """Every error of a cache command is one line and an exit code; a traceback is never shown."""
 
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        # the TorchNeuron kind has its own commands of the same names (sagequeue.job.torchneuron_cli)
+        kind = ctx.params.get("kind")
+        if kind is not None:
+            from sagequeue.job import torchneuron
+
+            try:
+                resolved = torchneuron.resolve_kind(kind)
+            except ValueError as exc:
+                raise click.BadParameter(str(exc), param_hint="--kind") from exc
+            if resolved == torchneuron.KIND:
+                from sagequeue.job.torchneuron_cli import COMMANDS
+
+                if cmd_name in COMMANDS:
+                    return COMMANDS[cmd_name]
+        return super().get_command(ctx, cmd_name)
+
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
@@ -162,7 +131,17 @@ def _bar(items: Any, label: str, length: int | None = None) -> Any:
 
 
 @click.group(cls=_OneLineErrors, context_settings={"help_option_names": ["-h", "--help"]})
-def cache() -> None:
+@click.option(
+    "--kind",
+    envvar="SAGEQUEUE_CACHE_KIND",
+    show_envvar=True,
+    type=click.Choice(["auto", "xla", "torchneuron"]),
+    default="auto",
+    show_default=True,
+    help="xla: neuronx-cc's cache of the PyTorch/XLA flow; torchneuron: native PyTorch on trn2/trn3; "
+    "auto: torchneuron where torch-neuronx is installed without torch-xla.",
+)
+def cache(kind: str) -> None:
     """Share compiled Neuron graphs (NEFFs) between jobs through the Hugging Face Hub or S3."""
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 

@@ -14,7 +14,8 @@ import sys
 import click
 
 from sagequeue.job import settings
-from sagequeue.job.runner import SAGEMAKER_STOP_GRACE_SECONDS, STALL_SECONDS, JobOptions, JobRunner
+from sagequeue.job.flow import SAGEMAKER_STOP_GRACE_SECONDS, STALL_SECONDS, JobOptions
+from sagequeue.job.runner import JobRunner
 from sagequeue_core.defaults import METRIC_PERIOD_SECONDS, NEFF_CACHE_ENV
 
 
@@ -178,6 +179,32 @@ def main(verbose: bool) -> None:
     "--workers", type=click.IntRange(1, 128), default=16, show_default=True, help="Parallel transfers."
 )
 @click.option("--progress/--no-progress", default=True, show_default=True)
+@click.option(
+    "--cache-kind",
+    envvar="SAGEQUEUE_CACHE_KIND",
+    show_envvar=True,
+    type=click.Choice(["auto", "xla", "torchneuron"]),
+    default="auto",
+    show_default=True,
+    help="Which compile cache: xla (neuronx-cc's, PyTorch/XLA) or torchneuron (native PyTorch on "
+    "trn2/trn3); auto: torchneuron where torch-neuronx is installed without torch-xla.",
+)
+@click.option("--torch-neuronx-version", help="TorchNeuron only: namespace version (default: installed).")
+@click.option(
+    "--platform",
+    envvar="SAGEQUEUE_PLATFORM",
+    type=click.Choice(["trn2", "trn3"]),
+    help="TorchNeuron only (default: NEURON_PLATFORM_TARGET_OVERRIDE, --target, the instance type).",
+)
+@click.option("--cores", help="TorchNeuron only: NeuronCores (default: NEURON_RT_NUM_CORES / VISIBLE_CORES).")
+@click.option(
+    "--nki-sources",
+    envvar="SAGEQUEUE_NKI_SOURCES",
+    multiple=True,
+    type=click.Path(),
+    help="TorchNeuron only: the job's custom NKI kernel sources (files or directories); their digest "
+    "is part of the namespace. Repeatable.",
+)
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def run(
     cache_url: str | None,
@@ -200,6 +227,11 @@ def run(
     restore_max_bytes: int | None,
     workers: int,
     progress: bool,
+    cache_kind: str,
+    torch_neuronx_version: str | None,
+    platform: str | None,
+    cores: str | None,
+    nki_sources: tuple[str, ...],
     command: tuple[str, ...],
 ) -> None:
     """Restore the NEFF cache, run COMMAND, publish what it compiled; exit with COMMAND's status."""
@@ -227,6 +259,11 @@ def run(
         restore_max_bytes=restore_max_bytes,
         workers=workers,
         progress=progress,
+        cache_kind=cache_kind,
+        torch_neuronx_version=torch_neuronx_version,
+        platform=platform,
+        cores=cores,
+        nki_sources=list(nki_sources),
     )
     outcome = JobRunner(options).run()
     sys.stdout.flush()

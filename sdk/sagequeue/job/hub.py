@@ -370,12 +370,29 @@ class HubCache:
         """The author the Hub recorded for the commit that added each entry folder (an entry folder is
         never changed afterwards, so its last commit is that one)."""
         folders = self._folder_commits(version)
+        author = self._commit_authors()
+        return {m: author.get(folders.get(m, "")) for m in modules}
+
+    def _commit_authors(self) -> dict[str, str | None]:
+        """Commit id -> the first author the Hub recorded for it."""
         try:
             commits = self.api.list_repo_commits(self.repo_id, revision=self.revision())
         except HfHubHTTPError as exc:
             raise self._error("list commits", exc) from exc
-        author = {c.commit_id: (c.authors[0] if c.authors else None) for c in commits}
-        return {m: author.get(folders.get(m, "")) for m in modules}
+        return {c.commit_id: (c.authors[0] if c.authors else None) for c in commits}
+
+    def file_authors(self, folder: str) -> dict[str, str | None]:
+        """Path -> the author of the commit that last changed each file directly in `folder` (what the Hub
+        binds to the token that made it, unlike anything a file says of itself)."""
+        last = {
+            item.path: item.last_commit.oid
+            for item in self._tree(folder, recursive=False, expand=True)
+            if isinstance(item, RepoFile) and item.last_commit is not None
+        }
+        if not last:
+            return {}
+        author = self._commit_authors()
+        return {path: author.get(oid) for path, oid in last.items()}
 
     def adopt(self, entry: RemoteEntry, sha256: Mapping[str, str]) -> bool:
         return False  # the Neuron SDK writes no cache to the Hub: every entry came by a commit
