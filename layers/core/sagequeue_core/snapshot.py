@@ -140,6 +140,7 @@ def build_snapshot(
                 checkpointed=job.checkpointed,
                 on_loan_for=job.on_loan_for,
                 team=job.team,
+                waiting_for_capacity=job.capacity_wait is not None and job.state is JobState.STARTING,
             )
             for job in live
         ]
