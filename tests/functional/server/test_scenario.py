@@ -94,6 +94,7 @@ def test_article_scenario_preempts_resumes_and_completes_every_job(world: QueueW
             "warm": 0,
             "free": 2,
             "quota": None,
+            "warm_quota": None,
             "warning": None,
         }
     ]
