@@ -21,6 +21,8 @@ os.environ.update(
         "AWS_EC2_METADATA_DISABLED": "true",
     }
 )
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests/support, for every tier
+
 for _var in ("AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE"):
     os.environ.pop(_var, None)
 
@@ -79,3 +81,30 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     print(f"\nIAM: {len(_IAM_RECORDER.calls)} requests of the functions recorded in {target}")
     print("IAM: granted but used by no recorded request, and not justified in template.yaml:")
     print(iam_check.summary(unused) or "  none")
+
+
+@pytest.fixture(autouse=True)
+def _sagemaker_as_aws_documents_it(request: pytest.FixtureRequest) -> Iterator[None]:
+    """In the scheduler, governance and end-to-end suites, every emulator a test used is AWS's (see
+    tests/support/aws_guard.py); a kinder one fails the test unless it names why."""
+    from support.aws_guard import guarded, unexplained
+
+    from sagequeue.local.emulator.emulator import STARTED
+
+    if not guarded(Path(str(request.node.fspath))):
+        yield
+        return
+    before = set(STARTED)
+    yield
+    problems = []
+    for emulator in list(STARTED):
+        if emulator.running or emulator not in before:
+            found = unexplained(emulator)
+            if found:
+                problems.append("; ".join(found))
+    if problems:
+        pytest.fail(
+            "the SageMaker emulator was kinder than AWS without a Kinder(reason, ...) saying why: "
+            + " | ".join(problems),
+            pytrace=False,
+        )

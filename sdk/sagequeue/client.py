@@ -231,6 +231,9 @@ class Pool:
     queued: int
     warm: int
     raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    #: the account's warm-pool quota as the scheduler last saw it (a pool SageMaker did not retain); None:
+    #: not seen (AWS's default is 0 per instance type)
+    warm_quota: int | None = None
 
     @classmethod
     def from_api(cls, data: Mapping[str, Any]) -> Pool:
@@ -243,6 +246,7 @@ class Pool:
             queued=_int(data.get("queued")),
             warm=_int(data.get("warm")),
             raw=dict(data),
+            warm_quota=None if data.get("warm_quota") is None else _int(data.get("warm_quota")),
         )
 
     @property

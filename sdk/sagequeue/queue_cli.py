@@ -412,8 +412,19 @@ def _forecast_json(forecast: Any) -> dict[str, Any] | None:
 
 
 def pools_table(pools: Sequence[Pool]) -> str:
-    rows = [(p.instance_type, p.capacity, p.used, p.free, p.queued, p.warm) for p in pools]
-    return _table(("POOL", "CAPACITY", "USED", "FREE", "QUEUED", "WARM"), rows)
+    rows = [
+        (
+            p.instance_type,
+            p.capacity,
+            p.used,
+            p.free,
+            p.queued,
+            p.warm,
+            "-" if p.warm_quota is None else p.warm_quota,
+        )
+        for p in pools
+    ]
+    return _table(("POOL", "CAPACITY", "USED", "FREE", "QUEUED", "WARM", "WARM_QUOTA"), rows)
 
 
 def _progress_line(job: Job) -> str:
@@ -1024,7 +1035,8 @@ def release(target: Target, as_json: bool, names: tuple[str, ...]) -> None:
 
 @_queue_command("pools")
 def pools(target: Target, as_json: bool) -> None:
-    """Pools (instance types): capacity, used, free, queued and warm instances."""
+    """Pools (instance types): capacity, used, free, queued and warm instances, and the warm-pool quota
+    SageMaker showed by not retaining a pool (- when not seen)."""
     found = target.client().pools()
     if as_json:
         _print_json({"pools": [p.to_dict() for p in found]})

@@ -46,7 +46,8 @@ class Run:
 
 @pytest.fixture(scope="module")
 def stack() -> Iterator[Any]:
-    with LocalStack(settings={"capacity": {POOL: 1}}) as running:
+    # the region launches the 2 instances an admin raises the pool to (test_pools_and_capacity_need_an_admin)
+    with LocalStack(settings={"capacity": {POOL: 1}}, emulator={"capacity": {POOL: 2}}) as running:
         yield running
 
 
@@ -239,7 +240,15 @@ def test_pools_and_capacity_need_an_admin(stack: Any, user_home: Path, tmp_path:
     assert changed.code == 0, changed.err
     assert changed.out.startswith(f"{POOL}: capacity 2")
     table = sagequeue("pools", home=user_home)
-    assert table.out.splitlines()[0].split() == ["POOL", "CAPACITY", "USED", "FREE", "QUEUED", "WARM"]
+    assert table.out.splitlines()[0].split() == [
+        "POOL",
+        "CAPACITY",
+        "USED",
+        "FREE",
+        "QUEUED",
+        "WARM",
+        "WARM_QUOTA",
+    ]
     assert table.out.splitlines()[1].split()[:2] == [POOL, "2"]
     sagequeue("capacity", POOL, "1", "--endpoint", stack.endpoint, home=tmp_path, env=admin_env)
 

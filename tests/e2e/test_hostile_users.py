@@ -23,7 +23,7 @@ from sagequeue_core.domain import attempt_name
 
 POOL = "ml.trn1.32xlarge"
 IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/neuron-train:2.21"
-FAST = {"provisioning_seconds": 60, "download_seconds": 10, "upload_seconds": 10, "stop_grace_seconds": 30}
+FAST = {"provisioning_seconds": 60, "download_seconds": 10, "upload_seconds": 10}
 
 
 def unique(stem: str) -> str:
@@ -49,7 +49,8 @@ def request(stack: LocalStack, name: str, seconds: int, *, outcome: str | None =
 def stack() -> Iterator[LocalStack]:
     running = LocalStack(
         settings={"capacity": {POOL: 2}, "min_runtime_before_preemption_seconds": 0, "idle_periods": 3},
-        emulator=FAST,
+        # the region launches the pool and the training job test 5 creates outside the queue
+        emulator={**FAST, "capacity": {POOL: 3}},
         function_logs=False,
     ).start()
     yield running

@@ -18,7 +18,7 @@ from click.testing import CliRunner
 
 from sagequeue.local import LocalStack
 from sagequeue.local.cli import demo
-from sagequeue.local.demo import POOL, SETTINGS, TIMINGS, Demo, DemoFailed
+from sagequeue.local.demo import POOL, SETTINGS, Demo, DemoFailed, timings
 
 SAGEQUEUE = (
     [sys.executable, "-m", "sagequeue.cli"]
@@ -152,7 +152,7 @@ def test_the_demo_fails_loudly_when_the_scheduler_misbehaves() -> None:
     lines: list[str] = []
     # WHEN the demo runs, THEN it stops at the first step, naming it and the queue it found
     with (
-        LocalStack(settings=settings, emulator=TIMINGS, function_logs=False) as stack,
+        LocalStack(settings=settings, emulator=timings(), function_logs=False) as stack,
         pytest.raises(DemoFailed, match="job1 and job2 start: still not true after 600 s"),
     ):
         Demo(stack, lines.append, step_seconds=120).run()

@@ -21,13 +21,15 @@ from sagequeue.local import LocalStack
 
 POOL = "ml.trn1.32xlarge"
 IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/neuron-train:2.21"
-FAST = {"provisioning_seconds": 60, "download_seconds": 10, "upload_seconds": 10, "stop_grace_seconds": 30}
+FAST = {"provisioning_seconds": 60, "download_seconds": 10, "upload_seconds": 10}
 LIVE = {"starting", "running", "preempting", "stopping"}
 
 
-def start_stack(**settings: Any) -> LocalStack:
+def start_stack(warm_pool_quota: int = 0, **settings: Any) -> LocalStack:
+    """`warm_pool_quota`: what the account raised its warm-pool quota to (AWS's default is 0)."""
     values = {"capacity": {POOL: 2}, "min_runtime_before_preemption_seconds": 0, **settings}
-    return LocalStack(settings=values, emulator=FAST, function_logs=False).start()
+    emulator = {**FAST, "warm_pool_limits": {POOL: warm_pool_quota}}
+    return LocalStack(settings=values, emulator=emulator, function_logs=False).start()
 
 
 @pytest.fixture
@@ -140,7 +142,7 @@ def test_the_article_scenario_step_by_step(stack: LocalStack) -> None:
 
 
 def test_a_queued_job_reuses_warm_instances() -> None:
-    stack = start_stack(capacity={POOL: 1})
+    stack = start_stack(capacity={POOL: 1}, warm_pool_quota=1)
     try:
         queue = stack.client()
         first, second = f"warm-a-{uuid.uuid4().hex[:4]}", f"warm-b-{uuid.uuid4().hex[:4]}"

@@ -56,8 +56,13 @@ class Scenario:
             **settings,
         }
         self.capacity = capacity
+        # the account raised its warm-pool quota to the pool's size (AWS's default, 0, keeps no pool)
+        warm = {"warm_pool_limits": {POOL: capacity}}
         self.stack = LocalStack(
-            settings=values, emulator={**REALISTIC, **(emulator or {})}, function_logs=False, teams=teams
+            settings=values,
+            emulator={**REALISTIC, **warm, **(emulator or {})},
+            function_logs=False,
+            teams=teams,
         )
         self.stack.start()
         self.queue: QueueClient = self.stack.client()

@@ -26,6 +26,7 @@ from datetime import datetime
 from typing import Any
 
 from sagequeue_core.defaults import JOB_TAG
+from sagequeue_core.domain import pool_demand_of
 
 #: Statuses of a SageMaker training job that still holds its instances.
 _LIVE_STATUSES = frozenset({"InProgress", "Stopping"})
@@ -102,13 +103,23 @@ class InvariantMonitor:
         with backend.lock:
             return [backend._jobs[name] for name in list(backend._jobs)]
 
+    def _held_per_pool(self) -> dict[str, int]:
+        """Instances SageMaker holds (live jobs and Available warm pools) per pool: a job on a training plan
+        holds its plan's instances, counted in the plan's pool, not in its instance type's."""
+        held: dict[str, int] = {}
+        for training_job in self._sagemaker_jobs():
+            if training_job.held_instances():
+                for pool, count in pool_demand_of(training_job.request).items():
+                    held[pool] = held.get(pool, 0) + count
+        return held
+
     def check(self) -> None:
         """Invariants 1-3, at the emulator's current time."""
         self.checks += 1
         now = self.emulator.now()
         self._fresh(now)
         capacity = self._capacity
-        held = self.emulator.instances_in_use()
+        held = self._held_per_pool()
         for instance_type, limit in capacity.items():
             if held.get(instance_type, 0) > limit:
                 self._report(

@@ -32,9 +32,13 @@ class WorkloadResult:
     violations: list[str] = field(default_factory=list)
     unfinished: list[str] = field(default_factory=list)
     submitted: int = 0
+    #: unfinished jobs that do not say why they wait ("<name> (<state>)"): each should have a reason
+    without_reason: list[str] = field(default_factory=list)
 
 
-def _request(rng: random.Random, name: str, role: str, account: str) -> dict[str, Any]:
+def _request(
+    rng: random.Random, name: str, role: str, account: str, plan: str | None = None
+) -> dict[str, Any]:
     duration = rng.choice((60, 120, 300, 600, 900))
     environment = {"SAGEQUEUE_SIM_DURATION": str(duration)}
     config: dict[str, Any] = {"VolumeSizeInGB": rng.choice((100, 100, 500))}
@@ -68,6 +72,11 @@ def _request(rng: random.Random, name: str, role: str, account: str) -> dict[str
             environment["SAGEQUEUE_SIM_OUTCOME"] = "Interrupted:1"
     elif shape >= 0.1 and rng.random() < 0.3:
         config["KeepAlivePeriodInSeconds"] = rng.choice((300, 600, 900))
+    elif plan is not None and shape >= 0.1 and rng.random() < 0.4:
+        config["InstanceType"] = TRN1
+        config["TrainingPlanArn"] = plan
+        if rng.random() < 0.5:
+            body["StoppingCondition"]["MaxPendingTimeInSeconds"] = 7200
     body["ResourceConfig"] = config
     return body
 
@@ -88,9 +97,11 @@ def run_workload(
     account: str,
     settle_seconds: float = 4 * 3600,
     delivery: AdversarialDelivery | None = None,
+    plan: str | None = None,
 ) -> WorkloadResult:
     """Drive `world` (a server-test QueueWorld built with CAPACITY) through a random workload; SageMaker's
-    events go through `delivery` (by default adversarial, drawn from `seed`)."""
+    events go through `delivery` (by default adversarial, drawn from `seed`). With `plan` (the ARN of a
+    training plan the world has a pool for), some jobs run on it."""
     rng = random.Random(seed)
     delivery = delivery if delivery is not None else AdversarialDelivery(seed)
     world.mangle = delivery
@@ -109,7 +120,8 @@ def run_workload(
             roll = rng.random()
             if roll < 0.45 or not names:
                 name = f"s{seed}-j{index}"
-                status, _ = world.api("POST", "/jobs", _request(rng, name, role, account), caller=submitter)
+                request = _request(rng, name, role, account, plan)
+                status, _ = world.api("POST", "/jobs", request, caller=submitter)
                 if status == 201:
                     names.append(name)
                     result.submitted += 1
@@ -133,9 +145,36 @@ def run_workload(
             step(600)
             waited += 600
         result.unfinished = _unfinished(world, names)
+        for name in result.unfinished:
+            job = world.deps.store.get_job(name)
+            if not job.reason:
+                result.without_reason.append(f"{name} ({job.state.value})")
     finally:
         monitor.detach()
         world.mangle = None
     result.violations = list(monitor.violations)
     result.sagemaker_checks = monitor.checks
     return result
+
+
+#: A scarce region: fewer instances than the pools hold (trn2's 2-instance jobs never launch), and a plan
+#: pool of 2 whose plan has 1 instance left.
+SCARCE_REGION = {TRN1: 2, TRN2: 1}
+PLAN_POOL = "plan:research-a"
+PLAN_ARN = "arn:aws:sagemaker:us-east-1:123456789012:training-plan/research-a"
+
+
+def scarce_world(seed: int) -> dict[str, Any]:
+    """make_world's arguments for a scarce seed: the region below the pools, a warm-pool quota of 0 on even
+    seeds and 1 on odd ones (trn1), and a training-plan pool."""
+    return {
+        "capacity": {**CAPACITY, PLAN_POOL: 2},
+        "region_capacity": dict(SCARCE_REGION),
+        "warm_pool_quota": {TRN1: seed % 2},
+        "seed": seed,
+    }
+
+
+def shrink_plan(world: Any) -> None:
+    """The plan has 1 instance left on SageMaker's side while its pool says 2: plan jobs wait in Pending."""
+    world.emulator.add_training_plan(PLAN_ARN, 1)

@@ -483,6 +483,30 @@ def active_quota(
     return quota
 
 
+class CapacityWaitKind(StrEnum):
+    EC2 = "ec2"  # InProgress/Starting: "Insufficient capacity error from EC2 while launching instances, retrying!"
+    TRAINING_PLAN = "training-plan"  # InProgress/Pending: the plan's reserved instances are all in use
+
+
+@dataclass(frozen=True)
+class CapacityWait:
+    """An attempt SageMaker accepted but cannot launch yet: what it waits for, and since when."""
+
+    kind: CapacityWaitKind
+    since: datetime
+
+    def describe(self) -> str:
+        what = "EC2 capacity" if self.kind is CapacityWaitKind.EC2 else "capacity in its training plan"
+        return f"waiting for {what} since {self.since.strftime('%Y-%m-%dT%H:%M:%SZ')}"
+
+    def to_dict(self) -> dict[str, str]:
+        return {"kind": self.kind.value, "since": self.since.isoformat()}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> CapacityWait:
+        return cls(CapacityWaitKind(data["kind"]), datetime.fromisoformat(str(data["since"])))
+
+
 @dataclass
 class Job:
     """One queue entry and the state of its current attempt."""
@@ -528,6 +552,12 @@ class Job:
     reservation: Reservation | None = None
     #: whose quota the job draws on (docs/adr/0011-team-quotas.md); None: no team
     team: str | None = None
+    #: the current attempt waits for capacity SageMaker does not have (docs/adr/0017): EC2's, retrying in
+    #: Starting, or its training plan's, in Pending; since when SageMaker says. None: it is not waiting
+    capacity_wait: CapacityWait | None = None
+    #: requeues after SageMaker ran out of capacity (CapacityError, MaxPendingTimeInSeconds): they back off
+    #: but do not count against max_attempts, which bounds failures, not scarcity
+    capacity_requeues: int = 0
     version: int = 0  # optimistic-locking counter, owned by the store
     history: list[dict[str, Any]] = field(default_factory=list)  # [{at, state, attempt, reason}]
 
@@ -594,6 +624,8 @@ class Job:
         """Move to `target`, recording when and why; refuses moves not in TRANSITIONS."""
         check_transition(self.state, target)
         self.state = target
+        if target is not JobState.STARTING:
+            self.capacity_wait = None  # an attempt waits for capacity only while it is starting
         if target is JobState.QUEUED:
             self.queued_since = now
         else:
@@ -631,6 +663,8 @@ class Job:
             "instances": sum(self.demand.values()),
             "team": self.team,
             "on_loan_for": self.on_loan_for if self.state.is_live else None,
+            "capacity_wait": self.capacity_wait.to_dict() if self.capacity_wait else None,
+            "capacity_requeues": self.capacity_requeues,
         }
 
 

@@ -38,7 +38,14 @@ from typing import Any, Protocol
 from botocore.exceptions import ClientError
 
 from sagequeue_core.defaults import SAGEMAKER_EVENT_SOURCE, SAGEQUEUE_EVENT_SOURCE, TRAINING_JOB_STATE_CHANGE
-from sagequeue_core.domain import DomainError, parse_time, pool_demand_of, tags_to_dict
+from sagequeue_core.domain import (
+    CapacityWait,
+    CapacityWaitKind,
+    DomainError,
+    parse_time,
+    pool_demand_of,
+    tags_to_dict,
+)
 from sagequeue_core.errors import SageQueueError
 
 
@@ -89,6 +96,8 @@ class TrainingJobChange:
     #: gives no transitions; None while it is not known (still training, or no times given)
     seconds_trained: float | None = None
     detail: Mapping[str, Any] = field(default_factory=dict)  # the whole detail, for the resource key
+    #: accepted but not launched for want of capacity: EC2's (Starting, retrying) or its plan's (Pending)
+    capacity_wait: CapacityWait | None = None
 
     @property
     def ended(self) -> bool:
@@ -147,7 +156,32 @@ def parse_description(detail: Mapping[str, Any]) -> TrainingJobChange:
         training_phase_started_at=_phase_start(detail.get("SecondaryStatusTransitions"), "Training"),
         seconds_trained=_seconds_trained(detail),
         detail=detail,
+        capacity_wait=_capacity_wait(status, detail),
     )
+
+
+#: How SageMaker says, in Starting, that EC2 has no instances for the job yet. It is only a StatusMessage
+#: (SageMaker gives no code for it), so it is matched by its stable opening words.
+EC2_CAPACITY_MESSAGE = "Insufficient capacity error from EC2"
+
+
+def _capacity_wait(status: str, detail: Mapping[str, Any]) -> CapacityWait | None:
+    """What an InProgress job that has not launched waits for, from its last secondary status."""
+    if status != "InProgress":
+        return None
+    transitions = detail.get("SecondaryStatusTransitions")
+    last = transitions[-1] if isinstance(transitions, list) and transitions else None
+    if not isinstance(last, Mapping) or last.get("Status") != detail.get("SecondaryStatus"):
+        return None
+    since = parse_time(last.get("StartTime"))
+    if since is None:
+        return None
+    if last.get("Status") == "Pending":
+        return CapacityWait(CapacityWaitKind.TRAINING_PLAN, since)
+    message = str(last.get("StatusMessage") or "")
+    if last.get("Status") == "Starting" and message.startswith(EC2_CAPACITY_MESSAGE):
+        return CapacityWait(CapacityWaitKind.EC2, since)
+    return None
 
 
 def _phase_start(transitions: Any, phase: str) -> datetime | None:

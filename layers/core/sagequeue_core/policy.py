@@ -93,10 +93,21 @@ class RunningAttempt:
     #: how long SageMaker lets it train (its MaxRuntimeInSeconds, or SageMaker's default): it has ended by
     #: its training start (or creation plus provisioning) plus this; None: unknown, no bound
     max_runtime_seconds: int | None = None
+    #: accepted by SageMaker but waiting for capacity it does not have (EC2's, or its training plan's):
+    #: nothing launched, so stopping it loses no work (docs/adr/0017)
+    waiting_for_capacity: bool = False
 
     @property
     def preemptible(self) -> bool:
         return self.job_name is not None and not self.stopping
+
+
+def region_short(running: Sequence[RunningAttempt]) -> set[str]:
+    """Pools where one of the attempts waits for capacity SageMaker does not have (docs/adr/0017). A
+    launched attempt there is no victim: the instances it would free go back to EC2 (or the plan), where
+    the attempt already waiting is ahead of the job it was preempted for, so the preemption would be
+    wasted. The waiting attempts themselves stay victims: stopping them loses no work."""
+    return {pool for attempt in running if attempt.waiting_for_capacity for pool in attempt.demand}
 
 
 @dataclass(frozen=True)
@@ -273,8 +284,9 @@ class _Pass:
         self.victims: set[str] = set()
         self.preemptible_by_pool: dict[str, list[RunningAttempt]] = {}
         # least important first, so a scan for victims stops at the first attempt as important as the job
+        short = region_short(snapshot.running)
         for attempt in sorted(snapshot.running, key=lambda a: (a.priority, a.training_job_name)):
-            if attempt.preemptible:
+            if attempt.preemptible and not (set(attempt.demand) & short and not attempt.waiting_for_capacity):
                 for pool in attempt.demand:
                     self.preemptible_by_pool.setdefault(pool, []).append(attempt)
         # --- team quotas hook (quotas.py): a no-op without quotas ---
@@ -889,6 +901,8 @@ class _Pass:
         return "waiting for released warm pools to end"
 
     def _ran_long_enough(self, attempt: RunningAttempt) -> bool:
+        if attempt.waiting_for_capacity:
+            return True  # it has not launched: there is no run to protect
         if attempt.training_started_at is None:
             return self.settings.min_runtime_before_preemption_seconds <= 0
         trained = (self.snapshot.now - attempt.training_started_at).total_seconds()

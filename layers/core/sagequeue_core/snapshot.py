@@ -152,6 +152,7 @@ def build_snapshot(
                 team=job.team,
                 loans_taken_back=job.loans_taken_back,
                 max_runtime_seconds=job.max_runtime_seconds or SAGEMAKER_DEFAULT_MAX_RUNTIME_SECONDS,
+                waiting_for_capacity=job.capacity_wait is not None and job.state is JobState.STARTING,
             )
             for job in live
         ]

@@ -53,6 +53,7 @@ from sagequeue_core import observability
 from sagequeue_core.defaults import QUOTA_MEMORY_SECONDS
 from sagequeue_core.domain import (
     PRIORITY_MAX,
+    CapacityWait,
     Job,
     JobState,
     Pool,
@@ -165,6 +166,14 @@ class PoolStatus:
     #: bumped by every start recorded on the pool: a start is recorded only if the pool's ledger is still the
     #: one its pass planned on (two passes racing cannot both start on one instance)
     ledger: int = 0
+    #: instances of this type SageMaker kept in Available warm pools when it last did not retain a pool
+    #: (its warm-pool quota, 0 by default on AWS, as far as sagequeue has seen it); None when never seen
+    warm_quota: int | None = None
+    warm_quota_seen_at: datetime | None = None
+
+    def warm_quota_at(self, now: datetime) -> int | None:
+        """The warm-pool quota to plan keep-alives with, when SageMaker dropped a pool recently enough."""
+        return active_quota(self.warm_quota, self.warm_quota_seen_at, now, QUOTA_MEMORY_SECONDS)
 
 
 @dataclass
@@ -227,6 +236,8 @@ def _model_classes(table_name: str, host: str | None, region: str | None) -> Any
         queued_since = UTCDateTimeAttribute(null=True)
         reservation = UnicodeAttribute(null=True)  # JSON {instances, since, kind}
         team = UnicodeAttribute(null=True)
+        capacity_wait = UnicodeAttribute(null=True)  # JSON {kind, since}
+        capacity_requeues = NumberAttribute(null=True)
         history = UnicodeAttribute(null=True)  # JSON list
         # index keys
         queued_pool = UnicodeAttribute(null=True)
@@ -242,6 +253,8 @@ def _model_classes(table_name: str, host: str | None, region: str | None) -> Any
         quota = NumberAttribute(null=True)
         quota_seen_at = UTCDateTimeAttribute(null=True)
         quota_memory = NumberAttribute(null=True)  # seconds the quota is planned with
+        warm_quota = NumberAttribute(null=True)
+        warm_quota_seen_at = UTCDateTimeAttribute(null=True)
         recent = UnicodeSetAttribute(null=True)  # "<epoch seconds>#<job name>" of recent starts
         ledger = NumberAttribute(null=True)  # starts recorded on the pool (PoolStatus.ledger)
         # team quota (team and pool in the key; a null limit is unlimited)
@@ -646,6 +659,23 @@ class Repository:
             add_version_condition=False,
         )
 
+    def record_warm_quota(self, instance_type: str, instances: int, at: datetime) -> None:
+        """Remember that SageMaker did not retain a warm pool while it kept `instances` of this type in
+        Available pools for the account: its warm-pool quota."""
+        self._item(_POOLS_PK, instance_type).update(
+            actions=[self._item.warm_quota.set(instances), self._item.warm_quota_seen_at.set(at)],
+            condition=self._item.pk.exists(),
+            add_version_condition=False,
+        )
+
+    def forget_warm_quota(self, instance_type: str) -> None:
+        """SageMaker retained more than the warm-pool quota sagequeue had seen (it was raised)."""
+        self._item(_POOLS_PK, instance_type).update(
+            actions=[self._item.warm_quota.remove(), self._item.warm_quota_seen_at.remove()],
+            condition=self._item.pk.exists(),
+            add_version_condition=False,
+        )
+
     @staticmethod
     def _to_pool(item: Any) -> PoolStatus:
         return PoolStatus(
@@ -656,6 +686,8 @@ class Repository:
             quota_memory_seconds=int(item.quota_memory or QUOTA_MEMORY_SECONDS),
             recent_starts=tuple(sorted(_recent(item.recent))),
             ledger=int(item.ledger or 0),
+            warm_quota=None if item.warm_quota is None else int(item.warm_quota),
+            warm_quota_seen_at=item.warm_quota_seen_at,
         )
 
     def set_capacity(self, pool: Pool) -> PoolStatus:
@@ -859,6 +891,8 @@ class Repository:
             queued_since=job.queued_since,
             reservation=json.dumps(job.reservation.to_dict()) if job.reservation else None,
             team=job.team,
+            capacity_wait=json.dumps(job.capacity_wait.to_dict()) if job.capacity_wait else None,
+            capacity_requeues=job.capacity_requeues or None,
             history=json.dumps(_bounded_history(job.history), separators=(",", ":")),
             queued_pool=job.pool if queued else None,
             queue_order=queue_order(job.priority, job.submitted_at, job.name) if queued else None,
@@ -901,6 +935,10 @@ class Repository:
             queued_since=item.queued_since,
             reservation=Reservation.from_dict(json.loads(item.reservation)) if item.reservation else None,
             team=item.team,
+            capacity_wait=CapacityWait.from_dict(json.loads(item.capacity_wait))
+            if item.capacity_wait
+            else None,
+            capacity_requeues=int(item.capacity_requeues or 0),
             version=int(item.version or 0),
             history=json.loads(item.history or "[]"),
         )

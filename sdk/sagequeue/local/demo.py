@@ -69,8 +69,18 @@ def settings(scale: float = 1.0) -> dict[str, Any]:
     return {**SETTINGS, "idle_period_seconds": max(60, int(60 * scale))}
 
 
-def timings(scale: float = 1.0) -> dict[str, float]:
-    return {name: value * scale for name, value in TIMINGS.items()}
+def timings(scale: float = 1.0) -> dict[str, Any]:
+    """The demo's emulator: SageMaker as AWS documents it but on a fast clock (every phase, the stop grace
+    included, shortened), in an account that raised its warm-pool quota to the pool's size (Part 2)."""
+    from sagequeue.local.emulator import Kinder
+
+    return {
+        **{name: value * scale for name, value in TIMINGS.items()},
+        "warm_pool_limits": {POOL: CAPACITY},
+        "kinder": Kinder(
+            "the demo runs on a fast clock: every phase, the stop grace too, is shortened", "stop_grace"
+        ),
+    }
 
 
 def training_request(

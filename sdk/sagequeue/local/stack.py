@@ -200,7 +200,11 @@ class LocalStack:
     `min_runtime_before_preemption_seconds`, ...), or of any other `Settings` field; values may be typed
     (`{"ml.trn1.32xlarge": 2}`, a list of ARNs) or strings as CloudFormation takes them.
     `clock` is "virtual" (time moves only with `advance()`), "real" (wall time times `speed`) or a clock.
-    `emulator` passes options to `SageMakerEmulator` (e.g. `provisioning_seconds`, `instance_limits`).
+    `emulator` passes options to `SageMakerEmulator` (e.g. `provisioning_seconds`, `instance_limits`)
+    over the AWS profile it runs by default (`emulator.aws_options`): the region can launch what the pools
+    hold, the warm-pool quota is 0 (`warm_pool_limits` raises it), each `plan:<name>` pool is a training
+    plan with its instances, stops take 120 s, events come late, repeated or not at all, and a few requests
+    answer 5xx. Kinder settings go in `emulator` too (with `kinder=Kinder(reason, ...)` in the test suites).
     `teams` maps local identities to teams (`{"vision-user": "vision"}`) through the TeamRoles parameter;
     a name that is not a default identity becomes an IAM user of that name.
     """
@@ -349,15 +353,27 @@ class LocalStack:
         if self.state_path is not None:
             self._restore_state(self.state_path)
 
-        from sagequeue.local.emulator import SageMakerEmulator
+        from sagequeue.local.emulator import SageMakerEmulator, aws_options
+        from sagequeue_core.domain import PLAN_POOL_PREFIX
 
-        emulator_options = {"region": self.region, "account_id": self.account_id, **self.emulator_options}
+        pools = dict(self.settings.capacity)
+        emulator_options = aws_options(
+            region_capacity={pool: n for pool, n in pools.items() if not pool.startswith(PLAN_POOL_PREFIX)},
+            region=self.region,
+            account_id=self.account_id,
+            **self.emulator_options,
+        )
         self._emulator = SageMakerEmulator(
             clock=self.clock,
             events_client=self.aws_client("events"),
             cloudwatch_client=self.aws_client("cloudwatch"),
             **emulator_options,
         ).start()
+        for pool, instances in pools.items():
+            if pool.startswith(PLAN_POOL_PREFIX):
+                plan = pool.removeprefix(PLAN_POOL_PREFIX)
+                arn = f"arn:aws:sagemaker:{self.region}:{self.account_id}:training-plan/{plan}"
+                self._emulator.add_training_plan(arn, instances)
 
         from sagequeue_core import runtime
 

@@ -52,7 +52,11 @@ def test_a_job_beyond_the_plans_instances_waits_in_pending_then_starts(
     assert {"Pending", "Starting", "Downloading"} <= set(seen)
 
 
-def test_max_pending_time_bounds_the_wait(clock: VirtualClock, make_request: Any) -> None:
+def test_max_pending_time_stops_the_waiting_job_as_aws_documents(
+    clock: VirtualClock, make_request: Any
+) -> None:
+    """StoppingCondition: "The maximum length of time ... that a training job can be pending before it is
+    stopped." Stopped, not Failed: no FailureReason, never launched, never billed."""
     with SageMakerEmulator(clock=clock, **TIMINGS) as emulator:
         emulator.add_training_plan(PLAN, instance_count=0)
         sagemaker = emulator.client()
@@ -60,10 +64,14 @@ def test_max_pending_time_bounds_the_wait(clock: VirtualClock, make_request: Any
         emulator.advance(7199)
         assert status(sagemaker, "starved") == ("InProgress", "Pending")
         emulator.advance(1)
+        assert status(sagemaker, "starved") == ("Stopping", "Stopping")
+        emulator.advance(TIMINGS.get("stop_grace_seconds", 120))
         job = sagemaker.describe_training_job(TrainingJobName="starved")
-        assert (job["TrainingJobStatus"], job["SecondaryStatus"]) == ("Failed", "Failed")
-        assert job["FailureReason"].startswith("CapacityError")
+        assert (job["TrainingJobStatus"], job["SecondaryStatus"]) == ("Stopped", "Stopped")
+        assert "FailureReason" not in job
+        assert "MaxPendingTimeInSeconds" in job["SecondaryStatusTransitions"][-1]["StatusMessage"]
         assert "TrainingStartTime" not in job
+        assert [t["Status"] for t in job["SecondaryStatusTransitions"]] == ["Pending", "Stopping", "Stopped"]
 
 
 def test_growing_the_plan_starts_the_waiting_job(clock: VirtualClock, make_request: Any) -> None:

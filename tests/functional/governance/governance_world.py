@@ -16,6 +16,7 @@ import boto3
 import pytest
 
 from sagequeue.local import SageMakerEmulator, VirtualClock
+from sagequeue.local.emulator import aws_options
 from sagequeue_core import runtime
 from sagequeue_core.config import Settings
 from sagequeue_core.events import RecordingPublisher
@@ -33,7 +34,6 @@ TIMINGS: dict[str, Any] = {
     "warm_start_seconds": 10,
     "download_seconds": 30,
     "upload_seconds": 20,
-    "stop_grace_seconds": 30,
     "default_duration_seconds": 600,
     "capacity_error_after_seconds": 900,
     "spot_interruption_seconds": 60,
@@ -145,8 +145,15 @@ def world_factory(moto_endpoint: str) -> Iterator[Callable[..., World]]:
         sns.subscribe(TopicArn=notes, Protocol="sqs", Endpoint=inbox_arn)
         clock = VirtualClock(START)
         world_events: list[dict[str, Any]] = []
+        # SageMaker as AWS documents it: 120 s stop grace, events late, repeated and sometimes lost, 5xx
         emulator = SageMakerEmulator(
-            clock=clock, on_event=world_events.append, cloudwatch_client=cloudwatch, **TIMINGS
+            **aws_options(
+                region_capacity={TRN1: 8},
+                clock=clock,
+                on_event=world_events.append,
+                cloudwatch_client=cloudwatch,
+                **TIMINGS,
+            )
         ).start()
         values = {
             "table_name": table,

@@ -70,7 +70,7 @@ def test_an_alarm_stops_the_job_once_drops_its_alarms_and_announces_it_once(worl
     (note,) = world.notifications()
     assert note["Subject"] == f"sagequeue stopped idle training job {name}"
     assert "It is not requeued" in note["Message"]
-    world.advance(60)
+    world.advance(150)  # SageMaker's 120 s stop grace, then the upload
     assert world.status(name) == ("Stopped", "Stopped")
 
 

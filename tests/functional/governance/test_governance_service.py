@@ -52,7 +52,7 @@ def test_a_job_without_the_required_tag_is_stopped_at_its_first_event_and_announ
     assert note["Subject"] == f"sagequeue stopped {name}: policy violation"
     assert "missing required tag 'team'" in note["Message"]
     assert world.deps.store.get_claim("governance-policy-stop", name)["reason"] == outcome.stopped
-    world.advance(60)
+    world.advance(150)  # SageMaker's 120 s stop grace, then the upload
     assert world.status(name) == ("Stopped", "Stopped")
 
 

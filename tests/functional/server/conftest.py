@@ -21,6 +21,7 @@ import pytest
 from botocore.config import Config
 
 from sagequeue.local import SageMakerEmulator, VirtualClock
+from sagequeue.local.emulator import Kinder, aws_options
 from sagequeue.local.template import load_template
 from sagequeue_core import runtime
 from sagequeue_core.config import Settings
@@ -38,15 +39,46 @@ OTHER_USER = f"arn:aws:iam::{ACCOUNT}:user/other-user"
 ADMIN = f"arn:aws:iam::{ACCOUNT}:role/QueueAdmin"
 TRN1 = "ml.trn1.32xlarge"
 TRN2 = "ml.trn2.48xlarge"
+#: Phase lengths (simulated seconds); the stop grace is SageMaker's 120 s (the AWS profile's).
 TIMINGS: dict[str, Any] = {
     "provisioning_seconds": 120,
     "warm_start_seconds": 10,
     "download_seconds": 30,
     "upload_seconds": 20,
-    "stop_grace_seconds": 30,
     "default_duration_seconds": 600,
     "capacity_error_after_seconds": 900,
 }
+
+
+def plan_arn(pool: str) -> str:
+    """The training plan ARN of a `plan:<name>` pool."""
+    return f"arn:aws:sagemaker:us-east-1:{ACCOUNT}:training-plan/{pool.split(':', 1)[1]}"
+
+
+def aws_emulator(
+    clock: VirtualClock,
+    capacity: dict[str, int],
+    *,
+    region_capacity: dict[str, int] | None = None,
+    warm_pool_quota: dict[str, int] | None = None,
+    kinder: Kinder | None = None,
+    **options: Any,
+) -> SageMakerEmulator:
+    """The SageMaker emulator as AWS documents it (profiles.aws_options), for the queue's pools `capacity`:
+    the region can launch what the instance-type pools hold (`region_capacity` sets less or more), the
+    warm-pool quota is 0 unless `warm_pool_quota` raises it, and each `plan:<name>` pool is a training plan
+    registered with its instances. Anything kinder needs `kinder=Kinder(reason, departures...)`."""
+    region = {TRN1: 0, TRN2: 0, **{p: n for p, n in capacity.items() if not p.startswith("plan:")}}
+    region.update(region_capacity or {})
+    emulator = SageMakerEmulator(
+        **aws_options(
+            region_capacity=region, warm_pool_quota=warm_pool_quota, clock=clock, kinder=kinder, **options
+        )
+    )
+    for pool, instances in capacity.items():
+        if pool.startswith("plan:"):
+            emulator.add_training_plan(plan_arn(pool), instances)
+    return emulator
 
 
 def load_handler(function: str) -> ModuleType:
@@ -280,10 +312,15 @@ def make_world(
     settings: dict[str, Any] | None = None,
     instance_limits: dict[str, int] | None = None,
     timings: dict[str, Any] | None = None,
+    region_capacity: dict[str, int] | None = None,
+    warm_pool_quota: dict[str, int] | None = None,
+    kinder: Kinder | None = None,
+    seed: int = 0,
 ) -> Iterator[QueueWorld]:
     """A world on moto's server at `moto_endpoint`, or, with None, on AWS's own endpoints for moto's
     in-process mock (`moto.mock_aws`, started by the caller) to answer: the same backends without HTTP, for
-    benchmarks that run hundreds of worlds."""
+    benchmarks that run hundreds of worlds. SageMaker is the emulator as AWS documents it (`aws_emulator`:
+    `region_capacity`, `warm_pool_quota`, and `kinder` for a test that needs less than AWS)."""
     suffix = uuid.uuid4().hex[:8]
     region = "us-east-1"
     dynamodb = boto3.client("dynamodb", endpoint_url=moto_endpoint, region_name=region)
@@ -315,14 +352,23 @@ def make_world(
     events.put_targets(Rule=f"audit-{suffix}", EventBusName=bus, Targets=[{"Id": "audit", "Arn": audit_arn}])
     clock = VirtualClock(START)
     collected: list[dict[str, Any]] = []
-    emulator = SageMakerEmulator(
-        clock=clock, on_event=collected.append, instance_limits=instance_limits, **(timings or TIMINGS)
+    pools = capacity if capacity is not None else {TRN1: 2}
+    emulator = aws_emulator(
+        clock,
+        {p: n for p, n in pools.items() if isinstance(n, int)},
+        region_capacity=region_capacity,
+        warm_pool_quota=warm_pool_quota,
+        kinder=kinder,
+        seed=seed,
+        on_event=collected.append,
+        instance_limits=instance_limits,
+        **(timings or TIMINGS),
     )
     emulator.start()
     values: dict[str, Any] = {
         "table_name": table,
         "event_bus_name": bus,
-        "capacity": capacity if capacity is not None else {TRN1: 2},
+        "capacity": pools,
         "allowed_role_arns": (ROLE,),
         "admin_role_arns": (ADMIN,),
         "min_runtime_before_preemption_seconds": 0,

@@ -103,6 +103,8 @@ def test_cancelling_a_running_job_stops_its_attempt(world: QueueWorld) -> None:
 
     assert (status, job["state"]) == (200, "stopping")
     world.run(120)
+    assert world.state("running") == "stopping", "SIGTERM, then SageMaker's 120 s grace, then the upload"
+    world.run(60)
     assert world.state("running") == "cancelled"
     sagemaker = world.sagemaker()
     assert sagemaker.describe_training_job(TrainingJobName="running")["TrainingJobStatus"] == "Stopped"
@@ -188,6 +190,7 @@ def test_pools_capacity_is_set_by_admins_and_frees_room_at_once(world: QueueWorl
             "warm": 0,
             "free": 1,
             "quota": None,
+            "warm_quota": None,
             "warning": None,
         },
     )

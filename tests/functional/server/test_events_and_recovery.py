@@ -137,7 +137,7 @@ def test_a_duplicated_stop_after_preemption_does_not_cancel_the_requeued_job(wor
     world.submit("job2", priority=1, duration=1200)
     world.run(300)
     world.submit("job3", priority=5, duration=300)
-    world.emulator.advance(60)
+    world.emulator.advance(120 + 20 + 10)  # SageMaker's stop grace, the upload, the event's delay
     events = world.take_sagemaker_events()
     stopped = [e for e in events if _status(e)[0] == "Stopped"]
     assert {e["detail"]["TrainingJobName"] for e in stopped} == {"job1"}
@@ -279,6 +279,6 @@ def test_a_preemption_whose_stop_failed_is_stopped_by_the_timer(world: QueueWorl
 
     # THEN the stop is repeated, and the preemption completes
     assert "job1: stop repeated" in report["applied"]
-    world.run(60)
+    world.run(180)  # SageMaker's 120 s stop grace, then the upload
     assert world.state("job1") == "queued"
     assert world.state("job3") in ("starting", "running")

@@ -13,28 +13,31 @@ def two_attempts(moto_endpoint: str) -> Iterator[QueueWorld]:
     yield from make_world(moto_endpoint, settings={"max_attempts": 2, "retry_backoff_seconds": 300})
 
 
-def test_capacity_failures_requeue_with_backoff_then_give_up(two_attempts: QueueWorld) -> None:
+def test_capacity_failures_requeue_with_backoff_and_never_count_as_failures(two_attempts: QueueWorld) -> None:
     world = two_attempts
     world.submit("scarce", duration=60, outcome="CapacityError")
 
     # WHEN the first attempt fails for lack of EC2 capacity
-    world.run_until(lambda: world.job("scarce")["retries"] == 1)
+    world.run_until(lambda: world.job("scarce")["capacity_requeues"] == 1)
 
     # THEN the job is queued again and waits out its backoff instead of retrying at once
     job = world.job("scarce")
     assert job["state"] == "queued"
-    assert job["history"][-1]["reason"].startswith("retrying after capacity failure: CapacityError")
+    assert job["history"][-1]["reason"].startswith("requeued: SageMaker ran out of capacity: CapacityError")
     world.run(120)
     job = world.job("scarce")
     assert job["state"] == "queued"
     assert job["reason"].startswith("backing off until ")
 
-    # WHEN the backoff is over, a second attempt starts; its failure is the last one allowed
-    world.run_until(lambda: world.job("scarce")["attempt"] == 2)
-    world.run_until(lambda: world.state("scarce") == "failed")
+    # WHEN capacity keeps failing past max_attempts (2), the job still waits its turn: scarcity is not a
+    # fault of the job, so it backs off longer each time but never fails for it
+    world.run_until(lambda: world.job("scarce")["capacity_requeues"] == 3, limit=12 * 3600)
     job = world.job("scarce")
-    assert job["reason"].startswith("gave up after 2 attempts: CapacityError")
-    assert job["attempts"] == ["scarce", "scarce--2"]
+    assert job["state"] in ("queued", "starting")
+    assert job["retries"] == 0
+    assert job["attempts"][:3] == ["scarce", "scarce--2", "scarce--3"]
+    backoffs = [h for h in job["history"] if h["state"] == "queued" and h["reason"].startswith("requeued")]
+    assert len(backoffs) == 3
 
 
 def test_a_job_that_fails_on_its_own_is_not_retried(world: QueueWorld) -> None:

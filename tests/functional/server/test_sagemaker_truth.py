@@ -29,6 +29,9 @@ from support.cfn_template import create_table
 from support.delivery import AdversarialDelivery
 from support.invariants import InvariantMonitor, advance, monitored
 
+#: The account raised its warm-pool quota (AWS's default, 0, retains no pool): these tests are about pools.
+RAISED = {TRN1: 3}
+
 
 def _event_now(world: QueueWorld, name: str) -> dict[str, Any]:
     """SageMaker's state-change event for `name` as it would be sent now (to deliver later, or twice)."""
@@ -44,17 +47,17 @@ def _event_now(world: QueueWorld, name: str) -> dict[str, Any]:
 
 @pytest.fixture
 def one_trn1(moto_endpoint: str) -> Iterator[tuple[QueueWorld, InvariantMonitor]]:
-    yield from monitored(make_world(moto_endpoint, capacity={TRN1: 1}))
+    yield from monitored(make_world(moto_endpoint, capacity={TRN1: 1}, warm_pool_quota=RAISED))
 
 
 @pytest.fixture
 def two_trn1(moto_endpoint: str) -> Iterator[tuple[QueueWorld, InvariantMonitor]]:
-    yield from monitored(make_world(moto_endpoint, capacity={TRN1: 2}))
+    yield from monitored(make_world(moto_endpoint, capacity={TRN1: 2}, warm_pool_quota=RAISED))
 
 
 @pytest.fixture
 def three_trn1(moto_endpoint: str) -> Iterator[tuple[QueueWorld, InvariantMonitor]]:
-    yield from monitored(make_world(moto_endpoint, capacity={TRN1: 3}))
+    yield from monitored(make_world(moto_endpoint, capacity={TRN1: 3}, warm_pool_quota=RAISED))
 
 
 # --- 1. warm pools -------------------------------------------------------------------------------------------
@@ -318,7 +321,9 @@ def _item_bytes(world: QueueWorld, name: str) -> int:
 def one_trn1_no_budget(moto_endpoint: str) -> Iterator[tuple[QueueWorld, InvariantMonitor]]:
     # MaxPreemptionsPerJob 0: no budget, so a job preempted thousands of times may be preempted again
     yield from monitored(
-        make_world(moto_endpoint, capacity={TRN1: 1}, settings={"max_preemptions_per_job": 0})
+        make_world(
+            moto_endpoint, capacity={TRN1: 1}, settings={"max_preemptions_per_job": 0}, warm_pool_quota=RAISED
+        )
     )
 
 
@@ -395,7 +400,9 @@ def test_a_job_preempted_5000_times_keeps_a_small_item_and_exact_counters(
 @pytest.fixture
 def one_trn1_min_runtime(moto_endpoint: str) -> Iterator[tuple[QueueWorld, InvariantMonitor]]:
     settings = {"min_runtime_before_preemption_seconds": 600, "max_preemptions_per_job": 0}
-    yield from monitored(make_world(moto_endpoint, capacity={TRN1: 1}, settings=settings))
+    yield from monitored(
+        make_world(moto_endpoint, capacity={TRN1: 1}, settings=settings, warm_pool_quota=RAISED)
+    )
 
 
 def test_a_resumed_attempt_is_protected_by_the_minimum_runtime_of_its_own_training(
@@ -610,7 +617,7 @@ class LaggingLiveIndex:
 
 @pytest.fixture
 def two_trn1_lagging(moto_endpoint: str) -> Iterator[tuple[QueueWorld, InvariantMonitor]]:
-    for world, monitor in monitored(make_world(moto_endpoint, capacity={TRN1: 2})):
+    for world, monitor in monitored(make_world(moto_endpoint, capacity={TRN1: 2}, warm_pool_quota=RAISED)):
         world.deps.store.live_jobs = LaggingLiveIndex(world.deps.store.live_jobs)  # type: ignore[method-assign]
         yield world, monitor
 

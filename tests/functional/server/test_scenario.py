@@ -21,7 +21,7 @@ def test_article_scenario_preempts_resumes_and_completes_every_job(world: QueueW
     # THEN the least important running job (job1, not job2) is preempted for it
     assert world.state("job1") == "preempting"
     assert world.state("job2") == "running"
-    world.run(60)
+    world.run(180)  # SageMaker's 120 s stop grace, then the upload of what job1 saved
     job1 = world.job("job1")
     assert job1["state"] == "queued"
     assert job1["preemptions"] == 1
@@ -101,6 +101,7 @@ def test_article_scenario_preempts_resumes_and_completes_every_job(world: QueueW
             "warm": 0,
             "free": 2,
             "quota": None,
+            "warm_quota": None,
             "warning": None,
         }
     ]

@@ -7,10 +7,60 @@ from collections.abc import Iterator
 import pytest
 from conftest import TRN1, QueueWorld, make_world
 
+#: These worlds' account asked AWS for a warm-pool quota (the default, 0, retains no pool).
+RAISED = {TRN1: 2}
+
+
+@pytest.fixture
+def world(moto_endpoint: str) -> Iterator[QueueWorld]:
+    yield from make_world(moto_endpoint, warm_pool_quota=RAISED)
+
 
 @pytest.fixture
 def one_instance(moto_endpoint: str) -> Iterator[QueueWorld]:
+    yield from make_world(
+        moto_endpoint,
+        capacity={TRN1: 1},
+        settings={"default_keep_alive_seconds": 600},
+        warm_pool_quota=RAISED,
+    )
+
+
+@pytest.fixture
+def no_warm_quota(moto_endpoint: str) -> Iterator[QueueWorld]:
+    # AWS's default: a warm-pool quota of 0 per instance type
     yield from make_world(moto_endpoint, capacity={TRN1: 1}, settings={"default_keep_alive_seconds": 600})
+
+
+def test_the_warm_pool_quota_is_learned_and_no_keep_alive_is_planned_beyond_it(
+    no_warm_quota: QueueWorld,
+) -> None:
+    world = no_warm_quota
+    sagemaker = world.sagemaker()
+    # GIVEN two matching jobs queued behind a busy instance: the first is started with a keep-alive for
+    # the second
+    world.submit("blocker", duration=120, volume=500)
+    world.submit("first", duration=120)
+    world.submit("second", duration=120)
+    world.run_until(lambda: world.state("first") in ("starting", "running"))
+    assert sagemaker.describe_training_job(TrainingJobName="first")["ResourceConfig"][
+        "KeepAlivePeriodInSeconds"
+    ]
+    # WHEN the first ends, SageMaker does not retain its pool (quota 0)
+    world.run_until(lambda: world.state("first") == "completed")
+    world.run(60)
+    assert (
+        sagemaker.describe_training_job(TrainingJobName="first")["WarmPoolStatus"]["Status"] == "Terminated"
+    )
+    # THEN the scheduler has learned the warm-pool quota, and `sagequeue pools` shows it
+    pool = world.api("GET", "/pools")[1]["pools"][0]
+    assert (pool["warm_quota"], pool["warm"]) == (0, 0)
+    # AND the second, started cold, is given no keep-alive for the third it matches: it would not be kept
+    world.submit("third", duration=120)
+    world.run_until(lambda: world.state("second") in ("starting", "running"))
+    config = sagemaker.describe_training_job(TrainingJobName="second")["ResourceConfig"]
+    assert not config.get("KeepAlivePeriodInSeconds")
+    world.run_until(lambda: world.state("third") == "completed")
 
 
 def test_a_finished_jobs_warm_pool_is_reused_rather_than_a_cold_start(world: QueueWorld) -> None:
@@ -28,6 +78,7 @@ def test_a_finished_jobs_warm_pool_is_reused_rather_than_a_cold_start(world: Que
         "warm": 1,
         "free": 1,
         "quota": None,
+        "warm_quota": None,
         "warning": None,
     }
 

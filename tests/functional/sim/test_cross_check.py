@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from sagequeue.local import LocalStack
+from sagequeue.local.emulator import EventDelivery
 from sagequeue.sim import Result, SimSettings, Timings, Trace, TraceJob, Variant, simulate
 
 POOL = "ml.trn1.32xlarge"
@@ -26,6 +27,11 @@ EMULATOR = {
     "download_seconds": 10,
     "upload_seconds": 10,
     "stop_grace_seconds": 30,
+    # the simulator models neither lost events nor 5xx answers nor a warm-pool quota: the stack's SageMaker
+    # is given the same world, so that the two models are compared, not their assumptions
+    "delivery": EventDelivery(),
+    "transient_error_share": 0.0,
+    "warm_pool_limits": {POOL: 2},
 }
 TIMINGS = Timings(
     cold_start_seconds=60,

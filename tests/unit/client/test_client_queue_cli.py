@@ -123,7 +123,10 @@ def test_pools_table_shows_free_instances() -> None:
     pools = [
         Pool.from_api({"instance_type": "ml.trn2.48xlarge", "capacity": 4, "used": 3, "queued": 7, "warm": 1})
     ]
-    assert pools_table(pools).splitlines()[1].split() == ["ml.trn2.48xlarge", "4", "3", "1", "7", "1"]
+    assert pools_table(pools).splitlines()[1].split() == ["ml.trn2.48xlarge", "4", "3", "1", "7", "1", "-"]
+    learned = Pool.from_api({"instance_type": "ml.trn2.48xlarge", "capacity": 4, "warm_quota": 0})
+    assert pools_table([learned]).splitlines()[0].split()[-1] == "WARM_QUOTA"
+    assert pools_table([learned]).splitlines()[1].split()[-1] == "0", "SageMaker retained no warm pool"
 
 
 @pytest.mark.parametrize(

@@ -23,7 +23,7 @@ from typing import Any
 from sagequeue_core.alarms import CloudWatchAlarms, alarms_of
 from sagequeue_core.defaults import IDLE_ALARM_PREFIX, JOB_TAG
 from sagequeue_core.domain import Job, JobState, StopReason
-from sagequeue_core.errors import AttemptNameTaken, StaleVersion, TrainingJobNotFound
+from sagequeue_core.errors import AttemptNameTaken, SageMakerError, StaleVersion, TrainingJobNotFound
 from sagequeue_core.events import EventType, Publisher, parse_training_job_event
 from sagequeue_core.governance import (
     CLONE_OF_TAG,
@@ -86,6 +86,8 @@ class ReconcileReport:
     jobs_seen: int = 0
     outcomes: list[Outcome] = field(default_factory=list)
     orphans_deleted: list[str] = field(default_factory=list)
+    #: jobs SageMaker did not describe (5xx, throttling past the retries): governed at the next reconcile
+    skipped: list[str] = field(default_factory=list)
 
 
 class Governance:
@@ -141,6 +143,15 @@ class Governance:
             try:
                 detail = self.sagemaker.describe(name)
             except TrainingJobNotFound:
+                continue
+            except SageMakerError as exc:
+                # One job SageMaker cannot describe now must not leave the others ungoverned; its alarms
+                # are not orphans (the next reconcile, minutes later, governs it).
+                logger.warning(
+                    "describe failed; governed at the next reconcile", extra={"job": name, "error": str(exc)}
+                )
+                report.skipped.append(name)
+                wanted.update(a for a in existing if a.startswith(alarm_prefix(name)))
                 continue
             report.jobs_seen += 1
             outcome = self._govern(detail, self._tags(detail), existing=existing, defined=defined)

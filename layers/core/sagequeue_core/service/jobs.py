@@ -66,6 +66,8 @@ class PoolView:
     warm: int
     #: the account quota SageMaker last refused a create at, while it limits the pool
     quota: int | None = None
+    #: the warm-pool quota SageMaker last showed by not retaining a pool (docs/adr/0017); None: not seen
+    warm_quota: int | None = None
 
     @property
     def effective_capacity(self) -> int:
@@ -90,6 +92,7 @@ class PoolView:
             "warm": self.warm,
             "free": max(self.effective_capacity - self.used - self.warm, 0),
             "quota": self.quota,
+            "warm_quota": self.warm_quota,
             "warning": self.warning,
         }
 
@@ -268,6 +271,7 @@ def pools(deps: Dependencies) -> list[PoolView]:
                 queued=status.queued,
                 warm=warm[status.pool.instance_type],
                 quota=quota if quota is not None and quota < status.pool.capacity else None,
+                warm_quota=status.warm_quota_at(now),
             )
         )
     return views

@@ -9,6 +9,7 @@ that is not the job's current one, or asks for a move the job's state does not a
 from __future__ import annotations
 
 import copy
+import dataclasses
 import secrets
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
@@ -36,6 +37,7 @@ from sagequeue_core.domain import (
     StopReason,
     attempt_name,
     demand_of,
+    parse_time,
     priority_of,
     tags_to_dict,
 )
@@ -87,6 +89,8 @@ from sagequeue_core.store import ExternalAttempt, PoolStatus, TrackedWarmPool
 
 #: SecondaryStatus values under InProgress before the instances are the job's.
 _NOT_YET_RUNNING = frozenset({"", "Starting", "Pending", "LaunchingMLInstances"})
+#: SecondaryStatus values under InProgress in which SageMaker may be waiting for capacity (ADR 0017).
+_MAY_WAIT = frozenset({"Starting", "Pending"})
 #: SecondaryStatus values under InProgress once the job has begun to train.
 _TRAINING_OR_LATER = frozenset({"Training", "Uploading"})
 #: SecondaryStatus values under Stopped that SageMaker chose, not anyone's StopTrainingJob.
@@ -97,6 +101,8 @@ STOPPED_EXTERNALLY = "stopped externally"
 _FOREIGN = "foreign-training-job"
 #: How far back the reconcile lists training jobs: the longest runtime (28 days) plus a day of keep-alive.
 _LISTED_DAYS = 29
+#: A pool found Terminated this soon after its job ended was not retained (warm-pool quota), not expired.
+_NOT_RETAINED_WINDOW = 300
 #: How often a write is retried after another writer changed the job in between.
 _WRITE_ATTEMPTS = 3
 
@@ -233,6 +239,16 @@ def _apply_to_job(deps: Dependencies, job: Job, change: TrainingJobChange, *, co
     was = job.state
     if change.status == "InProgress":
         outcome = "no change"
+        if was is JobState.STARTING and change.capacity_wait != job.capacity_wait:
+            # SageMaker accepted the attempt but has no instances for it yet (docs/adr/0017): it keeps its
+            # place in the pool and says what it waits for, since when.
+            job.capacity_wait = change.capacity_wait
+            if change.capacity_wait is not None:
+                job.reason = change.capacity_wait.describe()
+                outcome = job.reason
+            else:
+                job.reason = None
+                outcome = "launching"
         if was is JobState.STARTING and change.secondary_status not in _NOT_YET_RUNNING:
             job.transition(JobState.RUNNING, now, reason=change.secondary_status)
             outcome = "running"
@@ -261,6 +277,9 @@ def _apply_to_job(deps: Dependencies, job: Job, change: TrainingJobChange, *, co
     if target is JobState.QUEUED:
         if job.stop_reason is not None and job.stop_reason.requeues and was is JobState.PREEMPTING:
             job.count_requeue()
+        elif _ran_out_of_capacity(job, change):
+            job.capacity_requeues += 1
+            job.not_before = now + timedelta(seconds=_backoff(deps, job.capacity_requeues))
         else:
             job.retries += 1
             job.not_before = now + timedelta(seconds=_backoff(deps, job.retries))
@@ -297,12 +316,19 @@ def _end_state(deps: Dependencies, job: Job, change: TrainingJobChange) -> tuple
             # stopped on purpose (cancel, idle, policy) and failed on the way down: the purpose decides
             return job.stop_reason.final_state, reason
         kind = classify_failure(change.failure_reason)
+        if kind is FailureKind.CAPACITY:
+            # Scarcity, not a fault of the job: it waits its turn again, backing off, however often.
+            return JobState.QUEUED, f"requeued: SageMaker ran out of capacity: {reason}"
         if kind is not FailureKind.JOB:
             if job.retries + 1 < deps.settings.max_attempts:
                 return JobState.QUEUED, f"retrying after {kind.value} failure: {reason}"
             return JobState.FAILED, f"gave up after {job.retries + 1} attempts: {reason}"
         return JobState.FAILED, reason
     # Stopped
+    if job.stop_reason is None and _pending_expired(change):
+        return JobState.QUEUED, (
+            "requeued: its training plan had no capacity for it within MaxPendingTimeInSeconds"
+        )
     if change.secondary_status in _SAGEMAKER_STOPS and job.stop_reason is None:
         return JobState.FAILED, f"stopped by SageMaker: {change.secondary_status}"
     if job.stop_reason is not None:
@@ -310,6 +336,54 @@ def _end_state(deps: Dependencies, job: Job, change: TrainingJobChange) -> tuple
         recorded = job.reason if job.stop_reason in (StopReason.IDLE, StopReason.POLICY) else None
         return job.stop_reason.final_state, recorded or f"stopped: {job.stop_reason.value}"
     return JobState.CANCELLED, STOPPED_EXTERNALLY
+
+
+def behind_capacity_backoff(queued: Iterable[Job], now: datetime) -> dict[str, str]:
+    """Queued jobs that must not start yet because a more important job of their pool backs off after
+    SageMaker ran out of capacity for it (docs/adr/0017), with why. Started in its place, a less important
+    job would take the EC2 (or plan) capacity the backing-off job waits for, and be first in line for it."""
+    jobs = list(queued)
+    backing_off: dict[str, Job] = {}
+    for job in jobs:
+        if job.capacity_requeues and job.not_before is not None and job.not_before > now:
+            ahead = backing_off.get(job.pool)
+            if ahead is None or job.priority > ahead.priority:
+                backing_off[job.pool] = job
+    held: dict[str, str] = {}
+    for job in jobs:
+        ahead = backing_off.get(job.pool)
+        if ahead is not None and ahead is not job and job.priority < ahead.priority:
+            held[job.name] = (
+                f"waiting: {ahead.name} (priority {ahead.priority}) goes first; it backs off until "
+                f"{ahead.not_before.strftime('%Y-%m-%dT%H:%M:%SZ')} after SageMaker ran out of capacity"  # type: ignore[union-attr]
+            )
+    return held
+
+
+def _pending_expired(change: TrainingJobChange) -> bool:
+    """SageMaker stopped the attempt because it waited in Pending (for its training plan's capacity) for
+    StoppingCondition.MaxPendingTimeInSeconds: it never launched, and its Pending phase lasted that long.
+    SageMaker gives it no secondary status of its own (it ends Stopped/Stopped)."""
+    if change.status != "Stopped" or change.training_start_time is not None:
+        return False
+    stopping = change.detail.get("StoppingCondition")
+    limit = stopping.get("MaxPendingTimeInSeconds") if isinstance(stopping, Mapping) else None
+    transitions = change.detail.get("SecondaryStatusTransitions")
+    if not isinstance(limit, int | float) or not isinstance(transitions, list):
+        return False
+    for transition in transitions:
+        if isinstance(transition, Mapping) and transition.get("Status") == "Pending":
+            start, end = parse_time(transition.get("StartTime")), parse_time(transition.get("EndTime"))
+            if start is not None and end is not None and (end - start).total_seconds() >= limit:
+                return True
+    return False
+
+
+def _ran_out_of_capacity(job: Job, change: TrainingJobChange) -> bool:
+    """The attempt ended because SageMaker had no instances for it (EC2's or its plan's)."""
+    if change.status == "Failed":
+        return classify_failure(change.failure_reason) is FailureKind.CAPACITY
+    return job.stop_reason is None and _pending_expired(change)
 
 
 def _backoff(deps: Dependencies, retries: int) -> int:
@@ -353,6 +427,16 @@ def _track_warm_pool(
         return
     if change.warm_pool_status is not None and change.warm_pool_status != "Available":
         deps.store.forget_warm_pool(change.training_job_name)
+        if change.warm_pool_status == "Terminated" and _not_retained(deps, change):
+            if confirmed:
+                _learn_warm_pool_quota(deps, change)
+            else:
+                try:
+                    now_said = parse_description(deps.sagemaker.describe(change.training_job_name))
+                except SageMakerError:
+                    return  # unconfirmed: learn nothing from a hint
+                if now_said.warm_pool_status == "Terminated" and _not_retained(deps, now_said):
+                    _learn_warm_pool_quota(deps, now_said)
         return
     if change.warm_pool_status is None and change.training_start_time is None:
         return  # never launched: nothing was retained
@@ -378,6 +462,65 @@ def _track_warm_pool(
     if expires <= deps.now():
         return
     deps.store.track_warm_pool(TrackedWarmPool(change.training_job_name, key, expires, job_name))
+    if confirmed:
+        _forget_warm_quota_exceeded(deps, key.pool)
+
+
+def _forget_warm_quota_exceeded(deps: Dependencies, pool: str) -> None:
+    """SageMaker now retains more of `pool` than the warm-pool quota sagequeue saw: it was raised."""
+    status = next((s for s in deps.store.pools() if s.pool.instance_type == pool), None)
+    if status is None or status.warm_quota is None:
+        return
+    kept = sum(w.resource_key.instance_count for w in deps.store.warm_pools() if w.resource_key.pool == pool)
+    if kept > status.warm_quota:
+        deps.store.forget_warm_quota(pool)
+
+
+def _not_retained(deps: Dependencies, change: TrainingJobChange) -> bool:
+    """A pool SageMaker terminated as its job ended, long before its keep-alive ran out: not retained, as
+    AWS does beyond the account's warm-pool quota (0 by default). A pool released (keep-alive 0), reused
+    or expired does not look like this."""
+    ended = change.training_end_time
+    if ended is None or change.training_start_time is None or not change.ended:
+        return False
+    if change.status == "Failed" and classify_failure(change.failure_reason) is not FailureKind.JOB:
+        return False  # an internal or capacity failure leaves no cluster to retain
+    return (deps.now() - ended).total_seconds() < min(change.keep_alive_seconds, _NOT_RETAINED_WINDOW)
+
+
+def _learn_warm_pool_quota(deps: Dependencies, change: TrainingJobChange) -> None:
+    """SageMaker did not retain a pool: what it keeps Available for us of that type now is the account's
+    warm-pool quota (ADR 0017), remembered like the instance quota."""
+    if len(change.demand) != 1:
+        return
+    (pool,) = change.demand
+    if pool not in {status.pool.instance_type for status in deps.store.pools()}:
+        return
+    kept = sum(
+        warm.resource_key.instance_count
+        for warm in deps.store.warm_pools()
+        if warm.resource_key.pool == pool and warm.expires_at > deps.now()
+    )
+    deps.store.record_warm_quota(pool, kept, deps.now())
+    logger.warning(
+        "warm pool not retained: the account's warm-pool quota is reached",
+        extra={"pool": pool, "warm_quota": kept, "training_job_name": change.training_job_name},
+    )
+
+
+def keep_alive_within_warm_quota(
+    keep_alive_seconds: int | None,
+    demand: Mapping[str, int],
+    held_warm: Mapping[str, int],
+    warm_quota: int | None,
+) -> int | None:
+    """The keep-alive a start may ask for: none when the pool it would leave goes beyond the warm-pool
+    quota SageMaker showed (the pool would not be retained, and a warm start planned on it never comes)."""
+    if not keep_alive_seconds or warm_quota is None or len(demand) != 1:
+        return keep_alive_seconds
+    (count,) = demand.values()
+    (pool,) = demand
+    return keep_alive_seconds if held_warm.get(pool, 0) + count <= warm_quota else None
 
 
 def _apply_external(deps: Dependencies, change: TrainingJobChange, *, confirmed: bool = False) -> str:
@@ -528,6 +671,17 @@ def _reconcile_live(
     if job.state in (JobState.PREEMPTING, JobState.STOPPING) and change.status == "InProgress":
         if _stop_quietly(deps, name, job.name):
             report.applied.append(f"{name}: stop repeated")
+        return
+    if summary is not None and job.state is JobState.STARTING and change.secondary_status in _MAY_WAIT:
+        # A list's summary has no transitions, and only they say whether the attempt waits for capacity:
+        # an event saying so may be lost (ADR 0017). Few attempts are starting at once.
+        try:
+            change = parse_description(deps.sagemaker.describe(name))
+        except SageMakerError as exc:
+            logger.warning("describe failed", extra={"job": job.name, "error": str(exc)})
+            return
+        if change.capacity_wait != job.capacity_wait:
+            report.applied.append(f"{name}: {_apply_described(deps, job.name, change)}")
         return
     if (
         summary is not None
@@ -810,11 +964,12 @@ def run_pass(deps: Dependencies) -> PassReport:
     team_usage = _team_usage(deps, team_quotas, counter, live.values(), now)
     by_type = _held_by_type(live.values(), externals, warm_pools)
     quota = _quota_limits(pool_statuses, by_type, queued.values(), now)
+    held_back = behind_capacity_backoff(queued.values(), now)
     snapshot = build_snapshot(
         now=now,
         capacity=capacity,
         quota=quota,
-        queued=queued.values(),
+        queued=[job for job in queued.values() if job.name not in held_back],
         live=live.values(),
         external=externals,
         warm_pools=warm_pools,
@@ -824,6 +979,7 @@ def run_pass(deps: Dependencies) -> PassReport:
     decided = plan(snapshot, policy_settings(settings))
     _announce_quota_moves(deps, snapshot, decided.actions, queued, live)
     report.waiting.update(decided.waiting)
+    report.waiting.update(held_back)
     statuses = {status.pool.instance_type: status for status in pool_statuses}
     # each pool's ledger as this pass read it, before the live jobs: a start is recorded only if no other
     # pass started on its pools since (and moves the ledger on, here and in the table)
@@ -835,6 +991,10 @@ def run_pass(deps: Dependencies) -> PassReport:
     for retained in snapshot.warm_pools:
         held[retained.pool] += retained.instances
     blocked: set[str] = set()  # jobs whose capacity a failed release did not free
+    warm_held: Counter[str] = Counter()
+    for retained in snapshot.warm_pools:
+        warm_held[retained.pool] += retained.instances
+    warm_quotas = {pool: status.warm_quota_at(now) for pool, status in statuses.items()}
     for action in decided.actions:
         if isinstance(action, Preempt):
             _guarded(report, action.job_name, _preempt, deps, action, report)
@@ -848,6 +1008,14 @@ def run_pass(deps: Dependencies) -> PassReport:
             if action.job_name in blocked:
                 report.waiting[action.job_name] = "waiting for a warm pool to be released"
                 continue
+            demand = queued[action.job_name].demand
+            keep = keep_alive_within_warm_quota(
+                action.keep_alive_seconds, demand, warm_held, warm_quotas.get(next(iter(demand)))
+            )
+            if keep != action.keep_alive_seconds:
+                action = dataclasses.replace(action, keep_alive_seconds=keep)
+            elif keep:
+                warm_held.update(demand)  # the pool it leaves counts toward the quota of the next start
             _guarded(
                 report,
                 action.job_name,

@@ -10,6 +10,7 @@ See docs/emulator.md for what it emulates and where it differs from SageMaker.
 
 from sagequeue.local.emulator.delivery import EventDelivery
 from sagequeue.local.emulator.emulator import EmulatorNotRunning, SageMakerEmulator
+from sagequeue.local.emulator.profiles import DEPARTURES, Kinder, aws_options
 from sagequeue.local.emulator.simulation import (
     COMPILE_ENV,
     DURATION_ENV,
@@ -22,12 +23,15 @@ from sagequeue.local.emulator.throttling import DEFAULT_RATES, Rate
 __all__ = [
     "COMPILE_ENV",
     "DEFAULT_RATES",
+    "DEPARTURES",
     "DURATION_ENV",
     "OUTCOME_ENV",
     "UTILIZATION_ENV",
     "EmulatorNotRunning",
     "EventDelivery",
+    "Kinder",
     "Rate",
     "SageMakerEmulator",
     "Timings",
+    "aws_options",
 ]

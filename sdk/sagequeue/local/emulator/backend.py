@@ -86,12 +86,12 @@ class SageMakerBackend:
         #: Instances the region can launch per type (EC2 capacity, not the account quota); types not listed
         #: are unlimited. Settable at any time with `set_capacity`.
         self.capacity: dict[str, int] = {}
-        self._waiting: list[str] = []
+        self._waiting: list[str] = []  # jobs retrying in Starting for capacity, first come first served
         #: The warm-pool quota per instance type ("<type> for training warm pool usage"); AWS's default is
-        #: 0. Types not listed are unlimited. A pool beyond it is not retained when its job ends.
-        self.warm_pool_limits: dict[
-            str, int
-        ] = {}  # jobs retrying in Starting for capacity, first come first served
+        #: 0. Types not listed have `default_warm_pool_limit` (None: unlimited). A pool beyond it is not
+        #: retained when its job ends.
+        self.warm_pool_limits: dict[str, int] = {}
+        self.default_warm_pool_limit: int | None = None
         self.lock = threading.RLock()
         #: Send every state-change event twice, as SageMaker sometimes does, to exercise idempotent consumers.
         self.duplicate_events = False
@@ -207,7 +207,7 @@ class SageMakerBackend:
         pool = job.warm_pool
         if not job.ended or pool is None or pool.status is not WarmPoolState.AVAILABLE:
             return
-        if pool.available_since != at or not self.warm_pool_limits:
+        if pool.available_since != at or (not self.warm_pool_limits and self.default_warm_pool_limit is None):
             return
         retained: dict[str, int] = {}
         for name in self._available:
@@ -215,7 +215,7 @@ class SageMakerBackend:
                 for instance_type, count in self._jobs[name].demand.items():
                     retained[instance_type] = retained.get(instance_type, 0) + count
         for instance_type, count in job.demand.items():
-            limit = self.warm_pool_limits.get(instance_type)
+            limit = self.warm_pool_limits.get(instance_type, self.default_warm_pool_limit)
             if limit is not None and retained.get(instance_type, 0) + count > limit:
                 pool.end(at, WarmPoolState.TERMINATED)
                 return
@@ -242,6 +242,27 @@ class SageMakerBackend:
             outputs = Outputs()
             self._grant_waiting(self.clock.now(), outputs)
             return outputs
+
+    def departures_from_aws(self) -> set[str]:
+        """What the jobs created so far met that AWS would not have given them: an instance type without a
+        regional capacity, a plan never registered, a warm pool retained without a quota."""
+        with self.lock:
+            found: set[str] = set()
+            for job in self._sequence:
+                plan = job.request.get("ResourceConfig", {}).get("TrainingPlanArn")
+                if plan and _plan_key(plan) not in self.capacity:
+                    found.add("training_plans")
+                elif any(t not in self.capacity for t in job.demand):
+                    found.add("region_capacity")
+                if (
+                    job.warm_pool is not None
+                    and job.launched
+                    and job.keep_alive > 0
+                    and self.default_warm_pool_limit is None
+                    and any(t not in self.warm_pool_limits for t in job.demand)
+                ):
+                    found.add("warm_pool_quota")
+            return found
 
     def _capacity_demand(self, job: TrainingJob) -> dict[str, int]:
         """What a job takes from: its training plan's reserved instances, or the region's."""

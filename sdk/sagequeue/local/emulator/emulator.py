@@ -12,6 +12,7 @@ import logging
 import random
 import threading
 import uuid
+import weakref
 from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
 from types import TracebackType
@@ -23,6 +24,7 @@ from sagequeue.local.emulator.delivery import DeliveryQueue, EventDelivery, log_
 from sagequeue.local.emulator.errors import ERRORS_BY_CODE, SageMakerError, UnknownOperation
 from sagequeue.local.emulator.events import EventBridgeForwarder
 from sagequeue.local.emulator.metrics import CloudWatchPublisher
+from sagequeue.local.emulator.profiles import AWS_STOP_GRACE_SECONDS, Kinder
 from sagequeue.local.emulator.server import CONTENT_TYPE, ServerThread, answer, encode
 from sagequeue.local.emulator.simulation import Timings
 from sagequeue.local.emulator.throttling import DEFAULT_RATES, Rate, Throttle
@@ -30,6 +32,9 @@ from sagequeue.local.emulator.throttling import DEFAULT_RATES, Rate, Throttle
 logger = logging.getLogger("sagequeue.local.emulator")
 
 EventSubscriber = Callable[[dict[str, Any]], None]
+
+#: Every emulator started in this process, in start order (weakly held): the test suites' guard reads it.
+STARTED: weakref.WeakSet[SageMakerEmulator] = weakref.WeakSet()
 
 
 class EmulatorNotRunning(RuntimeError):
@@ -83,6 +88,8 @@ class SageMakerEmulator:
         capacity: Mapping[str, int] | None = None,
         rates: Mapping[str, Rate] | None = DEFAULT_RATES,
         transient_error_share: float = 0.0,
+        default_warm_pool_limit: int | None = None,
+        kinder: Kinder | None = None,
     ) -> None:
         self.clock: Clock = clock if clock is not None else VirtualClock()
         if exactly_once_in_order and delivery is not None:
@@ -122,6 +129,19 @@ class SageMakerEmulator:
         if capacity:
             self.backend.set_capacity(capacity)
         self.backend.warm_pool_limits = dict(warm_pool_limits or {})
+        if default_warm_pool_limit is not None and (
+            isinstance(default_warm_pool_limit, bool)
+            or not isinstance(default_warm_pool_limit, int)
+            or default_warm_pool_limit < 0
+        ):
+            raise ValueError(
+                f"default_warm_pool_limit must be a non-negative integer, got {default_warm_pool_limit!r}"
+            )
+        self.backend.default_warm_pool_limit = default_warm_pool_limit
+        #: The departures from AWS this emulator is allowed, and why (profiles.Kinder); None: none.
+        self.kinder = kinder
+        self._rates = rates
+        self._transient_error_share = transient_error_share
         self._throttle = Throttle(rates, transient_error_share, random.Random(f"faults:{seed}"))
         self._host = host
         self._port = port
@@ -142,6 +162,7 @@ class SageMakerEmulator:
         if self._server is not None:
             return self
         self._stopping.clear()
+        STARTED.add(self)
         self._server = ServerThread(self._host, self._port, self._dispatch)
         if not isinstance(self.clock, VirtualClock):
             # A real clock moves by itself, so something must notice when steps fall due.
@@ -211,6 +232,32 @@ class SageMakerEmulator:
         }
         options.update(kwargs)
         return boto3.client("sagemaker", **options)
+
+    @property
+    def running(self) -> bool:
+        return self._server is not None
+
+    def departures_from_aws(self) -> set[str]:
+        """Every way this emulator was kinder than SageMaker as AWS documents it, so far (names from
+        `profiles.DEPARTURES`): its settings, and the instance types and plans its jobs used."""
+        found: set[str] = set()
+        if self.timings.stop_grace_seconds < AWS_STOP_GRACE_SECONDS:
+            found.add("stop_grace")
+        delivery = self.delivery
+        if (
+            delivery.immediate
+            or delivery.duplicate_share == 0
+            or delivery.max_delay_seconds == delivery.min_delay_seconds
+        ):
+            found.add("event_delivery")
+        if delivery.loss_share == 0:
+            found.add("event_loss")
+        if self._transient_error_share == 0:
+            found.add("faults")
+        if self._rates is None:
+            found.add("throttling")
+        found |= self.backend.departures_from_aws()
+        return found
 
     # --- time ------------------------------------------------------------------------------------------
 

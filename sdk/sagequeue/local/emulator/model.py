@@ -29,6 +29,8 @@ COMPLETED = "Completed"
 FAILED = "Failed"
 STOPPING = "Stopping"
 STOPPED = "Stopped"
+#: SageMaker has no secondary status of its own for it: the job ends Stopped/Stopped, its message says why.
+MAX_PENDING_STOPPED = "MaxPendingTimeExceeded"
 TERMINAL_STATUSES = frozenset({COMPLETED, FAILED, STOPPED})
 
 
@@ -58,7 +60,9 @@ class WarmPoolState(StrEnum):
 # Status messages as SageMaker shows them in SecondaryStatusTransitions (they are informational only).
 MSG_LAUNCHING = "Launching requested ML instances"
 MSG_PENDING_PLAN = "Waiting for capacity in the training plan"
-PENDING_FAILURE_REASON = "CapacityError: The training plan had no capacity for the job within StoppingCondition.MaxPendingTimeInSeconds."
+MSG_MAX_PENDING = (
+    "Training job stopped: it waited in Pending longer than StoppingCondition.MaxPendingTimeInSeconds"
+)
 MSG_WARM_START = "Preparing the instances for training"
 MSG_CAPACITY_RETRY = "Insufficient capacity error from EC2 while launching instances, retrying!"
 MSG_DOWNLOADING = "Downloading input data"
@@ -358,18 +362,21 @@ class TrainingJob:
             self.failure_reason = CAPACITY_FAILURE_REASON
             self._finish(at, FAILED, FAILED, MSG_FAILED, keeps_pool=False)
         elif step is Step.PENDING_TIMEOUT:
-            self.waiting_for_capacity = False
-            self.failure_reason = PENDING_FAILURE_REASON
-            self._finish(at, FAILED, FAILED, MSG_FAILED, keeps_pool=False)
+            # "The maximum length of time ... that a training job can be pending before it is stopped"
+            # (StoppingCondition): stopped, not failed, and never launched, so nothing to upload.
+            self.begin_stop(at, secondary_when_stopped=MAX_PENDING_STOPPED)
         elif step is Step.STOP_UPLOAD:
             # After SIGTERM's grace the container is gone; what it wrote to /opt/ml/model is uploaded.
             self._enter(at, STOPPING, "Uploading", MSG_UPLOADING)
             self._schedule(at, timings.upload_seconds, Step.STOPPED)
         elif step is Step.STOPPED:
-            message = {"MaxRuntimeExceeded": MSG_MAX_RUNTIME, "MaxWaitTimeExceeded": MSG_MAX_WAIT}.get(
-                self.stop_secondary, MSG_STOPPED
-            )
-            self._finish(at, STOPPED, self.stop_secondary, message, keeps_pool=True)
+            message = {
+                "MaxRuntimeExceeded": MSG_MAX_RUNTIME,
+                "MaxWaitTimeExceeded": MSG_MAX_WAIT,
+                MAX_PENDING_STOPPED: MSG_MAX_PENDING,
+            }.get(self.stop_secondary, MSG_STOPPED)
+            secondary = STOPPED if self.stop_secondary == MAX_PENDING_STOPPED else self.stop_secondary
+            self._finish(at, STOPPED, secondary, message, keeps_pool=True)
 
     # --- requests --------------------------------------------------------------------------------------
 
