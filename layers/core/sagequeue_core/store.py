@@ -222,6 +222,7 @@ def _model_classes(table_name: str, host: str | None, region: str | None) -> Any
         queued_since = UTCDateTimeAttribute(null=True)
         reservation = UnicodeAttribute(null=True)  # JSON {instances, since, kind}
         team = UnicodeAttribute(null=True)
+        attempt_secret = UnicodeAttribute(null=True)
         history = UnicodeAttribute(null=True)  # JSON list
         # index keys
         queued_pool = UnicodeAttribute(null=True)
@@ -812,6 +813,7 @@ class Repository:
             queued_since=job.queued_since,
             reservation=json.dumps(job.reservation.to_dict()) if job.reservation else None,
             team=job.team,
+            attempt_secret=job.attempt_secret,
             history=json.dumps(_bounded_history(job.history), separators=(",", ":")),
             queued_pool=job.pool if queued else None,
             queue_order=queue_order(job.priority, job.submitted_at, job.name) if queued else None,
@@ -854,6 +856,7 @@ class Repository:
             queued_since=item.queued_since,
             reservation=Reservation.from_dict(json.loads(item.reservation)) if item.reservation else None,
             team=item.team,
+            attempt_secret=item.attempt_secret,
             version=int(item.version or 0),
             history=json.loads(item.history or "[]"),
         )
