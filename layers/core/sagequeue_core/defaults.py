@@ -69,6 +69,10 @@ SUBMITTED_BY_TAG = "sagequeue:submitted-by"
 #: Set on every attempt: the queue entry it belongs to and its attempt number.
 JOB_TAG = "sagequeue:job"
 ATTEMPT_TAG = "sagequeue:attempt"
+#: Set on every attempt: its seal, an HMAC of its name under a secret the queue entry keeps in the table (never
+#: returned by the API). Anyone may set the two tags above; only the scheduler can set a seal that verifies,
+#: so a training job counts as an attempt of a queue entry only with it (docs/adr/0006-governance-trust.md).
+SEAL_TAG = "sagequeue:seal"
 #: An admin sets this tag (value "true") to exempt a job from the tag and policy rules and the idle stop.
 EXEMPT_TAG = "sagequeue:exempt"
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import hmac
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -15,7 +16,9 @@ from enum import StrEnum
 from typing import Any
 
 from sagequeue_core.defaults import (
+    JOB_TAG,
     PRIORITY_TAG,
+    SEAL_TAG,
     TRAINING_JOB_NAME_MAX_LENGTH,
     TRAINING_JOB_NAME_PATTERN,
 )
@@ -125,6 +128,8 @@ RESERVED_NAME_MARK = "--"
 ATTEMPT_NAME_CHOICES = 5
 #: Hex digits of the random part of an attempt's fallback name (`<name>--<n>x<token>`).
 FALLBACK_TOKEN_LENGTH = 12
+#: Random bytes of a job's attempt secret (Job.attempt_secret), which seals its attempts.
+ATTEMPT_SECRET_BYTES = 16
 _FALLBACK_TOKEN = re.compile(f"[0-9a-f]{{{FALLBACK_TOKEN_LENGTH}}}")
 _FALLBACK_TAIL = re.compile(f"x([0-9a-f]{{{FALLBACK_TOKEN_LENGTH}}})$")
 
@@ -189,6 +194,11 @@ def is_attempt_name(training_job_name: str, job_name: str, attempt: int) -> bool
         return True
     tail = _FALLBACK_TAIL.search(training_job_name)
     return tail is not None and training_job_name == attempt_name(job_name, attempt, tail.group(1))
+
+
+def attempt_seal(secret: str, training_job_name: str) -> str:
+    """The seal of attempt `training_job_name` under its queue entry's secret (the SEAL_TAG's value)."""
+    return hmac.new(secret.encode(), training_job_name.encode(), hashlib.sha256).hexdigest()[:32]
 
 
 # --- Priority --------------------------------------------------------------------------------------------------
@@ -558,6 +568,9 @@ class Job:
     #: requeues after SageMaker ran out of capacity (CapacityError, MaxPendingTimeInSeconds): they back off
     #: but do not count against max_attempts, which bounds failures, not scarcity
     capacity_requeues: int = 0
+    #: random, kept in the table and never returned by the API: seals the job's attempts (SEAL_TAG); set
+    #: when its first attempt is recorded
+    attempt_secret: str | None = None
     version: int = 0  # optimistic-locking counter, owned by the store
     history: list[dict[str, Any]] = field(default_factory=list)  # [{at, state, attempt, reason}]
 
@@ -603,6 +616,25 @@ class Job:
     def is_next_attempt(self, training_job_name: str) -> bool:
         """Whether `training_job_name` is one of the names the job's next attempt may have."""
         return is_attempt_name(training_job_name, self.name, self.attempt + 1)
+
+    def seal(self, training_job_name: str) -> str | None:
+        """The seal an attempt of this job named `training_job_name` carries (None before any attempt)."""
+        return attempt_seal(self.attempt_secret, training_job_name) if self.attempt_secret else None
+
+    def started(self, training_job_name: str, tags: Mapping[str, str]) -> bool:
+        """Whether the scheduler started training job `training_job_name` (whose tags are `tags`) as an
+        attempt of this job: the table records it as the current attempt, or it carries this job's tag and
+        a seal that verifies. The tags alone prove nothing: anyone allowed AddTags can set them."""
+        if self.training_job_name == training_job_name:
+            return True
+        seal = self.seal(training_job_name)
+        found = tags.get(SEAL_TAG)
+        return (
+            tags.get(JOB_TAG) == self.name
+            and seal is not None
+            and found is not None
+            and hmac.compare_digest(seal, found)
+        )
 
     def count_ended_attempt(self, seconds_trained: float | None) -> bool:
         """Add the current attempt, which has just ended, to the totals; False if it is counted already."""

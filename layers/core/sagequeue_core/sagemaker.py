@@ -1,13 +1,15 @@
 """The SageMaker adapter: every training-job call sagequeue makes, behind named errors.
 
 Errors are told apart by the ClientError code, never by message text. Create is idempotent because
-attempt names are deterministic: ResourceInUse on our own attempt (its `sagequeue:job` tag names the job)
-means an earlier create went through. Stop is idempotent: stopping a job that has ended or does not exist
+attempt names are deterministic: ResourceInUse on our own attempt (it carries the request's
+`sagequeue:seal`, an HMAC of its name under a secret only the table holds) means an earlier create went
+through. Stop is idempotent: stopping a job that has ended or does not exist
 is not an error.
 """
 
 from __future__ import annotations
 
+import hmac
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -16,7 +18,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError, ParamValidationError
 
-from sagequeue_core.defaults import JOB_TAG
+from sagequeue_core.defaults import JOB_TAG, SEAL_TAG
 from sagequeue_core.domain import ResourceKey, tags_to_dict
 from sagequeue_core.errors import (
     AttemptNameTaken,
@@ -119,8 +121,9 @@ class SageMakerAdapter:
     def create_attempt(self, request: Mapping[str, Any], *, job_name: str) -> CreateResult:
         """Create the training job `request` describes (its TrainingJobName is the attempt's name).
 
-        ResourceInUse on a job tagged as this job's attempt means an earlier try went through: that is a
-        success. On any other job of that name it is AttemptNameTaken.
+        ResourceInUse on a job carrying this request's seal (SEAL_TAG, which only the scheduler can make)
+        means an earlier try went through: that is a success. On any other job of that name, whatever its
+        other tags say, it is AttemptNameTaken.
         """
         name = str(request["TrainingJobName"])
         try:
@@ -136,7 +139,14 @@ class SageMakerAdapter:
             existing = self.describe(name)
             arn = existing.get("TrainingJobArn")
             tags = self.tags(arn) if arn else {}
-            if tags.get(JOB_TAG) != job_name:
+            seal = tags_to_dict(request.get("Tags")).get(SEAL_TAG)
+            found = tags.get(SEAL_TAG)
+            if (
+                tags.get(JOB_TAG) != job_name
+                or seal is None
+                or found is None
+                or not hmac.compare_digest(seal, found)
+            ):
                 raise AttemptNameTaken(
                     f"training job {name} exists and was not started by sagequeue for job {job_name}",
                     "ResourceInUse",

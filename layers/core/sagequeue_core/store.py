@@ -238,6 +238,7 @@ def _model_classes(table_name: str, host: str | None, region: str | None) -> Any
         team = UnicodeAttribute(null=True)
         capacity_wait = UnicodeAttribute(null=True)  # JSON {kind, since}
         capacity_requeues = NumberAttribute(null=True)
+        attempt_secret = UnicodeAttribute(null=True)
         history = UnicodeAttribute(null=True)  # JSON list
         # index keys
         queued_pool = UnicodeAttribute(null=True)
@@ -893,6 +894,7 @@ class Repository:
             team=job.team,
             capacity_wait=json.dumps(job.capacity_wait.to_dict()) if job.capacity_wait else None,
             capacity_requeues=job.capacity_requeues or None,
+            attempt_secret=job.attempt_secret,
             history=json.dumps(_bounded_history(job.history), separators=(",", ":")),
             queued_pool=job.pool if queued else None,
             queue_order=queue_order(job.priority, job.submitted_at, job.name) if queued else None,
@@ -939,6 +941,7 @@ class Repository:
             if item.capacity_wait
             else None,
             capacity_requeues=int(item.capacity_requeues or 0),
+            attempt_secret=item.attempt_secret,
             version=int(item.version or 0),
             history=json.loads(item.history or "[]"),
         )

@@ -6,6 +6,7 @@ from typing import Any
 
 from governance_world import TRN1, World, training_request, unique
 
+from sagequeue_core.defaults import ATTEMPT_TAG, JOB_TAG, SEAL_TAG
 from sagequeue_core.domain import Job, JobState, StopReason, tags_to_dict
 from sagequeue_core.events import EventType
 from sagequeue_core.governance import CLONE_ATTEMPT_TAG, CLONE_OF_TAG, RESUMES_TAG
@@ -321,14 +322,56 @@ def test_a_queued_spot_job_interrupted_too_often_goes_back_to_the_queue_on_deman
 
 
 def test_a_former_attempt_of_a_queue_entry_is_left_to_the_queue(world: World) -> None:
-    # GIVEN an attempt the scheduler started (tagged with its entry) that is no longer the entry's current one
+    # GIVEN a queue entry, and an attempt the scheduler started (tagged with its entry and sealed) that is
+    # no longer the entry's current one
     name = unique("attempt")
-    tags = {"team": "nlp", "sagequeue:job": name, "sagequeue:attempt": "1"}
-    start(world, name, env=fail_after(900), tags=tags)
+    entry = Job(
+        name=name,
+        request=training_request(name),
+        priority=1,
+        owner="arn:aws:iam::123456789012:user/erin",
+        submitted_at=world.clock.now(),
+        attempt_secret="entry-secret",
+    )
+    world.deps.store.seed_pools({TRN1: 4})
+    world.deps.store.create_job(entry)
+    former = f"{name}--1x0123456789ab"
+    seal = entry.seal(former)
+    assert seal is not None
+    tags = {"team": "nlp", JOB_TAG: name, ATTEMPT_TAG: "1", SEAL_TAG: seal}
+    start(world, former, env=fail_after(900), tags=tags)
     world.advance(1500)
-    assert world.status(name)[0] == "Failed"
+    assert world.status(former)[0] == "Failed"
     # WHEN its transient failure reaches governance
-    outcomes = world.govern_pending(name)
-    # THEN nothing is cloned into the name the queue's next attempt will take
+    outcomes = world.govern_pending(former)
+    # THEN nothing is cloned into the names the queue's next attempts will take
     assert all(o.clone is None for o in outcomes)
-    assert [n for n in names(world) if n.startswith(name)] == [name]
+    assert [n for n in names(world) if n.startswith(name)] == [former]
+
+
+def test_a_job_merely_tagged_as_a_queue_entrys_attempt_is_resumed_as_started_outside_the_queue(
+    world: World,
+) -> None:
+    # GIVEN a queue entry, and a job started outside the queue that someone tagged as an attempt of it
+    # (anyone allowed AddTags can), without the attempt's seal
+    name = unique("entry")
+    world.deps.store.seed_pools({TRN1: 4})
+    world.deps.store.create_job(
+        Job(
+            name=name,
+            request=training_request(name),
+            priority=1,
+            owner="arn:aws:iam::123456789012:user/erin",
+            submitted_at=world.clock.now(),
+            attempt_secret="entry-secret",
+        )
+    )
+    outside = unique("byhand")
+    tags = {"team": "nlp", JOB_TAG: name, ATTEMPT_TAG: "1", SEAL_TAG: "forged"}
+    start(world, outside, env=fail_after(900), tags=tags)
+    world.advance(1500)
+    assert world.status(outside)[0] == "Failed"
+    # WHEN its transient failure reaches governance
+    outcomes = world.govern_pending(outside)
+    # THEN the tag does not make it the queue's: it is resumed as any job started outside the queue
+    assert any(o.clone for o in outcomes)

@@ -19,7 +19,7 @@ import pytest
 from conftest import START, SUBMITTER, TRN1, QueueWorld, make_world, training_request
 
 from sagequeue.local.emulator.events import state_change_event
-from sagequeue_core.defaults import ATTEMPT_TAG, JOB_TAG
+from sagequeue_core.defaults import ATTEMPT_TAG, JOB_TAG, SEAL_TAG
 from sagequeue_core.domain import InvalidTransition, Job, JobState, attempt_name
 from sagequeue_core.service import jobs
 from sagequeue_core.store import TrackedWarmPool
@@ -288,20 +288,31 @@ def test_the_sweep_stops_an_attempt_of_ours_that_is_not_current(
     world, monitor = one_trn1
     world.submit("owner", duration=1200)
     advance(world, monitor, 60)
-    # GIVEN a training job named and tagged as another attempt of the job (a create that answered an
+    # GIVEN a training job named, tagged and sealed as another attempt of the job (a create that answered an
     # error but went through), whose events are lost
     world.mangle = lambda events: []
-    request = training_request("owner-7", duration=1200, tags={JOB_TAG: "owner", ATTEMPT_TAG: "7"})
+    seal = world.deps.store.get_job("owner").seal("owner-7")
+    assert seal is not None
+    tags = {JOB_TAG: "owner", ATTEMPT_TAG: "7", SEAL_TAG: seal}
+    request = training_request("owner-7", duration=1200, tags=tags)
     request.pop("priority", None)
     world.sagemaker().create_training_job(**request)
+    # AND one tagged as an attempt of the job by someone else: without the seal, which only the scheduler
+    # can make
+    forged = training_request("owner-8", duration=1200, tags={JOB_TAG: "owner", ATTEMPT_TAG: "8"})
+    forged.pop("priority", None)
+    world.sagemaker().create_training_job(**forged)
     world.deliver()
     world.mangle = None
     # WHEN the timer reconciles
     world.timer()
-    # THEN it is stopped within that one period
+    # THEN ours is stopped within that one period, and the other one is not the queue's to stop
     assert world.sagemaker().describe_training_job(TrainingJobName="owner-7")["TrainingJobStatus"] in (
         "Stopping",
         "Stopped",
+    )
+    assert world.sagemaker().describe_training_job(TrainingJobName="owner-8")["TrainingJobStatus"] == (
+        "InProgress"
     )
     assert world.job("owner")["training_job_name"] == "owner"
 

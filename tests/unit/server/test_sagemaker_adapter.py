@@ -10,6 +10,7 @@ import boto3
 import pytest
 from botocore.stub import Stubber
 
+from sagequeue_core.defaults import SEAL_TAG
 from sagequeue_core.errors import (
     AttemptNameTaken,
     ResourceLimitExceeded,
@@ -76,22 +77,33 @@ def test_resource_in_use_on_our_own_attempt_means_it_started(
     stubbed: tuple[SageMakerAdapter, Stubber],
 ) -> None:
     adapter, stubber = stubbed
+    sealed = {**REQUEST, "Tags": [{"Key": "sagequeue:job", "Value": "job"}, {"Key": SEAL_TAG, "Value": "s1"}]}
     stubber.add_client_error("create_training_job", service_error_code="ResourceInUse")
     stubber.add_response("describe_training_job", _describe("InProgress"), {"TrainingJobName": "job-2"})
-    stubber.add_response(
-        "list_tags", {"Tags": [{"Key": "sagequeue:job", "Value": "job"}]}, {"ResourceArn": ARN}
-    )
-    result = adapter.create_attempt(REQUEST, job_name="job")
+    stubber.add_response("list_tags", {"Tags": sealed["Tags"]}, {"ResourceArn": ARN})
+    result = adapter.create_attempt(sealed, job_name="job")
     assert (result.training_job_name, result.already_started) == ("job-2", True)
 
 
-def test_resource_in_use_on_someone_elses_job_is_refused(stubbed: tuple[SageMakerAdapter, Stubber]) -> None:
+@pytest.mark.parametrize(
+    "tags",
+    [
+        [{"Key": "team", "Value": "x"}],
+        # sagequeue's job tag, which anyone allowed AddTags can set, without the request's seal
+        [{"Key": "sagequeue:job", "Value": "job"}],
+        [{"Key": "sagequeue:job", "Value": "job"}, {"Key": SEAL_TAG, "Value": "forged"}],
+    ],
+)
+def test_resource_in_use_on_someone_elses_job_is_refused(
+    stubbed: tuple[SageMakerAdapter, Stubber], tags: list[dict[str, str]]
+) -> None:
     adapter, stubber = stubbed
+    sealed = {**REQUEST, "Tags": [{"Key": "sagequeue:job", "Value": "job"}, {"Key": SEAL_TAG, "Value": "s1"}]}
     stubber.add_client_error("create_training_job", service_error_code="ResourceInUse")
     stubber.add_response("describe_training_job", _describe("Completed"), {"TrainingJobName": "job-2"})
-    stubber.add_response("list_tags", {"Tags": [{"Key": "team", "Value": "x"}]}, {"ResourceArn": ARN})
+    stubber.add_response("list_tags", {"Tags": tags}, {"ResourceArn": ARN})
     with pytest.raises(AttemptNameTaken):
-        adapter.create_attempt(REQUEST, job_name="job")
+        adapter.create_attempt(sealed, job_name="job")
 
 
 @pytest.mark.parametrize("status", ["Completed", "Stopped", "Failed", "Stopping"])

@@ -180,9 +180,11 @@ class Governance:
         name = str(detail["TrainingJobName"])
         outcome = Outcome(name)
         queued = self.store.find_job_by_training_job(name)
-        # An attempt the scheduler started carries its queue entry's tag even once it is no longer the
-        # entry's current attempt: the queue owns its next attempt, and a clone would take that name.
-        of_queue = queued is not None or JOB_TAG in tags
+        # An attempt the scheduler started carries its queue entry's tag and seal even once it is no longer
+        # the entry's current attempt: the queue owns its next attempt, and a clone would take that name.
+        # The tag alone (anyone allowed AddTags sets it) does not make a training job the queue's.
+        tagged = self.store.find_job(tags[JOB_TAG]) if queued is None and tags.get(JOB_TAG) else None
+        of_queue = queued is not None or (tagged is not None and tagged.started(name, tags))
         actions = govern(detail, tags, self.rules, now=self.clock())
         for action in actions:
             if isinstance(action, StopForPolicy):

@@ -23,11 +23,13 @@ from sagequeue_core.defaults import (
     JOB_TAG,
     QUOTA_MEMORY_SECONDS,
     SAGEQUEUE_EVENT_SOURCE,
+    SEAL_TAG,
     STATED_QUOTA_MEMORY_SECONDS,
     SUBMITTED_BY_TAG,
 )
 from sagequeue_core.domain import (
     ATTEMPT_NAME_CHOICES,
+    ATTEMPT_SECRET_BYTES,
     FALLBACK_TOKEN_LENGTH,
     TRANSITIONS,
     Job,
@@ -198,10 +200,11 @@ def apply_change(deps: Dependencies, change: TrainingJobChange, *, confirmed: bo
 
     tagged = change.tags.get(JOB_TAG)
     job = deps.store.find_job(tagged) if tagged else None
-    if job is not None:
+    if job is not None and job.started(change.training_job_name, change.tags):
         # a consistent read by key: as fresh as the one a retry makes, so it serves as the first try
         return _with_retries(deps, job.name, step, first=job)
-    # an index read may lag behind the table: decide on a fresh read of the job
+    # The tag alone decides nothing (anyone allowed AddTags sets it): the table's own record does. An index
+    # read may lag behind the table: decide on a fresh read of the job
     job = deps.store.find_job_by_training_job(change.training_job_name)
     if job is None:
         return _apply_external(deps, change, confirmed=confirmed)
@@ -228,9 +231,10 @@ def _apply_to_job(deps: Dependencies, job: Job, change: TrainingJobChange, *, co
     now = deps.now()
     name = change.training_job_name
     if job.training_job_name != name:
-        if change.status == "InProgress" and change.tags.get(JOB_TAG) == job.name:
+        if change.status == "InProgress" and job.started(name, change.tags):
             # An attempt of ours that is not the job's current one (every create is recorded first, so
-            # this is a create that answered an error but went through): it must not hold instances.
+            # this is a create that answered an error but went through): it must not hold instances. Its
+            # seal proves it ours; a job merely tagged with this job's name is someone else's to run.
             _stop_quietly(deps, name, job.name)
             return "stopped: not the job's current attempt"
         if change.ended:
@@ -720,14 +724,15 @@ def _sweep(deps: Dependencies, summary: Mapping[str, Any], managed: set[str], re
     arn = summary.get("TrainingJobArn")
     tags = deps.sagemaker.tags(str(arn)) if arn else {}
     owner = tags.get(JOB_TAG)
-    if owner is None:
+    job = deps.store.find_job(owner) if owner is not None else None
+    if owner is None or (job is not None and not job.started(name, tags)):
+        # not ours: no tag, or the tag of a queue entry whose attempt it is not (its seal does not verify)
         change = parse_description(deps.sagemaker.describe(name))
         if managed & set(change.demand):
             report.applied.append(f"{name}: {_apply_external(deps, change, confirmed=True)}")
         else:
             deps.store.claim(_FOREIGN, name)
         return
-    job = deps.store.find_job(owner)
     if job is None:
         report.applied.append(f"{name}: {_rebuild(deps, name, tags)}")
         return
@@ -1212,6 +1217,9 @@ def attempt_request(
     request["TrainingJobName"] = attempt_name(job.name, attempt, token)
     tags = tags_to_dict(request.get("Tags"))
     tags.update({JOB_TAG: job.name, ATTEMPT_TAG: str(attempt), SUBMITTED_BY_TAG: job.owner})
+    seal = job.seal(request["TrainingJobName"])
+    if seal is not None:
+        tags[SEAL_TAG] = seal
     request["Tags"] = [{"Key": key, "Value": value} for key, value in tags.items()]
     if keep_alive_seconds:
         config = dict(request.get("ResourceConfig") or {})
@@ -1253,6 +1261,9 @@ def _start(
     held_names: list[str] = []
     for choice in range(ATTEMPT_NAME_CHOICES):
         fresh_job = current or deps.store.get_job(job.name)
+        if fresh_job.attempt_secret is None:
+            # recorded with the intent; the attempt's seal (SEAL_TAG) is made with it
+            fresh_job.attempt_secret = secrets.token_hex(ATTEMPT_SECRET_BYTES)
         attempt = fresh_job.attempt + 1
         token = secrets.token_hex(FALLBACK_TOKEN_LENGTH // 2) if choice else ""
         request = attempt_request(fresh_job, attempt, action.keep_alive_seconds, token=token)
@@ -1263,7 +1274,9 @@ def _start(
             intent = _with_retries(
                 deps,
                 job.name,
-                partial(_intent, deps, name=name, action=action, ledger=planned),
+                partial(
+                    _intent, deps, name=name, action=action, ledger=planned, secret=fresh_job.attempt_secret
+                ),
                 first=fresh_job,
             )
         except LedgerMoved:
@@ -1384,10 +1397,19 @@ def _warm_start_is_safe(
 
 
 def _intent(
-    deps: Dependencies, job: Job, *, name: str, action: Start, ledger: Mapping[str, int] | None = None
+    deps: Dependencies,
+    job: Job,
+    *,
+    name: str,
+    action: Start,
+    ledger: Mapping[str, int] | None = None,
+    secret: str | None = None,
 ) -> str:
     """The start recorded before CreateTrainingJob (announced once SageMaker has it), conditional on the
-    pools' `ledger` as the pass planned on it."""
+    pools' `ledger` as the pass planned on it, with the secret that seals the attempt (a job read again
+    after a concurrent write has it only if that write kept it)."""
+    if job.attempt_secret is None:
+        job.attempt_secret = secret
     reason = None
     if action.ends_before is not None:
         reason = (

@@ -6,7 +6,7 @@ import copy
 from collections.abc import Mapping
 from typing import Any
 
-from sagequeue_core.defaults import ATTEMPT_TAG, JOB_TAG, SUBMITTED_BY_TAG
+from sagequeue_core.defaults import ATTEMPT_TAG, JOB_TAG, SEAL_TAG, SUBMITTED_BY_TAG
 from sagequeue_core.domain import (
     DomainError,
     Job,
@@ -43,8 +43,8 @@ REQUIRED_FIELDS = (
     "StoppingCondition",
 )
 #: Tags only sagequeue sets: a submitter must not forge who submitted or which job an attempt belongs to.
-RESERVED_TAGS = (JOB_TAG, ATTEMPT_TAG, SUBMITTED_BY_TAG)
-#: SageMaker accepts at most 50 tags; sagequeue adds three of its own to every attempt.
+RESERVED_TAGS = (JOB_TAG, ATTEMPT_TAG, SUBMITTED_BY_TAG, SEAL_TAG)
+#: SageMaker accepts at most 50 tags; sagequeue adds four of its own to every attempt.
 MAX_USER_TAGS = 50 - len(RESERVED_TAGS)
 #: Top-level members sagequeue reads from the body and does not pass on to SageMaker.
 QUEUE_FIELDS = ("priority",)
