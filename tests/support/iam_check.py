@@ -198,6 +198,8 @@ def authorizations(
             for table in params.get("RequestItems") or {}
             for a in authorizations(prefix, "BatchWriteItem", {"TableName": table}, where)
         )
+    if prefix == "s3":
+        return _s3_authorizations(operation, params, where)
     privilege = _privilege(prefix, operation)
     if privilege is None:
         raise CheckerError(
@@ -294,6 +296,60 @@ def authorizations(
                 )
             )
     return _unique(out)
+
+
+#: S3 operations that are not IAM actions of their own, and the action each is authorized as (the S3 user
+#: guide's "Amazon S3 actions and permissions" table): reads and heads are GetObject, the parts of an upload
+#: are PutObject, listing and heading a bucket are ListBucket.
+_S3_ACTIONS = {
+    "GetObject": "GetObject",
+    "HeadObject": "GetObject",
+    "PutObject": "PutObject",
+    "CreateMultipartUpload": "PutObject",
+    "UploadPart": "PutObject",
+    "CompleteMultipartUpload": "PutObject",
+    "AbortMultipartUpload": "AbortMultipartUpload",
+    "DeleteObject": "DeleteObject",
+    "ListObjectsV2": "ListBucket",
+    "ListObjects": "ListBucket",
+    "HeadBucket": "ListBucket",
+    "CreateBucket": "CreateBucket",
+}
+
+
+def _s3_authorizations(operation: str, params: Mapping[str, Any], where: Where) -> list[Authorization]:
+    """S3 authorizes object operations on `arn:<partition>:s3:::<bucket>/<key>` and bucket operations on
+    the bucket's ARN; DeleteObjects is one DeleteObject per key, and a copy reads its source (GetObject)
+    and writes its target (PutObject)."""
+    bucket = str(params.get("Bucket") or "")
+    bucket_arn = f"arn:{where.partition}:s3:::{bucket}"
+    if operation == "DeleteObjects":
+        keys = [str(o.get("Key")) for o in (params.get("Delete") or {}).get("Objects") or []]
+        return _unique(Authorization("s3:DeleteObject", f"{bucket_arn}/{key}") for key in keys)
+    if operation in ("CopyObject", "UploadPartCopy"):
+        source = params.get("CopySource")
+        if isinstance(source, Mapping):
+            source_arn = f"arn:{where.partition}:s3:::{source.get('Bucket')}/{source.get('Key')}"
+        else:
+            source_arn = f"arn:{where.partition}:s3:::{str(source).lstrip('/').split('?')[0]}"
+        return [
+            Authorization("s3:GetObject", source_arn),
+            Authorization("s3:PutObject", f"{bucket_arn}/{params.get('Key')}"),
+        ]
+    action = _S3_ACTIONS.get(operation)
+    if action is None:
+        raise CheckerError(
+            f"s3:{operation}: the checker knows no rule for how IAM authorizes it: "
+            "teach tests/support/iam_check._S3_ACTIONS"
+        )
+    if action in ("ListBucket", "CreateBucket"):
+        context: dict[str, Iterable[str] | str] = {}
+        if action == "ListBucket" and isinstance(params.get("Prefix"), str):
+            context["s3:prefix"] = params["Prefix"]
+        if action == "ListBucket" and isinstance(params.get("Delimiter"), str):
+            context["s3:delimiter"] = params["Delimiter"]
+        return [Authorization(f"s3:{action}", bucket_arn, _context(context))]
+    return [Authorization(f"s3:{action}", f"{bucket_arn}/{params.get('Key')}")]
 
 
 def _unique(items: Iterable[Authorization]) -> list[Authorization]:
@@ -879,3 +935,38 @@ def load(path: Path) -> list[Call]:
 
 def summary(grants: Iterable[Grant]) -> str:
     return "\n".join(f"  {g.function} statement {g.sid}: {g.kind} {g.entry}" for g in grants)
+
+
+# --- the policies the docs give: the job image's execution role, operators' policies ----------------------
+
+POLICIES = ROOT / "docs" / "policies"
+#: The job image's execution role as the docs give it, one team's: its NEFF cache grants
+#: (docs/neff-cache.md#trust-model) and its utilization metric (docs/guardrails.md).
+JOB_ROLE_POLICIES = ("job-role-neff-cache.json", "job-role-utilization-metric.json")
+
+
+def documented_statements(name: str, values: Mapping[str, str], principal: str = "") -> list[Statement]:
+    """The statements of docs/policies/<name> with its `${Placeholder}`s replaced by `values` (an empty
+    `Prefix` takes its slash with it: the cache at the bucket's root)."""
+    text = (POLICIES / name).read_text()
+    if values.get("Prefix") == "":
+        text = text.replace("${Prefix}/", "")
+
+    def one(match: re.Match[str]) -> str:
+        if match.group(1) not in values:
+            raise CheckerError(f"docs/policies/{name}: no value given for ${{{match.group(1)}}}")
+        return values[match.group(1)]
+
+    document = json.loads(re.sub(r"\$\{([A-Za-z]+)\}", one, text))
+    items = document["Statement"]
+    return [Statement(principal or name, name, i, s) for i, s in enumerate(items)]
+
+
+def job_role_statements(bucket: str, prefix: str, team: str) -> list[Statement]:
+    """The documented job role of `team`'s jobs for the cache `s3://<bucket>/<prefix>`."""
+    values = {"Bucket": bucket, "Prefix": prefix.strip("/"), "Team": team}
+    return [
+        s
+        for name in JOB_ROLE_POLICIES
+        for s in documented_statements(name, values, principal=f"the job role of team {team}")
+    ]

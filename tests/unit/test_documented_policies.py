@@ -73,3 +73,161 @@ def test_a_user_cannot_tag_a_running_job_exempt_afterwards() -> None:
     assert not _allowed(USER, "AddTags", exempt)
     assert _allowed(ADMIN, "AddTags", exempt)
     assert _allowed(USER, "AddTags", {"ResourceArn": job, "Tags": [{"Key": "note", "Value": "x"}]})
+
+
+# --- the job image's execution role (docs/neff-cache.md, docs/guardrails.md) and the notices policy ---------
+
+BUCKET, PREFIX = "neff-cache", "team/cache"
+CACHE = f"arn:aws:s3:::{BUCKET}/{PREFIX}"
+
+
+def _json_blocks(page: str) -> list[object]:
+    return [
+        json.loads(b) for b in re.findall(r"```json\n(.*?)\n```", (ROOT / "docs" / page).read_text(), re.S)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("page", "policy", "shown"),
+    [
+        ("neff-cache.md", "job-role-neff-cache.json", "document"),
+        ("guardrails.md", "job-role-utilization-metric.json", "statement"),
+        ("guardrails.md", "only-queue-admins-exempt.json", "statement"),
+        ("deploy.md", "only-operators-subscribe-to-notices.json", "document"),
+    ],
+)
+def test_each_page_shows_and_links_the_policy_file_the_tests_check(
+    page: str, policy: str, shown: str
+) -> None:
+    document = json.loads((iam_check.POLICIES / policy).read_text())
+    expected = document if shown == "document" else document["Statement"][0]
+    assert expected in _json_blocks(page), f"docs/{page} does not show docs/policies/{policy} as it is"
+    assert f"policies/{policy}" in (ROOT / "docs" / page).read_text()
+
+
+def _job_allows(team: str, operation: str, params: dict[str, object], service: str = "s3") -> bool:
+    statements = iam_check.job_role_statements(BUCKET, PREFIX, team)
+    requests = iam_check.authorizations(service, operation, params, WHERE)
+    assert requests
+    return all(iam_check.evaluate(statements, r).allowed for r in requests)
+
+
+ENTRY = "neuronxcc-2.14.213.0+013d129b/MODULE_1+aaaa"
+
+
+@pytest.mark.parametrize(
+    ("operation", "params"),
+    [
+        ("PutObject", {"Bucket": BUCKET, "Key": f"{PREFIX}/writers/team-a/{ENTRY}/u1/model.neff"}),
+        (
+            "CreateMultipartUpload",
+            {"Bucket": BUCKET, "Key": f"{PREFIX}/writers/team-a/{ENTRY}/u1/model.neff"},
+        ),
+        ("PutObject", {"Bucket": BUCKET, "Key": f"{PREFIX}/manifests/neuronxcc-2.14/MODULE_1+aaaa.json"}),
+        ("PutObject", {"Bucket": BUCKET, "Key": f"{PREFIX}/registry/llama.json"}),
+        ("PutObject", {"Bucket": BUCKET, "Key": f"{PREFIX}/{ENTRY}/model.neff"}),
+        ("GetObject", {"Bucket": BUCKET, "Key": f"{PREFIX}/writers/team-b/{ENTRY}/u2/model.neff"}),
+        ("HeadObject", {"Bucket": BUCKET, "Key": f"{PREFIX}/manifests/neuronxcc-2.14/MODULE_1+aaaa.json"}),
+        ("ListObjectsV2", {"Bucket": BUCKET, "Prefix": f"{PREFIX}/manifests/"}),
+        ("DeleteObjects", {"Bucket": BUCKET, "Delete": {"Objects": [{"Key": f"{PREFIX}/writers/team-a/x"}]}}),
+        (
+            "CopyObject",
+            {
+                "Bucket": BUCKET,
+                "Key": f"{PREFIX}/{ENTRY}/model.neff",
+                "CopySource": {"Bucket": BUCKET, "Key": f"{PREFIX}/writers/team-b/{ENTRY}/u2/model.neff"},
+            },
+        ),
+    ],
+)
+def test_a_teams_job_reads_the_cache_and_writes_its_folder_and_the_shared_keys(
+    operation: str, params: dict[str, object]
+) -> None:
+    assert _job_allows("team-a", operation, params)
+
+
+@pytest.mark.parametrize(
+    ("operation", "params"),
+    [
+        # another team's writer folder: bytes planted there would be trusted as that team's
+        ("PutObject", {"Bucket": BUCKET, "Key": f"{PREFIX}/writers/team-b/{ENTRY}/u1/model.neff"}),
+        ("UploadPart", {"Bucket": BUCKET, "Key": f"{PREFIX}/writers/team-b/{ENTRY}/u1/model.neff"}),
+        ("DeleteObject", {"Bucket": BUCKET, "Key": f"{PREFIX}/writers/team-b/{ENTRY}/u2/model.neff"}),
+        ("DeleteObjects", {"Bucket": BUCKET, "Delete": {"Objects": [{"Key": f"{PREFIX}/writers/team-b/x"}]}}),
+        (
+            "CopyObject",
+            {
+                "Bucket": BUCKET,
+                "Key": f"{PREFIX}/writers/team-b/{ENTRY}/u1/model.neff",
+                "CopySource": {"Bucket": BUCKET, "Key": f"{PREFIX}/writers/team-a/{ENTRY}/u1/model.neff"},
+            },
+        ),
+        # a name that only starts like the team's: the folder ends at its slash
+        ("PutObject", {"Bucket": BUCKET, "Key": f"{PREFIX}/writers/team-a-evil/{ENTRY}/u1/model.neff"}),
+        # outside the cache's prefix, or another bucket
+        ("PutObject", {"Bucket": BUCKET, "Key": "elsewhere/writers/team-a/x"}),
+        ("GetObject", {"Bucket": BUCKET, "Key": "other-team-data/secret"}),
+        ("GetObject", {"Bucket": "another-bucket", "Key": f"{PREFIX}/manifests/x.json"}),
+        ("ListObjectsV2", {"Bucket": BUCKET, "Prefix": "other-team-data/"}),
+        ("ListObjectsV2", {"Bucket": BUCKET}),
+        ("CreateBucket", {"Bucket": BUCKET}),
+    ],
+)
+def test_a_teams_job_is_refused_another_teams_folder_and_everything_outside_the_cache(
+    operation: str, params: dict[str, object]
+) -> None:
+    assert not _job_allows("team-a", operation, params)
+
+
+def test_a_teams_denial_names_the_statement_that_grants_writers_folders() -> None:
+    statements = iam_check.job_role_statements(BUCKET, PREFIX, "team-a")
+    (request,) = iam_check.authorizations(
+        "s3", "PutObject", {"Bucket": BUCKET, "Key": f"{PREFIX}/writers/team-b/x"}, WHERE
+    )
+    decision = iam_check.evaluate(statements, request)
+    assert not decision.allowed
+    assert "WriteOwnFolderOnly" in decision.why
+    assert f"{CACHE}/writers/team-a/*" in decision.why
+
+
+@pytest.mark.parametrize(
+    ("namespace", "allowed"),
+    [("SageQueue/TrainingJobs", True), ("/aws/sagemaker/TrainingJobs", False), ("SageQueue/Other", False)],
+)
+def test_the_job_role_publishes_only_to_sagequeues_namespace(namespace: str, allowed: bool) -> None:
+    params = {"Namespace": namespace, "MetricData": [{"MetricName": "NeuronCoreUtilization", "Value": 1.0}]}
+    assert _job_allows("team-a", "PutMetricData", params, service="cloudwatch") is allowed
+
+
+OPERATOR = f"arn:aws:iam::{ACCOUNT}:role/QueueOperator"
+NOTICES = f"arn:aws:sns:us-east-1:{ACCOUNT}:sagequeue-JobNoticesTopic-ABC"
+
+
+def _subscribe_allowed(principal: str, topic: str) -> bool:
+    values = {
+        "Region": "us-east-1",
+        "Account": ACCOUNT,
+        "JobNoticesTopic": NOTICES.rsplit(":", 1)[-1],
+        "OperatorRole": "QueueOperator",
+    }
+    statements = [
+        ALLOW_ALL,
+        *iam_check.documented_statements("only-operators-subscribe-to-notices.json", values),
+    ]
+    params = {"TopicArn": topic, "Protocol": "email", "Endpoint": "someone@example.com"}
+    requests = iam_check.authorizations("sns", "Subscribe", params, WHERE)
+    as_principal = [replace(r, context=(*r.context, ("aws:PrincipalArn", (principal,)))) for r in requests]
+    return all(iam_check.evaluate(statements, r).allowed for r in as_principal)
+
+
+def test_only_operators_subscribe_to_job_notices() -> None:
+    # a subscriber picks its own filter policy: a user's subscription could read every owner's notices
+    assert not _subscribe_allowed(USER, NOTICES)
+    assert _subscribe_allowed(OPERATOR, NOTICES)
+    # other topics are not this policy's business
+    assert _subscribe_allowed(USER, f"arn:aws:sns:us-east-1:{ACCOUNT}:sagequeue-OperationsTopic-ABC")
+
+
+def test_a_placeholder_without_a_value_is_refused() -> None:
+    with pytest.raises(iam_check.CheckerError, match="Team"):
+        iam_check.documented_statements("job-role-neff-cache.json", {"Bucket": BUCKET, "Prefix": PREFIX})
