@@ -709,6 +709,9 @@ class Recorder:
     test: str = ""
     _code_dirs: dict[str, str] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    #: The job image's requests in this process, recorded while `job.enabled` (see JobRecorder).
+    job_requests: list[JobRequest] = field(default_factory=list)
+    job: JobRecorder | None = None
 
     def __post_init__(self) -> None:
         self._code_dirs = {str(path): logical_id for logical_id, path in functions().items()}
@@ -789,6 +792,7 @@ def install() -> Recorder:
         return client
 
     botocore.client.ClientCreator.create_client = create_client  # type: ignore[method-assign]
+    recorder.job = install_job_recorder(recorder.job_requests.append)
     return recorder
 
 
@@ -968,5 +972,153 @@ def job_role_statements(bucket: str, prefix: str, team: str) -> list[Statement]:
     return [
         s
         for name in JOB_ROLE_POLICIES
-        for s in documented_statements(name, values, principal=f"the job role of team {team}")
+        for s in documented_statements(name, values, principal=f"team {team}'s job")
     ]
+
+
+# --- the job image's requests ---------------------------------------------------------------------------------
+
+JOB_CODE = str(ROOT / "sdk" / "sagequeue" / "job") + "/"
+#: Job-image modules a person runs with their own credentials (`sagequeue cache ...`), not a job's role.
+_PEOPLES_COMMANDS = ("cache_cli.py", "torchneuron_cli.py")
+#: Where a job-image process started by a test appends its requests, one JSON line each.
+JOB_LOG_ENV = "SAGEQUEUE_IAM_JOB_LOG"
+#: A folder to put first on such a process's PYTHONPATH: its sitecustomize records when JOB_LOG_ENV is set.
+JOB_SITE = Path(__file__).resolve().parent / "iam_job_site"
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    """One request the job image made, with the cache handle (bucket, prefix, writer) it was made for."""
+
+    service: str
+    operation: str
+    params: Mapping[str, Any]
+    bucket: str = ""
+    prefix: str = ""
+    writer: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> JobRequest:
+        return cls(**data)
+
+
+def _plain(value: Any) -> Any:
+    """What a request's parameters say that IAM can look at: strings and numbers (bodies and streams go)."""
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items() if _plain(v) is not None}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, str | int | float | bool):
+        return value
+    return None
+
+
+class JobRecorder:
+    """Records the requests of botocore clients the job image's code makes (a frame of `sagequeue/job/`
+    on the stack when the client is made, none of a person's `sagequeue cache` commands). A client an
+    S3 cache handle makes is that handle's: its bucket, prefix and writer decide which team's role judges
+    it. Creating the cache's bucket (`S3Remote.create`, run by an operator or a test's setup) is not the
+    job's request."""
+
+    def __init__(self, sink: Any) -> None:
+        self.sink = sink
+        self.enabled = False
+
+    def attach(self, client: Any) -> None:
+        frame: Any = sys._getframe(1)
+        remote = None
+        in_job = False
+        while frame is not None:
+            filename = frame.f_code.co_filename
+            if filename.startswith(JOB_CODE):
+                if filename[len(JOB_CODE) :] in _PEOPLES_COMMANDS:
+                    return
+                in_job = True
+                candidate = frame.f_locals.get("self") if remote is None else None
+                if candidate is not None and all(
+                    hasattr(candidate, a) for a in ("bucket", "prefix", "writer")
+                ):
+                    remote = candidate
+            frame = frame.f_back
+        if not in_job:
+            return
+
+        def before_call(params: Mapping[str, Any], model: Any, **_: Any) -> None:
+            if not self.enabled or _creating_the_bucket():
+                return
+            self.sink(
+                JobRequest(
+                    str(model.service_model.service_name),
+                    str(model.name),
+                    _plain(dict(params)),
+                    str(getattr(remote, "bucket", "") or ""),
+                    str(getattr(remote, "prefix", "") or ""),
+                    getattr(remote, "writer", None),
+                )
+            )
+
+        client.meta.events.register("before-parameter-build", before_call)
+
+
+def _creating_the_bucket() -> bool:
+    frame: Any = sys._getframe(2)
+    while frame is not None:
+        if frame.f_code.co_name == "create" and frame.f_code.co_filename == JOB_CODE + "s3.py":
+            return True
+        frame = frame.f_back
+    return False
+
+
+#: The team a job that publishes under no writer folder is judged as (any team's grants cover its keys).
+NO_WRITER_TEAM = "(no writer)"
+
+
+def job_denials(requests: Iterable[JobRequest], where: Where) -> list[str]:
+    """One message per distinct denied (team, action, statement) of the job image's requests, judged by the
+    documented job role of the team each request's cache handle writes as."""
+    out: dict[tuple[str, str, str], str] = {}
+    rendered: dict[tuple[str, str, str], list[Statement]] = {}
+    seen: set[tuple[Authorization, tuple[str, str, str]]] = set()
+    for request in requests:
+        team = request.writer or NO_WRITER_TEAM
+        key = (request.bucket, request.prefix, team)
+        if key not in rendered:
+            rendered[key] = job_role_statements(request.bucket or "no-bucket", request.prefix, team)
+        try:
+            found = authorizations(request.service, request.operation, request.params, where)
+        except CheckerError as exc:
+            out.setdefault(("", request.operation, str(exc)), f"the job image: {exc}")
+            continue
+        for authorization in found:
+            if (authorization, key) in seen:
+                continue
+            seen.add((authorization, key))
+            decision = evaluate(rendered[key], authorization)
+            if not decision.allowed:
+                out.setdefault(
+                    (team, authorization.action, decision.why),
+                    f"the job role of team {team} (docs/policies/{', '.join(JOB_ROLE_POLICIES)}) may not "
+                    f"{authorization.action} on {authorization.resource} (for {request.service}:"
+                    f"{request.operation}): {decision.why}",
+                )
+    return list(out.values())
+
+
+def install_job_recorder(sink: Any) -> JobRecorder:
+    """Record the job image's requests from every botocore client made from now on in this process."""
+    import botocore.client
+
+    recorder = JobRecorder(sink)
+    original = botocore.client.ClientCreator.create_client
+
+    def create_client(self: Any, *args: Any, **kwargs: Any) -> Any:
+        client = original(self, *args, **kwargs)
+        recorder.attach(client)
+        return client
+
+    botocore.client.ClientCreator.create_client = create_client  # type: ignore[method-assign]
+    return recorder

@@ -3,6 +3,7 @@ test server, and a helper that runs `sagequeue-job` / `sagequeue` as real proces
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -15,6 +16,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from support import iam_check
 from support.hub_server import HubServer
 
 STANDINS = Path(__file__).resolve().parents[2] / "standins"
@@ -35,6 +37,43 @@ def _no_xet(monkeypatch: pytest.MonkeyPatch) -> None:
     import huggingface_hub.constants
 
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_DISABLE_XET", True)
+
+
+@pytest.fixture
+def job_requests_allowed_by_the_documented_role(base_env: dict[str, str], tmp_path: Path) -> Iterator[None]:
+    """For the test files that use it (`pytestmark`): every AWS request the job image makes, in this
+    process or in the `sagequeue-job` processes started with `base_env`, is judged by the documented job
+    role (docs/policies/job-role-*.json) of the team its cache handle writes as; a denial fails the test,
+    naming the team, the action and the statement (tests/support/iam_check.py, ADR 0021)."""
+    recorder = iam_check.install()
+    assert recorder.job is not None
+    log = tmp_path / "iam-job-requests.jsonl"
+    base_env[iam_check.JOB_LOG_ENV] = str(log)
+    base_env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(iam_check.JOB_SITE), base_env.get("PYTHONPATH", "")) if p
+    )
+    first = len(recorder.job_requests)
+    recorder.job.enabled = True
+    try:
+        yield
+    finally:
+        recorder.job.enabled = False
+    made = recorder.job_requests[first:]
+    del recorder.job_requests[first:]
+    made += job_requests_in(log)
+    problems = iam_check.job_denials(made, iam_check.Where("us-east-1", iam_check.DEFAULT_ACCOUNT))
+    if problems:
+        pytest.fail(
+            "the documented job role does not allow what the job image did:\n  " + "\n  ".join(problems),
+            pytrace=False,
+        )
+
+
+def job_requests_in(log: Path) -> list[iam_check.JobRequest]:
+    """The requests `sagequeue-job` processes appended to `log`."""
+    if not log.is_file():
+        return []
+    return [iam_check.JobRequest.from_json(json.loads(line)) for line in log.read_text().splitlines() if line]
 
 
 @dataclass

@@ -4,17 +4,22 @@ restores only entries of the writers it trusts, `verify` names the others, and `
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from conftest import HUB_TOKEN, VERSION, Cache, run_wrapper
+from conftest import HUB_TOKEN, STANDINS, VERSION, Cache, job_requests_in, make_cache, run_wrapper
+from support import iam_check
 from support.hub_server import DEFAULT_USER, HubServer
 
 from sagequeue.cli import main
 from sagequeue.job import neuron, sync
 from sagequeue.job.backends import open_remote
 from sagequeue.job.remote import Deadline, RemoteCache, Trust
+
+# every request of the job image here is judged by the documented job role of the team it writes as
+pytestmark = pytest.mark.usefixtures("job_requests_allowed_by_the_documented_role")
 
 
 def _local(root: Path, module: str, neff: bytes) -> None:
@@ -145,3 +150,38 @@ def test_a_writer_name_that_is_not_one_is_refused() -> None:
         Trust.parse("team-a,../team-b")
     with pytest.raises(ValueError, match="not a writer name"):
         open_remote("s3://bucket/cache", writer="a/b")
+
+
+def test_a_teams_job_publishes_within_its_role_and_the_same_requests_exceed_another_teams(
+    base_env: dict[str, str], hub_server: HubServer, tmp_path: Path
+) -> None:
+    """The job role check is live: a real `sagequeue-job` publishing as team-a has its requests recorded
+    (PutObject under `writers/team-a/`) and allowed by team-a's documented role, and the same requests
+    judged as team-b's role are refused, naming the statement that grants the writer folder."""
+    cache = make_cache("s3", base_env, hub_server)
+    train = [str(STANDINS / "standin-train"), "--graphs", "g-team-a", "--steps", "1"]
+    job = run_wrapper(
+        [
+            "run",
+            "--cache",
+            cache.url,
+            "--cache-dir",
+            str(tmp_path / "wrapped"),
+            "--no-progress",
+            "--",
+            *train,
+        ],
+        dict(base_env, SAGEQUEUE_NEFF_CACHE_WRITER="team-a"),
+    )
+    assert job.returncode == 0, job.stderr
+    made = job_requests_in(Path(base_env[iam_check.JOB_LOG_ENV]))
+    puts = [r for r in made if r.operation == "PutObject"]
+    assert any("/writers/team-a/" in str(r.params.get("Key")) for r in puts), made
+    assert {r.writer for r in made} == {"team-a"}
+    where = iam_check.Where("us-east-1", iam_check.DEFAULT_ACCOUNT)
+    assert iam_check.job_denials(made, where) == []
+    as_team_b = [replace(r, writer="team-b") for r in made]
+    refused = iam_check.job_denials(as_team_b, where)
+    assert refused
+    assert all("the job role of team team-b" in m and "s3:PutObject" in m for m in refused), refused
+    assert any("/writers/team-a/" in m and "WriteOwnFolderOnly" in m for m in refused), refused

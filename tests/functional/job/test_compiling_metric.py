@@ -9,9 +9,13 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import boto3
+import pytest
 from conftest import BIN, STANDINS, run_wrapper
 
 from sagequeue_core.defaults import HOST_DIMENSION, NEURON_COMPILING_METRIC, NEURON_METRIC_NAMESPACE
+
+# the utilization publisher's requests are judged by the documented job role (its namespace condition)
+pytestmark = pytest.mark.usefixtures("job_requests_allowed_by_the_documented_role")
 
 
 def test_a_compile_in_progress_is_published_as_compiling(base_env: dict[str, str], tmp_path: Path) -> None:
