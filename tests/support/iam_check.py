@@ -41,6 +41,10 @@ DEFAULT_ACCOUNT = "123456789012"
 UNEXERCISED_KEY = "UnexercisedPermissions"
 
 
+#: Stands for the six random characters ending a secret's ARN (unknown when a request names it by name).
+SECRET_SUFFIX = "Ab12Cd"
+
+
 class CheckerError(RuntimeError):
     """The checker cannot tell what IAM would decide (an unknown operation or condition operator)."""
 
@@ -200,6 +204,12 @@ def authorizations(
         )
     if prefix == "s3":
         return _s3_authorizations(operation, params, where)
+    secret = params.get("SecretId")
+    if prefix == "secretsmanager" and isinstance(secret, str) and not secret.startswith("arn:"):
+        # a secret named by its name is authorized on its full ARN: the name, a dash and the six random
+        # characters Secrets Manager appended when it made the secret
+        arn = f"arn:{where.partition}:secretsmanager:{where.region}:{where.account}:secret:{secret}-{SECRET_SUFFIX}"
+        return authorizations(prefix, operation, {**params, "SecretId": arn}, where, resource_tags)
     privilege = _privilege(prefix, operation)
     if privilege is None:
         raise CheckerError(
@@ -946,7 +956,13 @@ def summary(grants: Iterable[Grant]) -> str:
 POLICIES = ROOT / "docs" / "policies"
 #: The job image's execution role as the docs give it, one team's: its NEFF cache grants
 #: (docs/neff-cache.md#trust-model) and its utilization metric (docs/guardrails.md).
-JOB_ROLE_POLICIES = ("job-role-neff-cache.json", "job-role-utilization-metric.json")
+JOB_ROLE_POLICIES = (
+    "job-role-neff-cache.json",
+    "job-role-utilization-metric.json",
+    "job-role-hub-token.json",
+)
+#: The Hub token secret a rendered job role names when the test gave none: no secret has this name.
+NO_SECRET = "no-hub-token-secret"
 
 
 def documented_statements(name: str, values: Mapping[str, str], principal: str = "") -> list[Statement]:
@@ -966,9 +982,20 @@ def documented_statements(name: str, values: Mapping[str, str], principal: str =
     return [Statement(principal or name, name, i, s) for i, s in enumerate(items)]
 
 
-def job_role_statements(bucket: str, prefix: str, team: str) -> list[Statement]:
-    """The documented job role of `team`'s jobs for the cache `s3://<bucket>/<prefix>`."""
-    values = {"Bucket": bucket, "Prefix": prefix.strip("/"), "Team": team}
+def job_role_statements(
+    bucket: str, prefix: str, team: str, hub_token_secret: str = NO_SECRET, where: Where | None = None
+) -> list[Statement]:
+    """The documented job role of `team`'s jobs for the cache `s3://<bucket>/<prefix>`, whose Hub token
+    is the secret named `hub_token_secret`."""
+    where = where or Where("us-east-1", DEFAULT_ACCOUNT)
+    values = {
+        "Bucket": bucket,
+        "Prefix": prefix.strip("/"),
+        "Team": team,
+        "Region": where.region,
+        "Account": where.account,
+        "HubTokenSecret": hub_token_secret,
+    }
     return [
         s
         for name in JOB_ROLE_POLICIES
@@ -1077,9 +1104,10 @@ def _creating_the_bucket() -> bool:
 NO_WRITER_TEAM = "(no writer)"
 
 
-def job_denials(requests: Iterable[JobRequest], where: Where) -> list[str]:
+def job_denials(requests: Iterable[JobRequest], where: Where, hub_token_secret: str = NO_SECRET) -> list[str]:
     """One message per distinct denied (team, action, statement) of the job image's requests, judged by the
-    documented job role of the team each request's cache handle writes as."""
+    documented job role of the team each request's cache handle writes as (its Hub token in the secret
+    `hub_token_secret`)."""
     out: dict[tuple[str, str, str], str] = {}
     rendered: dict[tuple[str, str, str], list[Statement]] = {}
     seen: set[tuple[Authorization, tuple[str, str, str]]] = set()
@@ -1087,7 +1115,9 @@ def job_denials(requests: Iterable[JobRequest], where: Where) -> list[str]:
         team = request.writer or NO_WRITER_TEAM
         key = (request.bucket, request.prefix, team)
         if key not in rendered:
-            rendered[key] = job_role_statements(request.bucket or "no-bucket", request.prefix, team)
+            rendered[key] = job_role_statements(
+                request.bucket or "no-bucket", request.prefix, team, hub_token_secret, where
+            )
         try:
             found = authorizations(request.service, request.operation, request.params, where)
         except CheckerError as exc:

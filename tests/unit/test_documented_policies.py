@@ -82,18 +82,17 @@ CACHE = f"arn:aws:s3:::{BUCKET}/{PREFIX}"
 
 
 def _json_blocks(page: str) -> list[object]:
-    return [
-        json.loads(b) for b in re.findall(r"```json\n(.*?)\n```", (ROOT / "docs" / page).read_text(), re.S)
-    ]
+    return [json.loads(b) for b in re.findall(r"```json\n(.*?)\n```", (ROOT / page).read_text(), re.S)]
 
 
 @pytest.mark.parametrize(
     ("page", "policy", "shown"),
     [
-        ("neff-cache.md", "job-role-neff-cache.json", "document"),
-        ("guardrails.md", "job-role-utilization-metric.json", "statement"),
-        ("guardrails.md", "only-queue-admins-exempt.json", "statement"),
-        ("deploy.md", "only-operators-subscribe-to-notices.json", "document"),
+        ("docs/neff-cache.md", "job-role-neff-cache.json", "document"),
+        ("docs/guardrails.md", "job-role-utilization-metric.json", "statement"),
+        ("image/README.md", "job-role-hub-token.json", "document"),
+        ("docs/guardrails.md", "only-queue-admins-exempt.json", "statement"),
+        ("docs/deploy.md", "only-operators-subscribe-to-notices.json", "document"),
     ],
 )
 def test_each_page_shows_and_links_the_policy_file_the_tests_check(
@@ -101,8 +100,8 @@ def test_each_page_shows_and_links_the_policy_file_the_tests_check(
 ) -> None:
     document = json.loads((iam_check.POLICIES / policy).read_text())
     expected = document if shown == "document" else document["Statement"][0]
-    assert expected in _json_blocks(page), f"docs/{page} does not show docs/policies/{policy} as it is"
-    assert f"policies/{policy}" in (ROOT / "docs" / page).read_text()
+    assert expected in _json_blocks(page), f"{page} does not show docs/policies/{policy} as it is"
+    assert f"policies/{policy}" in (ROOT / page).read_text()
 
 
 def _job_allows(team: str, operation: str, params: dict[str, object], service: str = "s3") -> bool:
@@ -231,3 +230,18 @@ def test_only_operators_subscribe_to_job_notices() -> None:
 def test_a_placeholder_without_a_value_is_refused() -> None:
     with pytest.raises(iam_check.CheckerError, match="Team"):
         iam_check.documented_statements("job-role-neff-cache.json", {"Bucket": BUCKET, "Prefix": PREFIX})
+
+
+def test_the_job_role_reads_its_own_hub_token_secret_and_no_other() -> None:
+    mine, theirs = "sagequeue/hub-token-team-a", "sagequeue/hub-token-team-b"
+    statements = iam_check.job_role_statements(BUCKET, PREFIX, "team-a", hub_token_secret=mine)
+
+    def reads(secret: str) -> bool:
+        requests = iam_check.authorizations("secretsmanager", "GetSecretValue", {"SecretId": secret}, WHERE)
+        return all(iam_check.evaluate(statements, r).allowed for r in requests)
+
+    assert reads(mine)
+    assert reads(f"arn:aws:secretsmanager:us-east-1:{ACCOUNT}:secret:{mine}-x1Y2z3")
+    assert not reads(theirs)
+    # a name that only starts like the team's secret: the six characters after the dash are all there is
+    assert not reads(f"{mine}-and-more")

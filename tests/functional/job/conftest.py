@@ -39,8 +39,17 @@ def _no_xet(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_DISABLE_XET", True)
 
 
+@dataclass
+class JobRoleCheck:
+    """What the test tells the job role check: the secret holding the team's Hub token, if it made one."""
+
+    hub_token_secret: str = iam_check.NO_SECRET
+
+
 @pytest.fixture
-def job_requests_allowed_by_the_documented_role(base_env: dict[str, str], tmp_path: Path) -> Iterator[None]:
+def job_requests_allowed_by_the_documented_role(
+    base_env: dict[str, str], tmp_path: Path
+) -> Iterator[JobRoleCheck]:
     """For the test files that use it (`pytestmark`): every AWS request the job image makes, in this
     process or in the `sagequeue-job` processes started with `base_env`, is judged by the documented job
     role (docs/policies/job-role-*.json) of the team its cache handle writes as; a denial fails the test,
@@ -54,14 +63,16 @@ def job_requests_allowed_by_the_documented_role(base_env: dict[str, str], tmp_pa
     )
     first = len(recorder.job_requests)
     recorder.job.enabled = True
+    check = JobRoleCheck()
     try:
-        yield
+        yield check
     finally:
         recorder.job.enabled = False
     made = recorder.job_requests[first:]
     del recorder.job_requests[first:]
     made += job_requests_in(log)
-    problems = iam_check.job_denials(made, iam_check.Where("us-east-1", iam_check.DEFAULT_ACCOUNT))
+    where = iam_check.Where("us-east-1", iam_check.DEFAULT_ACCOUNT)
+    problems = iam_check.job_denials(made, where, check.hub_token_secret)
     if problems:
         pytest.fail(
             "the documented job role does not allow what the job image did:\n  " + "\n  ".join(problems),

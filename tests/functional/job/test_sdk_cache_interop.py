@@ -16,6 +16,9 @@ from conftest import STANDINS, VERSION, run_cli, run_wrapper
 from sagequeue.job import neuron
 from sagequeue.job.backends import open_remote
 
+# every request of the job image here is judged by the documented job role of the team it writes as
+pytestmark = pytest.mark.usefixtures("job_requests_allowed_by_the_documented_role")
+
 
 def _train(tmp_path: Path, report: str, graphs: str) -> list[str]:
     return [str(STANDINS / "standin-train"), "--graphs", graphs, "--report", str(tmp_path / report)]

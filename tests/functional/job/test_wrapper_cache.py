@@ -7,10 +7,14 @@ import uuid
 from pathlib import Path
 
 import boto3
-from conftest import HUB_TOKEN, STANDINS, VERSION, Cache, make_cache, run_wrapper
+import pytest
+from conftest import HUB_TOKEN, STANDINS, VERSION, Cache, JobRoleCheck, make_cache, run_wrapper
 from support.hub_server import HubServer
 
 from sagequeue.job import neuron
+
+# every request of the job image here is judged by the documented job role of the team it writes as
+pytestmark = pytest.mark.usefixtures("job_requests_allowed_by_the_documented_role")
 
 
 def _train(tmp_path: Path, report: str, graphs: str = "forward,backward") -> list[str]:
@@ -116,10 +120,15 @@ def test_a_failed_compile_is_cleaned_and_never_uploaded(cache: Cache, tmp_path: 
 
 
 def test_the_hub_token_can_come_from_secrets_manager(
-    base_env: dict[str, str], hub_server: HubServer, tmp_path: Path
+    base_env: dict[str, str],
+    hub_server: HubServer,
+    tmp_path: Path,
+    job_requests_allowed_by_the_documented_role: JobRoleCheck,
 ) -> None:
     cache = make_cache("hub", base_env, hub_server)
     secret = f"sagequeue/hub-token-{uuid.uuid4().hex[:8]}"
+    # the job role reads this secret and no other (docs/policies/job-role-hub-token.json)
+    job_requests_allowed_by_the_documented_role.hub_token_secret = secret
     boto3.client("secretsmanager").create_secret(
         Name=secret, SecretString=json.dumps({"HF_TOKEN": HUB_TOKEN})
     )
