@@ -251,3 +251,39 @@ def test_foreign_alarms_and_non_alarm_messages(world: World) -> None:
     with pytest.raises(MalformedAlarmMessage, match="no AlarmName"):
         world.idle_stop.on_sns({"Records": [{"Sns": {"Message": "{}"}}]})
     assert TRN1
+
+
+def test_an_exemption_of_a_queue_entry_covers_its_later_attempt_not_a_job_created_under_its_name(
+    world: World,
+) -> None:
+    # GIVEN a queue entry whose current attempt is its second (`<job>--2`), both hosts idle and tagged
+    # exempt, and a training job someone else created under the entry's own name
+    name = unique("entry")
+    attempt = f"{name}--2"
+    exempt_tags = {"team": "nlp", "sagequeue:exempt": "true"}
+    training(world, attempt, count=1, idle=True, tags=exempt_tags)
+    training(world, name, count=1, idle=True, tags=exempt_tags)
+    job = Job(
+        name=name,
+        request=training_request(name),
+        priority=5,
+        owner="arn:aws:iam::123456789012:user/dana",
+        submitted_at=world.clock.now(),
+    )
+    job.state, job.attempt, job.training_job_name, job.started_at = (
+        JobState.RUNNING,
+        2,
+        attempt,
+        world.clock.now(),
+    )
+    world.deps.store.create_job(job)
+    # WHEN an admin exempts the entry by its name, and both jobs' idle alarms fire
+    grant_exemption(world.deps.store, name, "arn:aws:iam::123456789012:role/QueueAdmin", world.clock.now())
+    in_alarm(world, f"sagequeue-idle-{attempt}/algo-1", f"sagequeue-idle-{name}/algo-1")
+    (kept,) = world.idle_stop.on_sns(alarm_event(f"sagequeue-idle-{attempt}/algo-1"))
+    (squatter,) = world.idle_stop.on_sns(alarm_event(f"sagequeue-idle-{name}/algo-1"))
+    # THEN the entry's attempt is spared, and the job created under the entry's name is not
+    assert (kept.stopped, kept.detail) == (False, "the training job is exempt")
+    assert world.status(attempt) == ("InProgress", "Training")
+    assert squatter.stopped
+    assert world.status(name)[0] == "Stopping"
