@@ -11,6 +11,7 @@ THEN the attack fails, and the legitimate path next to it still works.
 
 from __future__ import annotations
 
+import json
 import re
 import uuid
 from collections.abc import Iterator
@@ -20,6 +21,7 @@ import pytest
 
 from sagequeue.client import ApiError, QueueClient
 from sagequeue.local import LocalStack
+from sagequeue.local.alarms import Evaluation, alarm_message
 from sagequeue.local.identities import user_identity
 from sagequeue_core.defaults import (
     HOST_DIMENSION,
@@ -241,6 +243,38 @@ def test_2_an_idle_jobs_alarm_overwritten_never_to_fire_is_put_back_and_the_job_
     stack.aws_client("cloudwatch").put_metric_alarm(**{m: real[m] for m in members}, Threshold=-1.0)
     # THEN governance's reconcile puts it back, and the idle job is stopped all the same
     until(stack, lambda: states(speech)[idle] == "idle_stopped", limit=3 * 300 + 2 * 300 + 600, step=60)
+    cancel_all(stack)
+
+
+def test_2_an_idle_alarm_set_to_alarm_by_hand_stops_no_busy_job(stack: LocalStack) -> None:
+    vision = stack.client("user")
+    busy = unique("busy")
+    vision.submit(request(stack, busy, 7200), priority=1)
+    until(stack, lambda: states(vision)[busy] == "running", limit=600)
+    until(stack, lambda: bool(idle_alarm(stack, busy)), limit=600)
+    stack.advance(3 * 300 + 300)  # a whole idle window of busy data
+    real = idle_alarm(stack, busy)
+    assert real["StateValue"] == "OK"
+    # WHEN someone allowed cloudwatch:SetAlarmState puts governance's own alarm in ALARM, and CloudWatch
+    # runs its action: the notification it sends goes to the alarm topic
+    cloudwatch = stack.aws_client("cloudwatch")
+    cloudwatch.set_alarm_state(AlarmName=real["AlarmName"], StateValue="ALARM", StateReason="set by hand")
+    message = alarm_message(
+        {**real, "StateValue": "ALARM"},
+        "OK",
+        Evaluation("ALARM", "set by hand", ()),
+        stack.now(),
+        region=stack.region,
+        account_id=stack.account_id,
+    )
+    for topic in real["AlarmActions"]:
+        stack.aws_client("sns").publish(TopicArn=topic, Subject="ALARM", Message=json.dumps(message))
+    stack.run_until_idle()
+    # THEN the busy job still runs, its data showing it busy, and its alarm (in ALARM as set) is kept
+    assert states(vision)[busy] == "running"
+    assert stack.sagemaker.describe_training_job(TrainingJobName=busy)["TrainingJobStatus"] == "InProgress"
+    (alarm,) = cloudwatch.describe_alarms(AlarmNames=[real["AlarmName"]])["MetricAlarms"]
+    assert alarm["StateValue"] == "ALARM"
     cancel_all(stack)
 
 

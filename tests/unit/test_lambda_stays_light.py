@@ -56,12 +56,14 @@ PROJECT = {
         "runtime", "sagemaker", "service", "service.schedule", "snapshot", "store",
     },
     "governance": {
-        "alarms", "config", "defaults", "domain", "errors", "events", "governance", "notify", "observability",
-        "retry", "runtime", "sagemaker", "service", "service.exemptions", "service.govern", "store",
+        "alarm_evaluation", "alarms", "config", "defaults", "domain", "errors", "events", "governance", "notify",
+        "observability", "retry", "runtime", "sagemaker", "service", "service.exemptions", "service.govern",
+        "store",
     },
     "idle_stop": {
-        "alarms", "config", "defaults", "domain", "errors", "events", "governance", "notify", "observability",
-        "retry", "runtime", "sagemaker", "service", "service.exemptions", "service.stop_idle", "store",
+        "alarm_evaluation", "alarms", "config", "defaults", "domain", "errors", "events", "governance", "notify",
+        "observability", "retry", "runtime", "sagemaker", "service", "service.exemptions", "service.stop_idle",
+        "store",
     },
     "notices": {
         "config", "defaults", "domain", "errors", "events", "notify", "observability", "retry", "runtime",
@@ -82,6 +84,8 @@ ONLY_FOR = {
     "sagequeue_core.service.govern": {"governance"},
     "sagequeue_core.service.stop_idle": {"idle_stop"},
     "sagequeue_core.alarms": {"governance", "idle_stop"},
+    # CloudWatch's alarm rules: idle stop re-checks an alarm's data before it stops a job
+    "sagequeue_core.alarm_evaluation": {"governance", "idle_stop"},
     "sagequeue_core.notify": {"governance", "idle_stop", "notices"},
     "sagequeue_core.service.notices": {"notices"},
     # the tag and policy rules: the API checks submissions, governance checks running jobs

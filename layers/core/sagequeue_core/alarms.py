@@ -6,11 +6,13 @@ never look at botocore's exceptions or message text.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
 from typing import Any
 
 from botocore.exceptions import ClientError
 
+from sagequeue_core.alarm_evaluation import Evaluation, evaluate, metric_values
 from sagequeue_core.errors import SageQueueError
 from sagequeue_core.governance import AlarmSpec
 
@@ -126,6 +128,15 @@ class CloudWatchAlarms:
             raise _translate(exc, f"cannot describe alarm {name}") from exc
         alarms = page.get("MetricAlarms", [])
         return dict(alarms[0]) if alarms else None
+
+    def evaluate(self, alarm: Mapping[str, Any], now: datetime) -> Evaluation:
+        """The state CloudWatch's rules give `alarm` (as DescribeAlarms shows it) over its metric data at
+        `now`, read with GetMetricData: what the alarm's data says, whatever state anyone set it to."""
+        try:
+            values = metric_values(self._client, alarm, now)
+        except ClientError as exc:
+            raise _translate(exc, f"cannot read the data of alarm {alarm.get('AlarmName')}") from exc
+        return evaluate(alarm, values)
 
     def state(self, name: str) -> str | None:
         """The alarm's state (OK, ALARM, INSUFFICIENT_DATA), or None when it does not exist."""

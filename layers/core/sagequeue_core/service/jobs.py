@@ -32,7 +32,7 @@ from sagequeue_core.service.access import (
     require_owner_or_admin,
     require_priority_allowed,
 )
-from sagequeue_core.service.exemptions import EXEMPTION_CLAIM, grant_exemption
+from sagequeue_core.service.exemptions import exemption_claim_kind, grant_exemption
 from sagequeue_core.store import Page
 from sagequeue_core.validation import check_training_instance_type
 
@@ -326,6 +326,6 @@ def exempt(deps: Dependencies, training_job_name: str, caller: str | None) -> Ex
     except DomainError as exc:
         raise RequestInvalid(str(exc)) from None
     grant_exemption(deps.store, name, me, deps.now())
-    record = deps.store.get_claim(EXEMPTION_CLAIM, name) or {}
+    record = deps.store.get_claim(exemption_claim_kind(deps.store, name), name) or {}
     logger.info("exemption granted", extra={"training_job_name": name, "by": me})
     return Exemption(name, str(record.get("by", me)), str(record.get("at", "")))

@@ -158,7 +158,7 @@ class IdleStop:
             # An alarm that outlived its job (its end event not handled yet): nothing to stop.
             self._drop_alarms(name)
             return IdleStopOutcome(notice.alarm_name, name, False, f"the training job is already {status}")
-        forged = self._not_governances(notice.alarm_name, detail)
+        forged = self._not_governances(notice.alarm_name, detail) or self._not_idle_now(notice.alarm_name)
         if forged:
             logger.warning("idle alarm not acted on: %s", forged, extra={"alarm": notice.alarm_name})
             return IdleStopOutcome(notice.alarm_name, name, False, forged)
@@ -229,6 +229,20 @@ class IdleStop:
             return None
         self.alarms.put(spec, [self.alarm_topic_arn] if self.alarm_topic_arn else [])
         return f"the alarm's {member} is not the one governance set; the alarm is put back as governance makes it"
+
+    def _not_idle_now(self, alarm_name: str) -> str | None:
+        """Why the alarm's own data does not put it in ALARM now, or None. Its state alone proves nothing:
+        anyone allowed SetAlarmState can set it to ALARM, CloudWatch then runs its actions, and it stays in
+        ALARM until its next evaluation. Its metric over its evaluation periods, judged by CloudWatch's
+        rules (every period's highest utilization at or below the threshold; for a silence alarm, no
+        datapoints), is what stops a job."""
+        alarm = self.alarms.describe(alarm_name)
+        if alarm is None:
+            return "no such alarm in CloudWatch"
+        evaluation = self.alarms.evaluate(alarm, self.clock())
+        if evaluation.state == "ALARM":
+            return None
+        return f"the alarm's data does not show the host idle now ({evaluation.reason})"
 
     def _record(self, training_job_name: str, reason: str) -> None:
         """Mark the queue entry, if the job is one, as stopping for idleness: the scheduler turns it into
