@@ -26,7 +26,8 @@ AWS_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "
 
 @pytest.fixture(scope="module")
 def stack() -> Iterator[Any]:
-    with LocalStack(settings={"capacity": {POOL: 1}}) as running:
+    # each user's team comes from its identity (TeamRoles); the jobs' team tags confirm it
+    with LocalStack(settings={"capacity": {POOL: 1}}, teams={"user": "vision", "other": "speech"}) as running:
         yield running
 
 

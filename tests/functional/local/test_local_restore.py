@@ -32,8 +32,10 @@ def test_a_job_restored_in_starting_gets_a_reason_before_the_clock_moves(tmp_pat
         first.client().submit(request(first, "long-runner"))
         first.run_until_idle()
         assert first.client().job("long-runner").state == "starting"
-    # WHEN a new stack restores the queue and delivers what is pending, without moving its clock
-    with LocalStack(settings={"capacity": {POOL: 1}}, state=state) as second:
+        account = first.account_id
+    # WHEN a new stack of the same account (as `sagequeue local --state` is) restores the queue and
+    # delivers what is pending, without moving its clock
+    with LocalStack(settings={"capacity": {POOL: 1}}, state=state, account_id=account) as second:
         restored_at = second.now()
         second.run_until_idle()
         job = second.client().job("long-runner")

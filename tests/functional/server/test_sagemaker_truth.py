@@ -589,11 +589,11 @@ def test_a_crash_between_an_end_and_its_warm_pool_never_leaves_the_pool_uncounte
     save = store.save_job
     crashed: list[bool] = []
 
-    def dying_save(job: Job, *, was: JobState) -> Job:
+    def dying_save(job: Job, *, was: JobState, **kw: Any) -> Job:
         if job.state is JobState.COMPLETED and not crashed:
             crashed.append(True)
             raise Crash("died between tracking the pool and recording the end")
-        return save(job, was=was)
+        return save(job, was=was, **kw)
 
     # GIVEN a job with a keep-alive ends, and the scheduler dies right after counting its pool
     store.save_job = dying_save  # type: ignore[method-assign]

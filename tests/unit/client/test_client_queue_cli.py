@@ -109,6 +109,7 @@ def test_a_terminal_gets_a_rich_table_of_the_same_cells_and_a_pipe_the_plain_one
         "-",
     ]
     monkeypatch.setenv("SAGEQUEUE_TABLES", "rich")
+    monkeypatch.setenv("COLUMNS", "160")  # rich's width when stdout is no terminal (a pytest-xdist worker)
     styled = jobs_table(jobs, NOW)
     assert "\x1b[1m" in styled  # bold headings
     cells = [line.split() for line in re.sub(r"\x1b\[[0-9;]*m", "", styled).splitlines() if line.strip()]
