@@ -497,8 +497,21 @@ class _Pass:
         if preemptions < budget:
             return False
         if for_job is not None and self.settings.is_top(for_job.priority):
-            return preemptions + taken_back >= budget * max(self.settings.top_priority_budget_factor, 1)
+            return preemptions + taken_back >= self._override_bound(taken_back)
         return True
+
+    def _stop_cap(self) -> int:
+        """The most stops (preemptions and loans taken back) of one job: twice the budget (each kind alone
+        stays within the budget), or the top-priority override's bound if higher."""
+        return self.settings.max_preemptions_per_job * max(self.settings.top_priority_budget_factor, 2)
+
+    def _override_bound(self, taken_back: int) -> int:
+        """The top-priority override stops a victim while its stops stay under this: its factor times the
+        budget, less one while the victim may still borrow, so that a loan of it taken back later keeps it
+        within `_stop_cap` (it borrows no more once there)."""
+        budget = self.settings.max_preemptions_per_job
+        bound = budget * max(self.settings.top_priority_budget_factor, 1)
+        return bound - 1 if taken_back < budget else bound
 
     # the ledger
     def _cover(self, job: QueuedJob, deficit: Mapping[str, int], releasable: Sequence[WarmPool]) -> _Cover:
@@ -718,6 +731,10 @@ class _Pass:
                 continue
             if self._budget_spent(job.loans_taken_back):
                 continue
+            if self.settings.max_preemptions_per_job > 0 and (
+                job.preemptions + job.loans_taken_back >= self._stop_cap()
+            ):
+                continue  # stopped as often as any job may be: a loan taken back would go beyond
             if self._never_fits(job) is not None:
                 continue
             if self.teams.short(job.team, job.demand):
