@@ -298,3 +298,34 @@ def test_a_job_stopped_twice_its_budget_borrows_no_more() -> None:
     # THEN at 6 it borrows no more: a loan taken back would be its 7th stop
     assert _borrower(5, 1) == []
     assert _borrower(6, 0) == []
+
+
+def test_a_job_whose_own_reservation_holds_nothing_borrows_behind_a_more_important_drain() -> None:
+    # GIVEN a priority-3 4-instance drain holding 3 idle instances while a priority-3 job trains on the
+    # fourth, and a priority-1 job that waited long enough to hold a drain reservation of its own, empty
+    # (seed 3 of the documented trace idled 30 instance-hours beside such a job)
+    trainer = _running("trainer", priority=3)
+    wide = QueuedJob(
+        name="wide",
+        priority=3,
+        submitted_at=T0,
+        demand={POOL: 4},
+        reservation=Reservation(
+            instances={POOL: 3}, since=NOW - timedelta(hours=1), kind=ReservationKind.DRAIN
+        ),
+        queued_since=T0,
+    )
+    low = QueuedJob(
+        name="low",
+        priority=1,
+        submitted_at=T0 + timedelta(minutes=1),
+        demand={POOL: 1},
+        resource_key=SMALL,
+        reservation=DRAIN,
+        queued_since=T0 + timedelta(minutes=1),
+    )
+    result = plan(Snapshot(now=NOW, capacity={POOL: 4}, queued=[wide, low], running=[trainer]), SETTINGS)
+    # THEN it runs on loan from the drain, giving its empty reservation up
+    assert [(s.job_name, s.on_loan_for) for s in result.starts] == [("low", "wide")]
+    assert "low" not in result.reservations
+    assert "wide" in result.reservations

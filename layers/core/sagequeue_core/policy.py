@@ -720,11 +720,7 @@ class _Pass:
         lender or a job more important than the lender."""
         holders = [j for j in self.eligible if j.name in self.lendable or j.name in self.reserved_warm]
         for job in self.eligible:
-            if (
-                job.name in self.started
-                or job.name in self.result.reservations
-                or job.name in self.result.held
-            ):
+            if job.name in self.started or self._holds_anything(job):
                 continue
             if not job.checkpointed:
                 self._backfill_before(job, holders)
@@ -753,15 +749,32 @@ class _Pass:
                 if warm is not None:
                     # the holder's warm pool, reused on loan: taken back like any loan of its capacity
                     self.reserved_warm[holder.name].remove(warm)
-                    self.result.waiting.pop(job.name, None)
-                    self._start(job, warm_pool=warm.training_job_name, on_loan_for=holder.name)
+                    self._start_on_loan(job, holder, warm_pool=warm.training_job_name)
                     break
                 spare = self.lendable.get(holder.name, Counter())
                 if all(spare[pool] >= need for pool, need in job.demand.items()):
                     spare.subtract(job.demand)
-                    self.result.waiting.pop(job.name, None)
-                    self._start(job, on_loan_for=holder.name)
+                    self._start_on_loan(job, holder)
                     break
+
+    def _holds_anything(self, job: QueuedJob) -> bool:
+        """A reservation of the job's own that holds instances or warm pools: it waits for them rather
+        than borrow. One that holds nothing yet (behind a more important drain) lends nothing, so the job
+        may borrow like any other; it gives the empty reservation up when it starts."""
+        reservation = self.result.reservations.get(job.name)
+        held = self.result.held.get(job.name, {})
+        return (
+            any(held.values())
+            or bool(self.reserved_warm.get(job.name))
+            or (reservation is not None and any(reservation.instances.values()))
+        )
+
+    def _start_on_loan(self, job: QueuedJob, holder: QueuedJob, warm_pool: str | None = None) -> None:
+        self.result.waiting.pop(job.name, None)
+        self.result.reservations.pop(job.name, None)
+        self.result.held.pop(job.name, None)
+        self.lendable.pop(job.name, None)
+        self._start(job, warm_pool=warm_pool, on_loan_for=holder.name)
 
     def _backfill_before(self, job: QueuedJob, holders: Sequence[QueuedJob]) -> None:
         """EASY backfill for a job without checkpoints (a loan taken back would restart it from zero): it
