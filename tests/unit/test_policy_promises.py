@@ -235,3 +235,97 @@ def test_a_job_without_checkpoints_backfills_when_its_max_runtime_ends_before_th
 def test_a_job_without_checkpoints_does_not_backfill_past_the_projected_start() -> None:
     assert plan(_blocked_drain(3600), SETTINGS).starts == []  # 60 + 10 min ends after the 1 h projection
     assert plan(_blocked_drain(None), SETTINGS).starts == []  # no explicit bound: no backfill
+
+
+TOP = PolicySettings(
+    min_runtime_before_preemption_seconds=600,
+    default_keep_alive_seconds=600,
+    reserve_after_seconds=1800,
+    top_priority=9,
+)
+
+
+def _overridden(preemptions: int, loans_taken_back: int) -> bool:
+    """Whether a priority-9 job preempts a priority-1 victim stopped this often (budget 3, factor 2)."""
+    victim = RunningAttempt(
+        training_job_name="victim",
+        job_name="victim",
+        demand={POOL: 1},
+        priority=1,
+        started_at=NOW - timedelta(hours=1),
+        training_started_at=NOW - timedelta(hours=1),
+        preemptions=preemptions,
+        loans_taken_back=loans_taken_back,
+    )
+    urgent = _small("urgent", 0, priority=9)
+    result = plan(Snapshot(now=NOW, capacity={POOL: 1}, queued=[urgent], running=[victim]), TOP)
+    return [p.training_job_name for p in result.preemptions] == ["victim"]
+
+
+def test_the_override_leaves_room_for_a_loan_taken_back_within_twice_the_budget() -> None:
+    # GIVEN a victim past its budget of 3 that may still borrow (fewer than 3 loans taken back)
+    # THEN the top priority stops it up to 5 stops in all, not the 6th: a loan of it taken back later
+    # would make 7 (the overload trace stopped one job 7 times before)
+    assert _overridden(4, 0)
+    assert not _overridden(5, 0)
+    assert not _overridden(3, 2)
+    # AND within the budget it is an ordinary preemption, whatever its loans
+    assert _overridden(2, 2)
+
+
+def _borrower(preemptions: int, loans_taken_back: int) -> list[str]:
+    """What starts beside a drain holding one idle instance: a checkpointing job stopped this often."""
+    blocker = _running("blocker", priority=7)
+    holder = QueuedJob(
+        name="holder", priority=5, submitted_at=T0, demand={POOL: 2}, reservation=DRAIN, queued_since=T0
+    )
+    job = QueuedJob(
+        name="borrower",
+        priority=5,
+        submitted_at=T0 + timedelta(minutes=5),
+        demand={POOL: 1},
+        preemptions=preemptions,
+        loans_taken_back=loans_taken_back,
+    )
+    snapshot = Snapshot(now=NOW, capacity={POOL: 2}, queued=[holder, job], running=[blocker])
+    return [s.job_name for s in plan(snapshot, TOP).starts if s.on_loan_for == "holder"]
+
+
+def test_a_job_stopped_twice_its_budget_borrows_no_more() -> None:
+    # GIVEN a job stopped 5 times in all (override preemptions and loans taken back): it borrows, since a
+    # loan taken back keeps it within 6
+    assert _borrower(4, 1) == ["borrower"]
+    # THEN at 6 it borrows no more: a loan taken back would be its 7th stop
+    assert _borrower(5, 1) == []
+    assert _borrower(6, 0) == []
+
+
+def test_a_job_whose_own_reservation_holds_nothing_borrows_behind_a_more_important_drain() -> None:
+    # GIVEN a priority-3 4-instance drain holding 3 idle instances while a priority-3 job trains on the
+    # fourth, and a priority-1 job that waited long enough to hold a drain reservation of its own, empty
+    # (seed 3 of the documented trace idled 30 instance-hours beside such a job)
+    trainer = _running("trainer", priority=3)
+    wide = QueuedJob(
+        name="wide",
+        priority=3,
+        submitted_at=T0,
+        demand={POOL: 4},
+        reservation=Reservation(
+            instances={POOL: 3}, since=NOW - timedelta(hours=1), kind=ReservationKind.DRAIN
+        ),
+        queued_since=T0,
+    )
+    low = QueuedJob(
+        name="low",
+        priority=1,
+        submitted_at=T0 + timedelta(minutes=1),
+        demand={POOL: 1},
+        resource_key=SMALL,
+        reservation=DRAIN,
+        queued_since=T0 + timedelta(minutes=1),
+    )
+    result = plan(Snapshot(now=NOW, capacity={POOL: 4}, queued=[wide, low], running=[trainer]), SETTINGS)
+    # THEN it runs on loan from the drain, giving its empty reservation up
+    assert [(s.job_name, s.on_loan_for) for s in result.starts] == [("low", "wide")]
+    assert "low" not in result.reservations
+    assert "wide" in result.reservations

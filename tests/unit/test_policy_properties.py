@@ -264,12 +264,14 @@ def test_no_job_is_preempted_beyond_its_budget(case: tuple[Snapshot, PolicySetti
             continue
         if policy_settings.is_top(queued_priority[preempt.for_job]):
             # the top priority goes beyond the budget, while all the victim's stops stay under its factor
-            # times it: no job is stopped more than that in all
+            # times it, with room for one more loan taken back while it may still borrow: no job is
+            # stopped more than that in all
             factor = policy_settings.top_priority_budget_factor
+            may_borrow = attempt.loans_taken_back < budget
             assert (
                 budget == 0
                 or attempt.preemptions < budget
-                or attempt.preemptions + attempt.loans_taken_back < budget * factor
+                or attempt.preemptions + attempt.loans_taken_back + may_borrow < budget * factor
             )
             continue
         assert budget == 0 or attempt.preemptions < budget

@@ -497,8 +497,21 @@ class _Pass:
         if preemptions < budget:
             return False
         if for_job is not None and self.settings.is_top(for_job.priority):
-            return preemptions + taken_back >= budget * max(self.settings.top_priority_budget_factor, 1)
+            return preemptions + taken_back >= self._override_bound(taken_back)
         return True
+
+    def _stop_cap(self) -> int:
+        """The most stops (preemptions and loans taken back) of one job: twice the budget (each kind alone
+        stays within the budget), or the top-priority override's bound if higher."""
+        return self.settings.max_preemptions_per_job * max(self.settings.top_priority_budget_factor, 2)
+
+    def _override_bound(self, taken_back: int) -> int:
+        """The top-priority override stops a victim while its stops stay under this: its factor times the
+        budget, less one while the victim may still borrow, so that a loan of it taken back later keeps it
+        within `_stop_cap` (it borrows no more once there)."""
+        budget = self.settings.max_preemptions_per_job
+        bound = budget * max(self.settings.top_priority_budget_factor, 1)
+        return bound - 1 if taken_back < budget else bound
 
     # the ledger
     def _cover(self, job: QueuedJob, deficit: Mapping[str, int], releasable: Sequence[WarmPool]) -> _Cover:
@@ -707,17 +720,17 @@ class _Pass:
         lender or a job more important than the lender."""
         holders = [j for j in self.eligible if j.name in self.lendable or j.name in self.reserved_warm]
         for job in self.eligible:
-            if (
-                job.name in self.started
-                or job.name in self.result.reservations
-                or job.name in self.result.held
-            ):
+            if job.name in self.started or self._holds_anything(job):
                 continue
             if not job.checkpointed:
                 self._backfill_before(job, holders)
                 continue
             if self._budget_spent(job.loans_taken_back):
                 continue
+            if self.settings.max_preemptions_per_job > 0 and (
+                job.preemptions + job.loans_taken_back >= self._stop_cap()
+            ):
+                continue  # stopped as often as any job may be: a loan taken back would go beyond
             if self._never_fits(job) is not None:
                 continue
             if self.teams.short(job.team, job.demand):
@@ -736,15 +749,32 @@ class _Pass:
                 if warm is not None:
                     # the holder's warm pool, reused on loan: taken back like any loan of its capacity
                     self.reserved_warm[holder.name].remove(warm)
-                    self.result.waiting.pop(job.name, None)
-                    self._start(job, warm_pool=warm.training_job_name, on_loan_for=holder.name)
+                    self._start_on_loan(job, holder, warm_pool=warm.training_job_name)
                     break
                 spare = self.lendable.get(holder.name, Counter())
                 if all(spare[pool] >= need for pool, need in job.demand.items()):
                     spare.subtract(job.demand)
-                    self.result.waiting.pop(job.name, None)
-                    self._start(job, on_loan_for=holder.name)
+                    self._start_on_loan(job, holder)
                     break
+
+    def _holds_anything(self, job: QueuedJob) -> bool:
+        """A reservation of the job's own that holds instances or warm pools: it waits for them rather
+        than borrow. One that holds nothing yet (behind a more important drain) lends nothing, so the job
+        may borrow like any other; it gives the empty reservation up when it starts."""
+        reservation = self.result.reservations.get(job.name)
+        held = self.result.held.get(job.name, {})
+        return (
+            any(held.values())
+            or bool(self.reserved_warm.get(job.name))
+            or (reservation is not None and any(reservation.instances.values()))
+        )
+
+    def _start_on_loan(self, job: QueuedJob, holder: QueuedJob, warm_pool: str | None = None) -> None:
+        self.result.waiting.pop(job.name, None)
+        self.result.reservations.pop(job.name, None)
+        self.result.held.pop(job.name, None)
+        self.lendable.pop(job.name, None)
+        self._start(job, warm_pool=warm_pool, on_loan_for=holder.name)
 
     def _backfill_before(self, job: QueuedJob, holders: Sequence[QueuedJob]) -> None:
         """EASY backfill for a job without checkpoints (a loan taken back would restart it from zero): it
