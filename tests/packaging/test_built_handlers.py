@@ -75,6 +75,7 @@ def stack(moto_endpoint: str) -> Iterator[dict[str, str]]:
     sns = boto3.client("sns", **aws)
     alarms = sns.create_topic(Name=f"smoke-alarms-{suffix}")["TopicArn"]
     notes = sns.create_topic(Name=f"smoke-notes-{suffix}")["TopicArn"]
+    notices = sns.create_topic(Name=f"smoke-job-notices-{suffix}")["TopicArn"]
     emulator = SageMakerEmulator(
         events_client=boto3.client("events", **aws), cloudwatch_client=boto3.client("cloudwatch", **aws)
     ).start()
@@ -97,6 +98,7 @@ def stack(moto_endpoint: str) -> Iterator[dict[str, str]]:
         "SAGEQUEUE_ALLOWED_ROLE_ARNS": ROLE,
         "SAGEQUEUE_ALARM_TOPIC_ARN": alarms,
         "SAGEQUEUE_NOTIFICATION_TOPIC_ARN": notes,
+        "SAGEQUEUE_JOB_NOTICES_TOPIC_ARN": notices,
     }
     try:
         yield {"env": json.dumps(env), "sagemaker": emulator.endpoint_url}
@@ -141,7 +143,13 @@ def _invoke(stack: dict[str, str], function: str, event: dict[str, Any], tmp_pat
 
 def test_the_build_has_every_function_of_the_template() -> None:
     functions = {k for k, v in _built()["Resources"].items() if v.get("Type") == "AWS::Serverless::Function"}
-    assert functions == {"ApiFunction", "SchedulerFunction", "GovernanceFunction", "IdleStopFunction"}
+    assert functions == {
+        "ApiFunction",
+        "SchedulerFunction",
+        "GovernanceFunction",
+        "IdleStopFunction",
+        "NoticesFunction",
+    }
     for function in functions:
         assert (BUILD / function / "app.py").is_file()
         assert not (BUILD / function / "sagequeue_core").exists(), (
@@ -166,6 +174,11 @@ def test_built_handlers_run_on_python_312(stack: dict[str, str], tmp_path: Path)
     assert any(n.startswith(name) for n in started), started
     reconciled = _invoke(stack, "GovernanceFunction", timer, tmp_path)
     assert reconciled["jobs_seen"] >= 1, reconciled  # the job the scheduler started
+    # the start's event, as the bus delivers it to the notices function: its owner is told
+    started_event = {"source": "sagequeue", "detail-type": "JobStarted", "detail": {"name": name}}
+    told = _invoke(stack, "NoticesFunction", started_event, tmp_path)
+    assert told["notice"], told
+    assert told["notice"]["event"] == "started", told
     forged = {
         "Records": [
             {
