@@ -107,6 +107,16 @@ def _copy_with_id(event: dict[str, Any], event_id: str) -> dict[str, Any]:
     return copy
 
 
+#: Tags whose values are secret and random by design (sagequeue's attempt seal, an HMAC under a per-job
+#: secret): the event log, which a seed must replay byte for byte, shows that they were there, not what.
+RANDOM_TAGS = frozenset({"sagequeue:seal"})
+
+
 def log_line(event: dict[str, Any]) -> str:
-    """One event as a line of the event log: canonical JSON, keys sorted."""
+    """One event as a line of the event log: canonical JSON, keys sorted, random tag values masked."""
+    detail = event.get("detail")
+    tags = detail.get("Tags") if isinstance(detail, dict) else None
+    if isinstance(tags, dict) and RANDOM_TAGS & tags.keys():
+        masked = {k: ("<random>" if k in RANDOM_TAGS else v) for k, v in tags.items()}
+        event = {**event, "detail": {**detail, "Tags": masked}}
     return json.dumps(event, sort_keys=True, separators=(",", ":"))
