@@ -116,7 +116,7 @@ def log_line(event: dict[str, Any]) -> str:
     """One event as a line of the event log: canonical JSON, keys sorted, random tag values masked."""
     detail = event.get("detail")
     tags = detail.get("Tags") if isinstance(detail, dict) else None
-    if isinstance(tags, dict) and RANDOM_TAGS & tags.keys():
+    if isinstance(detail, dict) and isinstance(tags, dict) and RANDOM_TAGS & tags.keys():
         masked = {k: ("<random>" if k in RANDOM_TAGS else v) for k, v in tags.items()}
         event = {**event, "detail": {**detail, "Tags": masked}}
     return json.dumps(event, sort_keys=True, separators=(",", ":"))
