@@ -36,6 +36,8 @@ _NOT_THRESHOLDS = frozenset(
         "default_keep_alive_seconds",
         "timer_seconds",
         "fair_share_half_life_seconds",
+        # the policy says when a wait for a checkpoint ends (Plan.wake_at)
+        "checkpoint_wait_seconds",
     }
 )
 #: The account every simulated role lives in.
@@ -64,6 +66,8 @@ class SimSettings:
     top_priority: int = 0
     #: how far past the budget a top-priority job may preempt (a multiple)
     top_priority_budget_factor: int = 2
+    #: the longest a preemptor waits for a victim's due checkpoint (0: victims are stopped at once)
+    checkpoint_wait_seconds: int = 300
     #: SageMaker's account limit per instance type (creates beyond it fail); None: the pool's capacity
     quota: Mapping[str, int] | None = None
     #: the scheduler's timer period
