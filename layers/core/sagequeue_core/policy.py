@@ -177,6 +177,9 @@ class PolicySettings:
     #: the longest a preemptor waits for a victim's checkpoint that is due before stopping it (docs/adr/0023);
     #: 0: victims are stopped at once
     checkpoint_wait_seconds: int = 300
+    #: choose victims by the training they would lose (docs/adr/0023); False: in victim_order alone, as
+    #: before it (what the simulator compares with)
+    victims_by_work_lost: bool = True
 
     def is_top(self, priority: int) -> bool:
         return 0 < self.top_priority <= priority
@@ -566,7 +569,11 @@ class _Pass:
                 if self._ripe(a, job) and a.training_job_name not in lent
             ]
             victims = minimal_cover(
-                ready, remaining, first=lent, key=self._reclaim_first(job), cost=self._stop_cost(job)
+                ready,
+                remaining,
+                first=lent,
+                key=self._reclaim_first(job),
+                cost=self._stop_cost(job) if self.settings.victims_by_work_lost else None,
             )
             if victims is None:
                 cover.short = remaining
@@ -625,7 +632,7 @@ class _Pass:
                 self._reserve(job, job.reservation.kind, self._claim(job))
             return False
         ready = [a for a in self._candidates(job, short) if self._ripe(a, job)]
-        victims = minimal_cover(ready, short, cost=self._lost)
+        victims = minimal_cover(ready, short, cost=self._lost if self.settings.victims_by_work_lost else None)
         if victims is not None:
             self._stop(victims, job)  # no claim on free capacity: that is other teams' while these stop
             self.result.waiting[job.name] = (
