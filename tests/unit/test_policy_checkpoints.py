@@ -199,6 +199,19 @@ def test_a_checkpoint_due_beyond_the_bound_is_not_waited_for() -> None:
     assert [p.training_job_name for p in off.preemptions] == ["victim"]
 
 
+def test_a_resumed_attempt_is_due_an_interval_into_its_training() -> None:
+    # it wrote no checkpoint in this attempt yet (its last is from the attempt before), its interval is
+    # known: the first of this attempt is due 30 minutes into its training, in 2 minutes
+    resumed = victim("victim", trained_minutes=28, checkpoint_minutes_ago=90)
+    result = plan(Snapshot(now=NOW, capacity={POOL: 1}, queued=[queued("urgent", 5)], running=[resumed]))
+    assert result.checkpoint_waits == {"victim": NOW + timedelta(seconds=300)}
+    assert result.wake_at == NOW + timedelta(minutes=2)
+    # without an interval nothing is known to be due: stopped now, losing all it trained in the attempt
+    unknown = dataclasses.replace(resumed, checkpoint_interval_seconds=None)
+    now = plan(Snapshot(now=NOW, capacity={POOL: 1}, queued=[queued("urgent", 5)], running=[unknown]))
+    assert [(p.training_job_name, p.work_lost_seconds) for p in now.preemptions] == [("victim", 28 * 60.0)]
+
+
 def test_a_victim_early_in_its_interval_is_stopped_rather_than_waited_for() -> None:
     # a job checkpointing every 4 minutes wrote one a minute ago: waiting 3 minutes to save 1 is no gain,
     # and a job that checkpoints often cannot hold its preemptor checkpoint after checkpoint
@@ -386,7 +399,8 @@ def test_no_job_waits_for_a_checkpoint_beyond_its_bound(
             assert until <= job.waiting_since + timedelta(seconds=margin)
         awaited = by_name[name]
         assert awaited.checkpointed
-        assert awaited.last_checkpoint_at is not None
+        assert awaited.checkpoint_interval_seconds
+        assert awaited.training_started_at is not None
         assert result.wake_at is not None
         assert NOW < result.wake_at <= until
     # every victim is either stopped or waited for, never both

@@ -995,12 +995,15 @@ class _Pass:
         return work_lost_seconds(attempt, self.snapshot.now)
 
     def _checkpoint_due(self, attempt: RunningAttempt) -> datetime | None:
-        """When the attempt's next checkpoint is due, from its last and its interval; None: not known."""
-        if attempt.last_checkpoint_at is None or not attempt.checkpoint_interval_seconds:
+        """When the attempt's next checkpoint is due: its interval after its last checkpoint in this
+        attempt, or after its training start when it wrote none yet (it resumed from its last); None: its
+        interval is not known, or it does not train yet."""
+        if not attempt.checkpoint_interval_seconds or attempt.training_started_at is None:
             return None
-        if attempt.training_started_at is None or attempt.last_checkpoint_at < attempt.training_started_at:
-            return None  # none written in this attempt yet: its interval has not started to tell
-        return attempt.last_checkpoint_at + timedelta(seconds=attempt.checkpoint_interval_seconds)
+        last = attempt.last_checkpoint_at
+        if last is None or last < attempt.training_started_at:
+            last = attempt.training_started_at
+        return last + timedelta(seconds=attempt.checkpoint_interval_seconds)
 
     def _checkpoint_wait(self, job: QueuedJob, victim: RunningAttempt) -> datetime | None:
         """The time until which the pass waits for `victim`'s due checkpoint before stopping it for `job`;

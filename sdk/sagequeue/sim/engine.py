@@ -118,6 +118,9 @@ class JobRun:
     spec: TraceJob
     job: SimJob
     saved_work: float = 0.0  # training seconds kept by checkpoints (all of it, once completed)
+    #: the interval between the last two checkpoints its ended attempts wrote: what the job's checkpoint
+    #: prefix tells of it before its current attempt wrote two
+    checkpoint_interval: float | None = None
     attempt: Attempt | None = None
 
 
@@ -428,6 +431,9 @@ class Simulation:
         run = self.by_attempt[attempt.name]
         job = run.job
         kept = attempt.saved_work()
+        interval = attempt.checkpoints(self.now)[1]
+        if interval is not None:
+            run.checkpoint_interval = interval
         lost = attempt.trained - kept
         run.saved_work += kept
         was = job.state

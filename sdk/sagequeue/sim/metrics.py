@@ -77,7 +77,10 @@ class JobRecord:
     #: training seconds each stop of an attempt threw away (per instance): the time since its last
     #: checkpoint, or since its training start without one
     lost_per_stop: list[float] = field(default_factory=list)
+    lost_on_loans: float = 0.0  # of work_lost, what loans taken back lost
+    last_stop_taken_back: bool = False
     team: str | None = None
+    checkpointed: bool = True  # it resumes from checkpoints
 
 
 @dataclass
@@ -135,6 +138,7 @@ class Recorder:
             at,
             spec.duration_seconds,
             team=spec.team,
+            checkpointed=bool(spec.checkpoint_minutes),
         )
         self.has_teams = self.has_teams or spec.team is not None
         if self.first_submit is None:
@@ -150,7 +154,8 @@ class Recorder:
 
     def preempted(self, run: JobRun, at: float) -> None:
         record = self.jobs[run.spec.name]
-        if run.job.stop_reason is StopReason.TAKEN_BACK:
+        record.last_stop_taken_back = run.job.stop_reason is StopReason.TAKEN_BACK
+        if record.last_stop_taken_back:
             record.loans_taken_back += 1
         else:
             record.preemptions += 1
@@ -160,6 +165,8 @@ class Recorder:
         record.work_lost += lost
         if attempt.outcome is Outcome.STOPPED:
             record.lost_per_stop.append(lost)
+            if record.last_stop_taken_back:
+                record.lost_on_loans += lost
         if run.job.state.is_terminal:
             record.ended = at
             record.outcome = "completed" if attempt.outcome is Outcome.COMPLETED else "failed"
@@ -401,6 +408,16 @@ def summarize(
         "work_lost_share": _ratio(
             sum(j.work_lost * j.instances for j in jobs), sum(j.duration * j.instances for j in jobs)
         ),
+        # what lost it: preemptions of jobs without checkpoints (all they trained in the attempt), loans
+        # taken back, preemptions of jobs that resume from checkpoints
+        "work_lost_by_kind_instance_hours": {
+            "no checkpoint": sum(j.work_lost * j.instances for j in jobs if not j.checkpointed) / 3600,
+            "loans taken back": sum(j.lost_on_loans * j.instances for j in jobs if j.checkpointed) / 3600,
+            "checkpointed, preempted": sum(
+                (j.work_lost - j.lost_on_loans) * j.instances for j in jobs if j.checkpointed
+            )
+            / 3600,
+        },
         "work_lost_per_stop_instance_hours": _stats(
             [lost * j.instances / 3600 for j in jobs for lost in j.lost_per_stop]
         ),

@@ -114,14 +114,19 @@ class SagequeuePolicy(Scheduler):
 
 def _reported(sim: Simulation, attempt: RunningAttempt) -> RunningAttempt:
     """A live attempt with the checkpoints it has reported by now (docs/adr/0023): the time of its last,
-    the interval between its last two."""
+    the interval between its last two (of an earlier attempt, before this one wrote two)."""
     run = sim.by_attempt.get(attempt.training_job_name)
     if run is None or run.attempt is None:
         return attempt
     last, interval = run.attempt.checkpoints(sim.now)
-    if last is None:
+    interval = interval if interval is not None else run.checkpoint_interval
+    if last is None and interval is None:
         return attempt
-    return dataclasses.replace(attempt, last_checkpoint_at=sim.at(last), checkpoint_interval_seconds=interval)
+    return dataclasses.replace(
+        attempt,
+        last_checkpoint_at=sim.at(last) if last is not None else None,
+        checkpoint_interval_seconds=interval,
+    )
 
 
 class _HeadOfLine(Scheduler):
