@@ -12,7 +12,9 @@ checkpointing every 10-60 min) on 4 x ml.trn1.32xlarge and 2 x ml.trn2.48xlarge,
 After each table, reference runs of sagequeue's policy that say what holds a figure where a target is
 missed (other schedules, not bounds): the top priority's jobs alone on the pools, the whole trace with no
 minimum runtime before preemption, and the worst equal-priority gang class's gangs alone on the pools.
-The overload trace: the same generator, 350 jobs in 3 days (offered load printed, above 2), simulated 30
+"today's victims" is sagequeue's policy with the victim choice it had before docs/adr/0023 (victim order,
+stopped at once); after each table, the work lost to preemption with it and with the checkpoint-aware
+choice, split by what lost it. The overload trace: the same generator, 350 jobs in 3 days (offered load printed, above 2), simulated 30
 days past its last submission so that every scheduler can drain it. Each table is one run of every scheduler
 on one trace; the wall time of each and the peak memory of the whole run are printed.
 """
