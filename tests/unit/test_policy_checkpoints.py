@@ -119,6 +119,22 @@ def test_without_a_checkpoint_the_whole_attempt_is_lost_and_a_provisioning_one_l
     assert [(p.training_job_name, p.work_lost_seconds) for p in result.preemptions] == [("c-starting", 0.0)]
 
 
+def test_a_job_that_reports_nothing_still_goes_before_one_without_checkpoints() -> None:
+    # GIVEN a job with a CheckpointConfig that has told nothing of its checkpoints (an image that does not
+    # report) and one without checkpoints, both trained 40 minutes, the first a minute longer
+    silent = victim("b-silent", trained_minutes=41, checkpoint_minutes_ago=None, interval_minutes=None)
+    restarts = victim("a-restarts", trained_minutes=40, checkpoint_minutes_ago=None, checkpointed=False)
+    result = plan(
+        Snapshot(now=NOW, capacity={POOL: 2}, queued=[queued("urgent", 5)], running=[silent, restarts]),
+        NO_WAIT,
+    )
+    # THEN the one that may resume is stopped, as the victim order had it; its stop is still said to lose
+    # all it trained, for nothing tells it wrote a checkpoint
+    assert [(p.training_job_name, p.work_lost_seconds) for p in result.preemptions] == [
+        ("b-silent", 41 * 60.0)
+    ]
+
+
 def test_fewer_victims_still_come_before_less_work_lost() -> None:
     # one two-instance victim that loses 10 minutes beats two one-instance victims that lose 1 minute each
     wide = victim("wide", count=2, checkpoint_minutes_ago=10)
@@ -344,8 +360,20 @@ def test_the_victims_lose_the_least_work_among_the_fewest_that_cover(
     chosen = {p.training_job_name for p in result.preemptions}
     deficit = {POOL: need - free}
 
+    def priced(attempt: RunningAttempt) -> float:
+        # ADR 0023: a job that resumes from checkpoints and told nothing of them counts half its loss
+        lost = work_lost_seconds(attempt, NOW)
+        reported = attempt.checkpoint_interval_seconds or (
+            attempt.last_checkpoint_at is not None
+            and (
+                attempt.training_started_at is None
+                or attempt.last_checkpoint_at > attempt.training_started_at
+            )
+        )
+        return lost / 2 if attempt.checkpointed and not reported else lost
+
     def lost(combo: tuple[RunningAttempt, ...]) -> float:
-        return sum(work_lost_seconds(a, NOW) * a.demand[POOL] for a in combo)
+        return sum(priced(a) * a.demand[POOL] for a in combo)
 
     every = [
         combo

@@ -632,7 +632,9 @@ class _Pass:
                 self._reserve(job, job.reservation.kind, self._claim(job))
             return False
         ready = [a for a in self._candidates(job, short) if self._ripe(a, job)]
-        victims = minimal_cover(ready, short, cost=self._lost if self.settings.victims_by_work_lost else None)
+        victims = minimal_cover(
+            ready, short, cost=self._priced_loss if self.settings.victims_by_work_lost else None
+        )
         if victims is not None:
             self._stop(victims, job)  # no claim on free capacity: that is other teams' while these stop
             self.result.waiting[job.name] = (
@@ -994,6 +996,22 @@ class _Pass:
     def _lost(self, attempt: RunningAttempt) -> float:
         return work_lost_seconds(attempt, self.snapshot.now)
 
+    def _priced_loss(self, attempt: RunningAttempt) -> float:
+        """The loss the victim choice counts: `work_lost_seconds`, except for a job that resumes from
+        checkpoints and has told nothing of them (no checkpoint in this attempt, no interval): an image
+        that does not report, or none written yet, the pass cannot tell which. It is priced at half its
+        training in the attempt, as if it had checkpointed halfway, so it still goes before a job without
+        checkpoints that trained as long, as the victim order had it before checkpoints were reported."""
+        lost = self._lost(attempt)
+        if not attempt.checkpointed or attempt.checkpoint_interval_seconds:
+            return lost
+        started = attempt.training_started_at
+        if attempt.last_checkpoint_at is not None and (
+            started is None or attempt.last_checkpoint_at > started
+        ):
+            return lost
+        return lost / 2
+
     def _checkpoint_due(self, attempt: RunningAttempt) -> datetime | None:
         """When the attempt's next checkpoint is due: its interval after its last checkpoint in this
         attempt, or after its training start when it wrote none yet (it resumed from its last); None: its
@@ -1038,7 +1056,7 @@ class _Pass:
         pass would wait for its due checkpoint, the wait (its instances idle that long for nothing)."""
 
         def cost(attempt: RunningAttempt) -> float:
-            lost = self._lost(attempt)
+            lost = self._priced_loss(attempt)
             if self._checkpoint_wait(job, attempt) is None:
                 return lost
             due = self._checkpoint_due(attempt)
