@@ -208,6 +208,70 @@ def test_a_short_or_own_failure_is_not_resumed(world: World) -> None:
     assert sorted(n for n in names(world) if n.startswith((quick, broken))) == sorted([quick, broken])
 
 
+def fail_all(world: World, *roots: str, seconds: int = 1200) -> None:
+    world.advance(seconds)
+    for event in world.take_events():
+        world.governance.on_event(event)
+        world.governance.on_event(event)  # duplicated delivery
+
+
+def test_a_clone_name_created_ahead_by_someone_else_neither_poses_as_the_clone_nor_blocks_the_resume(
+    world_factory: Any,
+) -> None:
+    """GIVEN a job started outside the queue that will fail on SageMaker's side, and a stranger allowed
+    CreateTrainingJob who created `<job>--2` ahead, tagged as governance tags its clones,
+    WHEN the job fails,
+    THEN governance does not take the stranger's job for its clone: the resume runs under a random fallback
+    name, sealed, and the next resume counts from it (the stranger's tags count nothing)."""
+    world = world_factory(max_resumes=2, resume_after_failure_min_runtime_seconds=600)
+    root = unique("flaky")
+    start(world, root, env=fail_after(900))
+    squatter = f"{root}--2"
+    start(
+        world,
+        squatter,
+        env={"SAGEQUEUE_SIM_DURATION": "90000"},
+        tags={
+            "team": "nlp",
+            CLONE_OF_TAG: root,
+            CLONE_ATTEMPT_TAG: "2",
+            RESUMES_TAG: "1",
+            SEAL_TAG: "0" * 32,
+        },
+    )
+    fail_all(world, root)
+    clones = [n for n in names(world) if n.startswith(f"{root}--2x")]
+    assert len(clones) == 1, names(world)
+    (clone,) = clones
+    assert world.status(clone)[0] == "InProgress"
+    tags = tags_of(world, clone)
+    assert (tags[CLONE_OF_TAG], tags[CLONE_ATTEMPT_TAG], tags[RESUMES_TAG]) == (root, "2", "1")
+    assert tags[SEAL_TAG] != "0" * 32
+    (resumed,) = world.publisher.of_type(EventType.JOB_RESUMED)
+    assert resumed["clone"] == clone
+    # the clone fails in turn: its resume is `<root>--3`, counted from the sealed lineage
+    fail_all(world, root)
+    assert f"{root}--3" in names(world)
+    assert tags_of(world, f"{root}--3")[RESUMES_TAG] == "2"
+    assert world.status(squatter)[0] == "InProgress"  # the stranger's job is left alone
+
+
+def test_a_job_tagged_as_anothers_clone_is_resumed_as_its_own_root(world_factory: Any) -> None:
+    """GIVEN a stranger's job tagged `sagequeue:clone-of=<victim>` (no seal that verifies),
+    WHEN it fails on SageMaker's side,
+    THEN its resume is named after itself, not `<victim>--2`, so the victim's own resume keeps its name."""
+    world = world_factory(max_resumes=2, resume_after_failure_min_runtime_seconds=600)
+    victim, poser = unique("victim"), unique("poser")
+    start(world, victim, env={"SAGEQUEUE_SIM_DURATION": "90000"})
+    start(
+        world, poser, env=fail_after(900), tags={"team": "nlp", CLONE_OF_TAG: victim, CLONE_ATTEMPT_TAG: "1"}
+    )
+    fail_all(world, poser)
+    assert f"{victim}--2" not in names(world)
+    assert f"{poser}--2" in names(world)
+    assert tags_of(world, f"{poser}--2")[CLONE_OF_TAG] == poser
+
+
 # --- spot ---------------------------------------------------------------------------------------------------
 
 
