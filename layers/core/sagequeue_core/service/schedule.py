@@ -21,6 +21,7 @@ from typing import Any
 from sagequeue_core.defaults import (
     ATTEMPT_TAG,
     JOB_TAG,
+    PRIORITY_TAG,
     QUOTA_MEMORY_SECONDS,
     SAGEQUEUE_EVENT_SOURCE,
     SEAL_TAG,
@@ -31,7 +32,9 @@ from sagequeue_core.domain import (
     ATTEMPT_NAME_CHOICES,
     ATTEMPT_SECRET_BYTES,
     FALLBACK_TOKEN_LENGTH,
+    PRIORITY_MIN,
     TRANSITIONS,
+    UNVERIFIED_OWNER,
     Job,
     JobState,
     Reservation,
@@ -40,7 +43,6 @@ from sagequeue_core.domain import (
     attempt_name,
     demand_of,
     parse_time,
-    priority_of,
     tags_to_dict,
 )
 from sagequeue_core.errors import (
@@ -764,34 +766,56 @@ _REQUEST_FIELDS = (
 
 
 def _rebuild(deps: Dependencies, training_job_name: str, tags: Mapping[str, str]) -> str:
-    """The table lost the job of a live attempt of ours (restored from an old backup, recreated): enter it
-    again as the live job its tags and its description say it is, so its instances are counted."""
+    """The table lost the job of a live attempt tagged as ours (restored from an old backup, recreated):
+    enter it again as a live job, so its instances are counted and its work is not lost.
+
+    Its seal cannot be verified: the secret that made it was in the lost table. So nothing its tags say
+    decides its standing (anyone allowed CreateTrainingJob can create a job tagged as our attempt, with a
+    priority and a submitter of their choosing): it is entered at the lowest priority, with no team (it
+    draws on no team's quota: it only borrows, and any team under its quota may reclaim it), and with no
+    owner (only an admin may change or cancel it). The tags are kept in its history and announced
+    (`JobEnteredAgain`) for an admin to restore what is right."""
     described = deps.sagemaker.describe(training_job_name)
     change = parse_description(described)
     if change.ended:
         return "ended meanwhile"
-    owner = tags[JOB_TAG]
+    name = tags[JOB_TAG]
     request: dict[str, Any] = {key: described[key] for key in _REQUEST_FIELDS if key in described}
-    request["TrainingJobName"] = owner
-    request["Tags"] = [{"Key": k, "Value": v} for k, v in tags.items() if not k.startswith("sagequeue:")]
+    request["TrainingJobName"] = name
+    # sagequeue's tags are the queue's to set; a priority tag is an input of a submission, which this is not
+    request["Tags"] = [
+        {"Key": k, "Value": v}
+        for k, v in tags.items()
+        if not k.startswith(("sagequeue:", "aws:")) and k != PRIORITY_TAG
+    ]
     now = deps.now()
     started = change.creation_time or now
     try:
-        attempt = int(tags.get(ATTEMPT_TAG) or 1)
+        attempt = max(1, int(tags.get(ATTEMPT_TAG) or 1))
     except ValueError:
         attempt = 1
     running = change.secondary_status not in _NOT_YET_RUNNING
+    claimed = {
+        "owner": tags.get(SUBMITTED_BY_TAG),
+        "priority": tags.get(PRIORITY_TAG),
+        "team": tags.get(deps.settings.team_tag) if deps.settings.team_tag else None,
+    }
+    said = ", ".join(f"{key} {value!r}" for key, value in claimed.items() if value) or "nothing more"
     job = Job(
-        name=owner,
+        name=name,
         request=request,
-        priority=priority_of(request),
-        owner=tags.get(SUBMITTED_BY_TAG) or "unknown",
+        priority=PRIORITY_MIN,
+        owner=UNVERIFIED_OWNER,
         submitted_at=started,
         state=JobState.RUNNING if running else JobState.STARTING,
         attempt=attempt,
         training_job_name=training_job_name,
         started_at=started,
-        reason="entered again from the training job's tags after the table lost it",
+        reason=(
+            f"entered again after the table lost it, from training job {training_job_name}, whose seal "
+            f"cannot be verified: lowest priority, no team, no owner until an admin sets them (its tags "
+            f"say {said})"
+        ),
     )
     job.history.append(
         {"at": now.isoformat(), "state": job.state.value, "attempt": attempt, "reason": job.reason}
@@ -801,7 +825,20 @@ def _rebuild(deps: Dependencies, training_job_name: str, tags: Mapping[str, str]
     except JobAlreadyExists:
         return "entered meanwhile"
     count(JOBS_REBUILT)
-    return f"entered again as {job.state.value}"
+    announce(
+        deps.publisher,
+        EventType.JOB_ENTERED_AGAIN,
+        {
+            "job": name,
+            "training_job_name": training_job_name,
+            "state": job.state.value,
+            "priority": job.priority,
+            "owner": job.owner,
+            "tagged": {key: value for key, value in claimed.items() if value},
+            "reason": job.reason,
+        },
+    )
+    return f"entered again as {job.state.value}, unverified"
 
 
 def _reconcile_warm_pools(deps: Dependencies, report: PassReport, managed: set[str]) -> None:
