@@ -6,11 +6,12 @@ from typing import Any
 
 from governance_world import TRN1, World, training_request, unique
 
-from sagequeue_core.defaults import ATTEMPT_TAG, JOB_TAG, SEAL_TAG
+from sagequeue_core.defaults import ATTEMPT_TAG, EXEMPTION_WINDOW_SECONDS, JOB_TAG, SEAL_TAG
 from sagequeue_core.domain import Job, JobState, StopReason, tags_to_dict
 from sagequeue_core.events import EventType
 from sagequeue_core.governance import CLONE_ATTEMPT_TAG, CLONE_OF_TAG, RESUMES_TAG
 from sagequeue_core.service.exemptions import grant_exemption
+from sagequeue_core.service.jobs import exempt
 
 
 def start(world: World, name: str, **kwargs: Any) -> None:
@@ -75,6 +76,70 @@ def test_an_exempt_job_breaking_the_rules_keeps_running(world: World) -> None:
     assert all(o.stopped is None and not o.alarms_created for o in outcomes)
     assert world.status(name) == ("InProgress", "Training")
     assert world.alarm_names(f"sagequeue-idle-{name}/") == []
+
+
+ADMIN = "arn:aws:iam::123456789012:role/QueueAdmin"
+
+
+def test_an_exemption_of_a_name_ahead_of_its_job_does_not_cover_a_job_created_after_its_window(
+    world: World,
+) -> None:
+    """GIVEN an admin exempts a training job name no job has yet,
+    WHEN nobody creates it within the window and, later, someone creates a job of that name breaking the
+    rules, tagged exempt,
+    THEN the exemption does not carry over to that job: it is stopped."""
+    name = unique("late-exempt")
+    grant_exemption(world.deps.store, name, ADMIN, world.clock.now())
+    world.advance(EXEMPTION_WINDOW_SECONDS + 60)
+    start(world, name, tags={"sagequeue:exempt": "true"})
+    world.advance(200)
+    outcomes = world.govern_pending(name)
+    assert any(o.stopped for o in outcomes)
+    assert world.status(name)[0] in ("Stopping", "Stopped")
+
+
+def test_an_exemption_by_name_covers_one_job_not_the_next_created_under_its_freed_name(
+    world: World,
+) -> None:
+    """GIVEN an admin exempted the training job of a name, and governance honoured it,
+    WHEN that job ends, is deleted (which frees its name), and someone creates another job under the name
+    within the window, breaking the rules and tagged exempt,
+    THEN the exemption was consumed by the first job: the second is stopped."""
+    name = unique("reused")
+    grant_exemption(world.deps.store, name, ADMIN, world.clock.now())
+    start(world, name, tags={"sagequeue:exempt": "true"}, env={"SAGEQUEUE_SIM_DURATION": "120"})
+    world.advance(200)
+    assert all(o.stopped is None for o in world.govern_pending(name))
+    world.advance(600)
+    world.govern_pending(name)
+    assert world.status(name)[0] == "Completed"
+    world.sagemaker.delete_training_job(TrainingJobName=name)
+    start(world, name, tags={"sagequeue:exempt": "true"}, env={"SAGEQUEUE_SIM_DURATION": "90000"})
+    world.advance(200)
+    outcomes = world.govern_pending(name)
+    assert any(o.stopped for o in outcomes)
+    assert world.status(name)[0] in ("Stopping", "Stopped")
+
+
+def test_an_exemption_of_a_running_job_is_bound_to_it_when_granted(world_factory: Any) -> None:
+    """GIVEN a running job that breaks the rules, exempted through the API by an admin (the grant records
+    the job's CreationTime),
+    THEN that job keeps running, and no other job created under its name after a delete is covered, even
+    one created within the window."""
+    world = world_factory(admin_role_arns=(ADMIN,))
+    name = unique("running-exempt")
+    start(world, name, tags={"sagequeue:exempt": "true"}, env={"SAGEQUEUE_SIM_DURATION": "300"})
+    world.advance(30)
+    exempt(world.deps, name, ADMIN)
+    world.advance(200)
+    assert all(o.stopped is None for o in world.govern_pending(name))
+    assert world.status(name)[0] == "InProgress"
+    world.advance(600)
+    world.govern_pending(name)
+    world.sagemaker.delete_training_job(TrainingJobName=name)
+    start(world, name, tags={"sagequeue:exempt": "true"}, env={"SAGEQUEUE_SIM_DURATION": "90000"})
+    world.advance(200)
+    assert any(o.stopped for o in world.govern_pending(name))
 
 
 def test_a_self_granted_exempt_tag_is_ignored_and_reported(world: World) -> None:

@@ -34,6 +34,7 @@ from sagequeue_core.domain import (
     JobState,
     StopReason,
     attempt_name,
+    parse_time,
     tags_to_dict,
 )
 from sagequeue_core.errors import AttemptNameTaken, SageMakerError, StaleVersion, TrainingJobNotFound
@@ -472,6 +473,7 @@ class Governance:
             str(detail["TrainingJobName"]),
             self._sagemaker_tags(detail),
             self.rules.policy.exempt_tag,
+            parse_time(detail.get("CreationTime")),
         )
 
     def _sagemaker_tags(self, detail: Mapping[str, Any]) -> dict[str, str]:
