@@ -1245,11 +1245,12 @@ def _queue_metrics(pool: str, window: list[Job], now: datetime) -> None:
 
 
 def attempt_request(
-    job: Job, attempt: int, keep_alive_seconds: int | None, *, token: str = ""
+    job: Job, attempt: int, keep_alive_seconds: int | None, *, token: str = "", keep_warm: bool = True
 ) -> dict[str, Any]:
     """The CreateTrainingJob request of attempt `attempt`: the submitted request (same CheckpointConfig,
     so training resumes from its checkpoints) under the attempt's name (its fallback name with `token`),
-    with sagequeue's tags."""
+    with sagequeue's tags. Without `keep_warm` (a role more than one team may pass:
+    `PolicySettings.keeps_warm`), it asks for no warm pool, whatever the submitted request asked."""
     request = copy.deepcopy(job.request)
     request["TrainingJobName"] = attempt_name(job.name, attempt, token)
     tags = tags_to_dict(request.get("Tags"))
@@ -1258,6 +1259,11 @@ def attempt_request(
     if seal is not None:
         tags[SEAL_TAG] = seal
     request["Tags"] = [{"Key": key, "Value": value} for key, value in tags.items()]
+    if not keep_warm:
+        config = dict(request.get("ResourceConfig") or {})
+        if config.pop("KeepAlivePeriodInSeconds", None) is not None:
+            request["ResourceConfig"] = config
+        return request
     if keep_alive_seconds:
         config = dict(request.get("ResourceConfig") or {})
         config["KeepAlivePeriodInSeconds"] = max(
@@ -1303,7 +1309,13 @@ def _start(
             fresh_job.attempt_secret = secrets.token_hex(ATTEMPT_SECRET_BYTES)
         attempt = fresh_job.attempt + 1
         token = secrets.token_hex(FALLBACK_TOKEN_LENGTH // 2) if choice else ""
-        request = attempt_request(fresh_job, attempt, action.keep_alive_seconds, token=token)
+        request = attempt_request(
+            fresh_job,
+            attempt,
+            action.keep_alive_seconds,
+            token=token,
+            keep_warm=policy_settings(deps.settings).keeps_warm(fresh_job.request.get("RoleArn")),
+        )
         name = request["TrainingJobName"]
         undo = partial(_not_created, deps, name=name, previous=fresh_job.training_job_name)
         planned = None if ledger is None else {pool: ledger.get(pool, 0) for pool in job.demand}
