@@ -108,6 +108,7 @@ def test_policy_settings_from_the_scheduler_settings() -> None:
         lend_reserved_capacity: bool = False
         top_priority: int = 9
         top_priority_budget_factor: int = 3
+        warm_pool_roles: frozenset[str] | None = frozenset({"arn:aws:iam::1:role/vision-data"})
 
     assert policy_settings(Settings()) == PolicySettings(
         min_runtime_before_preemption_seconds=123,
@@ -117,6 +118,7 @@ def test_policy_settings_from_the_scheduler_settings() -> None:
         lend_reserved_capacity=False,
         top_priority=9,
         top_priority_budget_factor=3,
+        warm_pool_roles=frozenset({"arn:aws:iam::1:role/vision-data"}),
     )
 
 
