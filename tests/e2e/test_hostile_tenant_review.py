@@ -68,8 +68,9 @@ def stack() -> Iterator[LocalStack]:
             "priority_ceilings": f"speech={SPEECH_CEILING}",
             "resume_after_failure_min_runtime_seconds": 60,
         },
-        # the region launches the pools and the training jobs created outside the queue
-        emulator={**FAST, "capacity": {POOL: 5}},
+        # the region launches the pools and the training jobs created outside the queue; the account raised
+        # its warm-pool quota (AWS's default, 0, retains no pool)
+        emulator={**FAST, "capacity": {POOL: 5}, "warm_pool_limits": {POOL: 2}},
         function_logs=False,
         teams=TEAMS,
         # a function's failure is recorded, and each test asserts none it did not expect (no_failures)
@@ -182,6 +183,56 @@ def test_a_plan_pool_held_by_a_teams_quota_is_not_taken_by_another_teams_job(sta
         admin.set_team_quota("vision", PLAN, None)
 
 
+# --- a training job started outside the queue on a managed pool -----------------------------------------------
+
+
+def test_a_training_job_created_outside_the_queue_on_a_full_pool_stops_no_queued_job(
+    stack: LocalStack,
+) -> None:
+    vision = stack.client("user")
+    running = [unique("steady"), unique("steady")]
+    for name in running:
+        vision.submit(request(stack, name, 3600), priority=1)
+    until(stack, lambda: all(states(vision)[n] == "running" for n in running), limit=600)
+    # WHEN the attacker, allowed sagemaker:CreateTrainingJob, starts a job of the pool's type outside the queue
+    outside = unique("outside")
+    stack.sagemaker.create_training_job(**request(stack, outside, 900))
+    for _ in range(5):
+        stack.advance(180)
+        # THEN the victim's running jobs keep running
+        assert all(states(vision)[n] == "running" for n in running), states(vision)
+    cancel_all(stack)
+
+
+# --- warm pools: matched by execution role, across teams ------------------------------------------------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a job of another team with the same execution role (the shared one) starts on a team's warm pool "
+    "and its cache directory; documented as a known limit, avoided only by a role per team",
+)
+def test_another_teams_job_does_not_start_on_a_teams_warm_pool(stack: LocalStack) -> None:
+    vision, speech = stack.client("user"), stack.client("other")
+    long, warm, theirs = unique("long"), unique("warm"), unique("theirs")
+    # GIVEN vision fills the pool, one job keeping its instances warm when it ends
+    vision.submit(request(stack, long, 3600), priority=1)
+    body = request(stack, warm, 120)
+    body["ResourceConfig"] = {**body["ResourceConfig"], "KeepAlivePeriodInSeconds": 900}
+    vision.submit(body, priority=1)
+    until(stack, lambda: all(states(vision)[n] == "running" for n in (long, warm)), limit=600)
+    # WHEN speech queues a job with the same instances, volume and (shared) execution role
+    speech.submit(request(stack, theirs, 600), priority=1)
+    try:
+        until(stack, lambda: states(speech)[theirs] == "running", limit=900)
+        # THEN it does not start on the instances vision's job left warm
+        pool = stack.sagemaker.describe_training_job(TrainingJobName=warm).get("WarmPoolStatus") or {}
+        attempt = speech.job(theirs).training_job_name
+        assert pool.get("ReusedByJob") != attempt, pool
+    finally:
+        cancel_all(stack)
+
+
 # --- the idle signal: another tenant can keep an idle job busy ------------------------------------------------
 
 
@@ -213,11 +264,10 @@ def test_forged_busy_datapoints_do_not_keep_another_teams_idle_job_running(stack
     vision.submit(request(stack, idle, 7200, outcome="Idle"), priority=1)
     until(stack, lambda: states(vision)[idle] == "running", limit=600)
     try:
-        # WHEN the attacker publishes one busy datapoint a minute for the idle job's host
-        window = IDLE_PERIODS * IDLE_PERIOD
-        for _ in range((window + 2 * IDLE_PERIOD) // 60):
+        # WHEN the attacker publishes one busy datapoint a period for the idle job's host
+        for _ in range(IDLE_PERIODS + 2):
             forge_busy(stack, idle)
-            stack.advance(60)
+            stack.advance(IDLE_PERIOD)
         # THEN the idle job is stopped all the same, as its own data says
         assert states(vision)[idle] in ("stopping", "idle_stopped")
     finally:
