@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from test_hostile_users import raw
 
 from sagequeue.client import ApiError, QueueClient
 from sagequeue.local import LocalStack
@@ -425,3 +426,39 @@ def test_5_a_plan_of_another_account_region_or_partition_is_no_pool_of_the_stack
     vision.submit(body)
     assert vision.job(own).pool == "plan:shared"
     cancel_all(stack)
+
+
+# --- exemptions by training job name ----------------------------------------------------------------------------
+
+
+def test_9_an_exemption_by_name_covers_the_job_that_had_the_name_not_one_created_under_it_later(
+    stack: LocalStack,
+) -> None:
+    """GIVEN a job started outside the queue, exempted by an admin through the API while it runs,
+    WHEN it ends, is deleted (which frees its name), and another tenant creates a job under that name,
+    tagged exempt,
+    THEN the exemption was the first job's: the second gets its idle alarms like any job."""
+    name = unique("exempted")
+    exempt_tag = [{"Key": "sagequeue:exempt", "Value": "true"}]
+    stack.sagemaker.create_training_job(**request(stack, name, 900, Tags=exempt_tag))
+    until(stack, lambda: training_started(stack, name), limit=600, step=10)
+    status, granted = raw(stack, "admin", "PUT", f"/exemptions/{name}")
+    assert (status, granted["training_job_name"]) == (200, name)
+    stack.advance(360)  # governance's reconcile drops the alarms it made before the grant
+    assert idle_alarm(stack, name) == {}  # exempt: not watched
+    until(stack, lambda: status_of(stack, name) == "Completed", limit=900)
+    stack.sagemaker.delete_training_job(TrainingJobName=name)
+    again = request(stack, name, 7200, Tags=exempt_tag)
+    stack.sagemaker.create_training_job(**again)
+    until(stack, lambda: bool(idle_alarm(stack, name)), limit=900)
+    stack.sagemaker.stop_training_job(TrainingJobName=name)
+    until(stack, lambda: status_of(stack, name) == "Stopped", limit=600)
+
+
+def training_started(stack: LocalStack, training_job_name: str) -> bool:
+    described = stack.sagemaker.describe_training_job(TrainingJobName=training_job_name)
+    return described.get("SecondaryStatus") == "Training"
+
+
+def status_of(stack: LocalStack, training_job_name: str) -> str:
+    return str(stack.sagemaker.describe_training_job(TrainingJobName=training_job_name)["TrainingJobStatus"])

@@ -247,6 +247,27 @@ def test_keep_alive_set_when_a_queued_job_would_match_next() -> None:
     assert unmatched.starts == [Start("a", keep_alive_seconds=None)]
 
 
+def test_no_keep_alive_for_a_role_more_than_one_team_may_pass() -> None:
+    """SageMaker hands a warm pool to the next job of the same role and resources, whatever its team: with
+    teams, only a role of one team (Settings.warm_pool_roles) is kept warm for the job that would match."""
+    shared, private = "arn:aws:iam::1:role/train", "arn:aws:iam::1:role/vision-data"
+    settings = PolicySettings(default_keep_alive_seconds=900, warm_pool_roles=frozenset({private}))
+    for role, keep_alive in ((shared, None), (private, 900)):
+        result = plan(
+            Snapshot(
+                now=at(5),
+                capacity={TRN1: 1},
+                queued=[
+                    queued("a", 5, 1, resource_key=key(1, role=role)),
+                    queued("b", 1, 2, resource_key=key(1, role=role)),
+                ],
+            ),
+            settings,
+        )
+        assert result.starts == [Start("a", keep_alive_seconds=keep_alive)]
+    assert PolicySettings().keeps_warm(shared)
+
+
 def test_backoff_jobs_wait_without_blocking() -> None:
     result = plan(
         Snapshot(

@@ -72,3 +72,24 @@ def test_team_execution_roles_are_parsed_named_and_held_to_the_allowed_roles() -
         Settings.build(allowed_role_arns=[ROLE], team_execution_roles=f"vision={data}")
     with pytest.raises(ConfigError, match="entry 'vision' must be <team>=<role ARN>"):
         Settings.build(team_execution_roles="vision")
+
+
+def test_with_two_teams_only_a_role_of_one_team_keeps_warm_pools_and_a_shared_one_is_warned_of(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    vision, shared = f"arn:aws:iam::{ACCOUNT}:role/vision-data", f"arn:aws:iam::{ACCOUNT}:role/shared-data"
+    allowed = [ROLE, vision, shared]
+    # one team or none: one tenant, every role keeps its pools
+    assert Settings.build(allowed_role_arns=allowed).warm_pool_roles is None
+    assert Settings.build(allowed_role_arns=allowed, team_roles={ROLE: "vision"}).warm_pool_roles is None
+    with caplog.at_level("WARNING", logger="sagequeue"):
+        settings = Settings.build(
+            allowed_role_arns=allowed,
+            team_roles=ROLES,
+            team_execution_roles=f"vision={vision},vision={shared},speech={shared}",
+        )
+    assert settings.warm_pool_roles == frozenset({vision})
+    assert settings.shared_execution_roles == {shared: ("vision", "speech")}
+    (warning,) = [r.getMessage() for r in caplog.records if "warm pool" in r.getMessage()]
+    assert shared in warning
+    assert "vision, speech" in warning

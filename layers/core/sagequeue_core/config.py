@@ -13,6 +13,7 @@ start, and a validation library would cost more to import than the handler's own
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import os
 import re
@@ -410,6 +411,14 @@ class Settings:
                 )
         if problems:
             raise ConfigError("invalid settings: " + "; ".join(problems))
+        for role, teams in self.shared_execution_roles.items():
+            logging.getLogger("sagequeue").warning(
+                "%s gives %s to the teams %s: no warm pool of it is kept, since SageMaker would hand one "
+                "team's warm pool to the other's next job of the same resources",
+                env_name("team_execution_roles"),
+                role,
+                ", ".join(teams),
+            )
 
     @classmethod
     def field_names(cls) -> tuple[str, ...]:
@@ -432,6 +441,26 @@ class Settings:
     def teams_of_role(self, role_arn: str) -> tuple[str, ...]:
         """The teams that own an execution role (TeamExecutionRoles); empty for a role any caller may pass."""
         return tuple(team for team, roles in self.team_execution_roles.items() if role_arn in roles)
+
+    @property
+    def shared_execution_roles(self) -> dict[str, tuple[str, ...]]:
+        """Roles TeamExecutionRoles gives to more than one team, with those teams."""
+        roles = {role for owned in self.team_execution_roles.values() for role in owned}
+        return {role: self.teams_of_role(role) for role in sorted(roles) if len(self.teams_of_role(role)) > 1}
+
+    @property
+    def warm_pool_roles(self) -> frozenset[str] | None:
+        """The execution roles whose warm pools the queue keeps; None: any role (fewer than two teams).
+
+        SageMaker hands a warm pool to the next job with the same execution role and resources, whoever
+        submitted it, and the pool keeps what the last job left in its cache directory. With two teams or
+        more, only a role TeamExecutionRoles gives to one team keeps a pool within that team; a role any
+        caller may pass, or one two teams share, keeps none (docs/guardrails.md)."""
+        teams = set(self.team_roles.values()) | set(self.team_execution_roles)
+        if len(teams) < 2:
+            return None
+        owned = {role for roles in self.team_execution_roles.values() for role in roles}
+        return frozenset(role for role in owned if len(self.teams_of_role(role)) == 1)
 
     @property
     def idle_rules(self) -> IdleRules:

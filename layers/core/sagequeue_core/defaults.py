@@ -75,6 +75,9 @@ ATTEMPT_TAG = "sagequeue:attempt"
 SEAL_TAG = "sagequeue:seal"
 #: An admin sets this tag (value "true") to exempt a job from the tag and policy rules and the idle stop.
 EXEMPT_TAG = "sagequeue:exempt"
+#: An exemption granted by the name of a training job that does not exist yet covers the first training job
+#: of that name created within this long after the grant, and no other (docs/guardrails.md).
+EXEMPTION_WINDOW_SECONDS = 3600
 
 # --- Names -------------------------------------------------------------------------------------------------
 

@@ -27,6 +27,9 @@ from sagequeue_core.defaults import (
 PRIORITY_MIN = 0
 PRIORITY_MAX = 1000
 DEFAULT_PRIORITY = 0
+#: The owner of a job nobody can be shown to have submitted (a live attempt entered again after the table
+#: was lost: its submitter tag is anyone's to write). It matches no caller, so only admins act on the job.
+UNVERIFIED_OWNER = "unverified"
 
 _NAME_RE = re.compile(TRAINING_JOB_NAME_PATTERN)
 

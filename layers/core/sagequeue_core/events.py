@@ -63,6 +63,8 @@ class EventType(StrEnum):
     QUOTA_RECLAIMED = "QuotaReclaimed"  # a team under its quota preempted another team's borrowing job
     POLICY_VIOLATION = "PolicyViolation"
     IDLE_STOPPED = "IdleStopped"
+    #: a live attempt the table had lost, entered again with the lowest standing: for an admin to review
+    JOB_ENTERED_AGAIN = "JobEnteredAgain"
 
 
 #: The detail types of sagequeue's own events that make the scheduler run a pass.

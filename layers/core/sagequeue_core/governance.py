@@ -13,6 +13,8 @@ how they carry it out.
 from __future__ import annotations
 
 import copy
+import hashlib
+import hmac
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -30,6 +32,7 @@ from sagequeue_core.defaults import (
     NEURON_METRIC_NAMESPACE,
     NEURONCORE_UTILIZATION_METRIC,
     SAGEMAKER_METRIC_NAMESPACE,
+    SEAL_TAG,
     SUBMITTED_BY_TAG,
     host_dimension_value,
     is_gpu_instance,
@@ -595,16 +598,48 @@ class Lineage:
     def next_attempt_name(self) -> str:
         return attempt_name(self.root, self.attempt + 1)
 
+    def next(self, *, resumed: bool) -> Lineage:
+        """The lineage of this job's clone (a resume after a failure counts against max_resumes)."""
+        return Lineage(self.root, self.attempt + 1, self.resumes + (1 if resumed else 0))
 
-def lineage_of(training_job_name: str, tags: Mapping[str, str]) -> Lineage:
-    root = tags.get(CLONE_OF_TAG) or training_job_name
+
+def clone_seal(secret: str, training_job_name: str, lineage: Lineage) -> str:
+    """The seal (SEAL_TAG) of clone `training_job_name` standing at `lineage`, under its root's secret.
+
+    It covers the counters with the name, so a clone whose `sagequeue:resumes` someone lowered (AddTags)
+    no longer verifies, and a seal seen on one clone is worth nothing on another name or lineage."""
+    message = f"{training_job_name}\n{lineage.root}\n{lineage.attempt}\n{lineage.resumes}"
+    return hmac.new(secret.encode(), message.encode(), hashlib.sha256).hexdigest()[:32]
+
+
+def claimed_root(tags: Mapping[str, str]) -> str | None:
+    """The root a training job's tags claim it is a clone of (anyone allowed AddTags can write it)."""
+    return tags.get(CLONE_OF_TAG) or None
+
+
+def lineage_of(training_job_name: str, tags: Mapping[str, str], secret: str | None = None) -> Lineage:
+    """Where `training_job_name` stands, from its clone tags when they carry a seal that verifies under its
+    root's `secret` (kept in the table by governance); otherwise it is an original, whatever its tags say.
+
+    The tags alone prove nothing: anyone allowed CreateTrainingJob or AddTags can write them, and a
+    training job trusted as another's clone would name its own clone after that lineage, taking the name
+    the real job's resume needs."""
+    original = Lineage(root=training_job_name, attempt=1, resumes=0)
+    root = claimed_root(tags)
+    seal = tags.get(SEAL_TAG)
+    if root is None or secret is None or seal is None:
+        return original
     try:
-        attempt = max(1, int(tags.get(CLONE_ATTEMPT_TAG) or 1))
-        resumes = max(0, int(tags.get(RESUMES_TAG) or 0))
+        claimed = Lineage(
+            root=root,
+            attempt=max(1, int(tags.get(CLONE_ATTEMPT_TAG) or 1)),
+            resumes=max(0, int(tags.get(RESUMES_TAG) or 0)),
+        )
     except ValueError:
-        # Tags anyone can edit: an unreadable counter restarts the lineage rather than blocking recovery.
-        attempt, resumes = 1, 0
-    return Lineage(root=root, attempt=attempt, resumes=resumes)
+        return original
+    if not hmac.compare_digest(clone_seal(secret, training_job_name, claimed), seal):
+        return original
+    return claimed
 
 
 @dataclass(frozen=True)
@@ -702,16 +737,20 @@ def clone_request(
     tags: Mapping[str, str],
     resumed: bool,
     disable_spot: bool = False,
+    name: str | None = None,
+    secret: str | None = None,
 ) -> dict[str, Any]:
-    """The CreateTrainingJob request of the next attempt of `job` (a DescribeTrainingJob response).
+    """The CreateTrainingJob request of the next attempt of `job` (a DescribeTrainingJob response), named
+    `name` (by default the lineage's next attempt name; a fallback name when that one is held), sealed
+    under its root's `secret` when one is given.
 
     The clone keeps the job's CheckpointConfig, so a job that checkpoints resumes where it stopped. Its
-    tags carry the lineage, which bounds resumes without any state outside SageMaker.
+    tags carry the lineage, which bounds resumes; its seal (SEAL_TAG) makes them count.
     """
     request: dict[str, Any] = {
         key: copy.deepcopy(job[key]) for key in CLONABLE_FIELDS if job.get(key) not in (None, {}, [])
     }
-    request["TrainingJobName"] = lineage.next_attempt_name
+    request["TrainingJobName"] = name or lineage.next_attempt_name
     if disable_spot:
         request["EnableManagedSpotTraining"] = False
         # MaxWaitTimeInSeconds is only valid with managed spot.
@@ -719,13 +758,19 @@ def clone_request(
         stopping.pop("MaxWaitTimeInSeconds", None)
         if stopping:
             request["StoppingCondition"] = stopping
-    # aws: tags are reserved; queue tags would make the clone look like an attempt of a queue entry.
+    # aws: tags are reserved; queue tags would make the clone look like an attempt of a queue entry, and a
+    # seal copied from the job would be worth nothing on the clone's name.
     clone_tags = {
-        k: v for k, v in tags.items() if not k.startswith("aws:") and k not in (JOB_TAG, ATTEMPT_TAG)
+        k: v
+        for k, v in tags.items()
+        if not k.startswith("aws:") and k not in (JOB_TAG, ATTEMPT_TAG, SEAL_TAG)
     }
-    clone_tags[CLONE_OF_TAG] = lineage.root
-    clone_tags[CLONE_ATTEMPT_TAG] = str(lineage.attempt + 1)
-    clone_tags[RESUMES_TAG] = str(lineage.resumes + (1 if resumed else 0))
+    following = lineage.next(resumed=resumed)
+    clone_tags[CLONE_OF_TAG] = following.root
+    clone_tags[CLONE_ATTEMPT_TAG] = str(following.attempt)
+    clone_tags[RESUMES_TAG] = str(following.resumes)
+    if secret is not None:
+        clone_tags[SEAL_TAG] = clone_seal(secret, request["TrainingJobName"], following)
     request["Tags"] = [{"Key": k, "Value": v} for k, v in clone_tags.items()]
     return request
 
@@ -788,7 +833,8 @@ def govern(
     `job` is the event detail (or a DescribeTrainingJob response), `tags` its tags as a dict. Every action
     is safe to repeat, so a duplicated or replayed event only repeats harmless work. An exempt job is never
     stopped nor watched; it may still be resumed after a transient failure, which only helps it.
-    `resumes_so_far` overrides the count the job's lineage tags carry.
+    `resumes_so_far` is the count of the job's verified lineage (`lineage_of` with its root's secret); left
+    out, the job counts as an original (its clone tags unverified).
     """
     name = str(job.get("TrainingJobName"))
     status = job.get("TrainingJobStatus")

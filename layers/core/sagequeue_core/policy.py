@@ -180,9 +180,16 @@ class PolicySettings:
     #: choose victims by the training they would lose (docs/adr/0023); False: in victim_order alone, as
     #: before it (what the simulator compares with)
     victims_by_work_lost: bool = True
+    #: execution roles whose warm pools may be kept (Settings.warm_pool_roles); None: any role
+    warm_pool_roles: frozenset[str] | None = None
 
     def is_top(self, priority: int) -> bool:
         return 0 < self.top_priority <= priority
+
+    def keeps_warm(self, role_arn: str | None) -> bool:
+        """Whether a warm pool of a job running as `role_arn` may be kept: SageMaker gives it to the next
+        job of the same role and resources, so only a role of one team keeps it within that team."""
+        return self.warm_pool_roles is None or role_arn in self.warm_pool_roles
 
 
 # --- Actions -------------------------------------------------------------------------------------------------
@@ -1076,6 +1083,8 @@ class _Pass:
     # 5. keep
     def _keep_alive_for(self, job: QueuedJob) -> int | None:
         if job.resource_key is None or self.settings.default_keep_alive_seconds <= 0:
+            return None
+        if not self.settings.keeps_warm(job.resource_key.role_arn):
             return None
         if self.open_keys[job.resource_key] > 0:
             return self.settings.default_keep_alive_seconds

@@ -50,6 +50,9 @@ class SchedulerSettings(Protocol):
     @property
     def checkpoint_wait_seconds(self) -> int: ...
 
+    @property
+    def warm_pool_roles(self) -> frozenset[str] | None: ...
+
 
 class HeldOutsideQueue(Protocol):
     """A training job started outside the queue on a managed pool (`store.ExternalAttempt`)."""
@@ -91,6 +94,7 @@ def policy_settings(settings: SchedulerSettings) -> PolicySettings:
         top_priority=settings.top_priority,
         top_priority_budget_factor=settings.top_priority_budget_factor,
         checkpoint_wait_seconds=settings.checkpoint_wait_seconds,
+        warm_pool_roles=settings.warm_pool_roles,
     )
 
 

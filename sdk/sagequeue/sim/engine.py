@@ -80,6 +80,8 @@ class SimSettings:
     team_quotas: tuple[TeamQuota, ...] = ()
     #: half-life of the decaying instance-hours counter behind fair share
     fair_share_half_life_seconds: int = 86_400
+    #: execution roles whose warm pools may be kept; None: any (the simulation has no teams' roles)
+    warm_pool_roles: frozenset[str] | None = None
 
     @property
     def limits(self) -> dict[str, int]:

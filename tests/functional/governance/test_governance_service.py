@@ -6,11 +6,12 @@ from typing import Any
 
 from governance_world import TRN1, World, training_request, unique
 
-from sagequeue_core.defaults import ATTEMPT_TAG, JOB_TAG, SEAL_TAG
+from sagequeue_core.defaults import ATTEMPT_TAG, EXEMPTION_WINDOW_SECONDS, JOB_TAG, SEAL_TAG
 from sagequeue_core.domain import Job, JobState, StopReason, tags_to_dict
 from sagequeue_core.events import EventType
 from sagequeue_core.governance import CLONE_ATTEMPT_TAG, CLONE_OF_TAG, RESUMES_TAG
 from sagequeue_core.service.exemptions import grant_exemption
+from sagequeue_core.service.jobs import exempt
 
 
 def start(world: World, name: str, **kwargs: Any) -> None:
@@ -75,6 +76,70 @@ def test_an_exempt_job_breaking_the_rules_keeps_running(world: World) -> None:
     assert all(o.stopped is None and not o.alarms_created for o in outcomes)
     assert world.status(name) == ("InProgress", "Training")
     assert world.alarm_names(f"sagequeue-idle-{name}/") == []
+
+
+ADMIN = "arn:aws:iam::123456789012:role/QueueAdmin"
+
+
+def test_an_exemption_of_a_name_ahead_of_its_job_does_not_cover_a_job_created_after_its_window(
+    world: World,
+) -> None:
+    """GIVEN an admin exempts a training job name no job has yet,
+    WHEN nobody creates it within the window and, later, someone creates a job of that name breaking the
+    rules, tagged exempt,
+    THEN the exemption does not carry over to that job: it is stopped."""
+    name = unique("late-exempt")
+    grant_exemption(world.deps.store, name, ADMIN, world.clock.now())
+    world.advance(EXEMPTION_WINDOW_SECONDS + 60)
+    start(world, name, tags={"sagequeue:exempt": "true"})
+    world.advance(200)
+    outcomes = world.govern_pending(name)
+    assert any(o.stopped for o in outcomes)
+    assert world.status(name)[0] in ("Stopping", "Stopped")
+
+
+def test_an_exemption_by_name_covers_one_job_not_the_next_created_under_its_freed_name(
+    world: World,
+) -> None:
+    """GIVEN an admin exempted the training job of a name, and governance honoured it,
+    WHEN that job ends, is deleted (which frees its name), and someone creates another job under the name
+    within the window, breaking the rules and tagged exempt,
+    THEN the exemption was consumed by the first job: the second is stopped."""
+    name = unique("reused")
+    grant_exemption(world.deps.store, name, ADMIN, world.clock.now())
+    start(world, name, tags={"sagequeue:exempt": "true"}, env={"SAGEQUEUE_SIM_DURATION": "120"})
+    world.advance(200)
+    assert all(o.stopped is None for o in world.govern_pending(name))
+    world.advance(600)
+    world.govern_pending(name)
+    assert world.status(name)[0] == "Completed"
+    world.sagemaker.delete_training_job(TrainingJobName=name)
+    start(world, name, tags={"sagequeue:exempt": "true"}, env={"SAGEQUEUE_SIM_DURATION": "90000"})
+    world.advance(200)
+    outcomes = world.govern_pending(name)
+    assert any(o.stopped for o in outcomes)
+    assert world.status(name)[0] in ("Stopping", "Stopped")
+
+
+def test_an_exemption_of_a_running_job_is_bound_to_it_when_granted(world_factory: Any) -> None:
+    """GIVEN a running job that breaks the rules, exempted through the API by an admin (the grant records
+    the job's CreationTime),
+    THEN that job keeps running, and no other job created under its name after a delete is covered, even
+    one created within the window."""
+    world = world_factory(admin_role_arns=(ADMIN,))
+    name = unique("running-exempt")
+    start(world, name, tags={"sagequeue:exempt": "true"}, env={"SAGEQUEUE_SIM_DURATION": "300"})
+    world.advance(30)
+    exempt(world.deps, name, ADMIN)
+    world.advance(200)
+    assert all(o.stopped is None for o in world.govern_pending(name))
+    assert world.status(name)[0] == "InProgress"
+    world.advance(600)
+    world.govern_pending(name)
+    world.sagemaker.delete_training_job(TrainingJobName=name)
+    start(world, name, tags={"sagequeue:exempt": "true"}, env={"SAGEQUEUE_SIM_DURATION": "90000"})
+    world.advance(200)
+    assert any(o.stopped for o in world.govern_pending(name))
 
 
 def test_a_self_granted_exempt_tag_is_ignored_and_reported(world: World) -> None:
@@ -206,6 +271,70 @@ def test_a_short_or_own_failure_is_not_resumed(world: World) -> None:
     world.advance(4000)
     world.govern_pending()
     assert sorted(n for n in names(world) if n.startswith((quick, broken))) == sorted([quick, broken])
+
+
+def fail_all(world: World, *roots: str, seconds: int = 1200) -> None:
+    world.advance(seconds)
+    for event in world.take_events():
+        world.governance.on_event(event)
+        world.governance.on_event(event)  # duplicated delivery
+
+
+def test_a_clone_name_created_ahead_by_someone_else_neither_poses_as_the_clone_nor_blocks_the_resume(
+    world_factory: Any,
+) -> None:
+    """GIVEN a job started outside the queue that will fail on SageMaker's side, and a stranger allowed
+    CreateTrainingJob who created `<job>--2` ahead, tagged as governance tags its clones,
+    WHEN the job fails,
+    THEN governance does not take the stranger's job for its clone: the resume runs under a random fallback
+    name, sealed, and the next resume counts from it (the stranger's tags count nothing)."""
+    world = world_factory(max_resumes=2, resume_after_failure_min_runtime_seconds=600)
+    root = unique("flaky")
+    start(world, root, env=fail_after(900))
+    squatter = f"{root}--2"
+    start(
+        world,
+        squatter,
+        env={"SAGEQUEUE_SIM_DURATION": "90000"},
+        tags={
+            "team": "nlp",
+            CLONE_OF_TAG: root,
+            CLONE_ATTEMPT_TAG: "2",
+            RESUMES_TAG: "1",
+            SEAL_TAG: "0" * 32,
+        },
+    )
+    fail_all(world, root)
+    clones = [n for n in names(world) if n.startswith(f"{root}--2x")]
+    assert len(clones) == 1, names(world)
+    (clone,) = clones
+    assert world.status(clone)[0] == "InProgress"
+    tags = tags_of(world, clone)
+    assert (tags[CLONE_OF_TAG], tags[CLONE_ATTEMPT_TAG], tags[RESUMES_TAG]) == (root, "2", "1")
+    assert tags[SEAL_TAG] != "0" * 32
+    (resumed,) = world.publisher.of_type(EventType.JOB_RESUMED)
+    assert resumed["clone"] == clone
+    # the clone fails in turn: its resume is `<root>--3`, counted from the sealed lineage
+    fail_all(world, root)
+    assert f"{root}--3" in names(world)
+    assert tags_of(world, f"{root}--3")[RESUMES_TAG] == "2"
+    assert world.status(squatter)[0] == "InProgress"  # the stranger's job is left alone
+
+
+def test_a_job_tagged_as_anothers_clone_is_resumed_as_its_own_root(world_factory: Any) -> None:
+    """GIVEN a stranger's job tagged `sagequeue:clone-of=<victim>` (no seal that verifies),
+    WHEN it fails on SageMaker's side,
+    THEN its resume is named after itself, not `<victim>--2`, so the victim's own resume keeps its name."""
+    world = world_factory(max_resumes=2, resume_after_failure_min_runtime_seconds=600)
+    victim, poser = unique("victim"), unique("poser")
+    start(world, victim, env={"SAGEQUEUE_SIM_DURATION": "90000"})
+    start(
+        world, poser, env=fail_after(900), tags={"team": "nlp", CLONE_OF_TAG: victim, CLONE_ATTEMPT_TAG: "1"}
+    )
+    fail_all(world, poser)
+    assert f"{victim}--2" not in names(world)
+    assert f"{poser}--2" in names(world)
+    assert tags_of(world, f"{poser}--2")[CLONE_OF_TAG] == poser
 
 
 # --- spot ---------------------------------------------------------------------------------------------------

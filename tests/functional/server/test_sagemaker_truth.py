@@ -16,11 +16,11 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from conftest import START, SUBMITTER, TRN1, QueueWorld, make_world, training_request
+from conftest import ADMIN, START, SUBMITTER, TRN1, QueueWorld, make_world, training_request
 
 from sagequeue.local.emulator.events import state_change_event
 from sagequeue_core.defaults import ATTEMPT_TAG, JOB_TAG, SEAL_TAG
-from sagequeue_core.domain import InvalidTransition, Job, JobState, attempt_name
+from sagequeue_core.domain import UNVERIFIED_OWNER, InvalidTransition, Job, JobState, attempt_name
 from sagequeue_core.service import jobs
 from sagequeue_core.store import TrackedWarmPool
 
@@ -689,11 +689,13 @@ def test_after_the_table_is_lost_the_reconcile_rebuilds_live_jobs_and_pools(
     report = world.timer()
     world.deliver()
     monitor.check_settled()
-    assert "a: entered again as running" in report["applied"]
+    assert "a: entered again as running, unverified" in report["applied"]
 
-    # THEN the live attempts and the warm pool are counted again
+    # THEN the live attempts and the warm pool are counted again, at the lowest standing: their seals
+    # cannot be verified without the secrets the lost table held (the priority tag of 7 counts nothing)
     a = world.job("a")
-    assert (a["state"], a["training_job_name"], a["priority"]) == ("running", "a", 7)
+    assert (a["state"], a["training_job_name"], a["priority"]) == ("running", "a", 0)
+    assert (a["owner"], a["team"]) == (UNVERIFIED_OWNER, None)
     assert world.state("b") == "running"
     assert [w.training_job_name for w in world.deps.store.warm_pools()] == ["pool"]
     # and a newcomer of another key starts only once the pool's instance is released for it
@@ -703,3 +705,51 @@ def test_after_the_table_is_lost_the_reconcile_rebuilds_live_jobs_and_pools(
     assert (pool, world.state("newcomer")) in (("Available", "queued"), ("Terminated", "starting"))
     advance(world, monitor, until=lambda: world.state("a") == "completed")
     assert monitor.violations == []
+
+
+def test_a_training_job_forged_as_a_lost_attempt_is_entered_at_the_lowest_standing(
+    one_trn1: tuple[QueueWorld, InvariantMonitor],
+) -> None:
+    """GIVEN someone allowed CreateTrainingJob who creates a training job tagged as an attempt of a queue
+    entry the table does not have, with a top priority and another user as its submitter,
+    WHEN the reconcile sweeps it (as it would after the table was lost),
+    THEN it is entered with nothing its tags claim: the lowest priority, no team, no owner (the user it
+    names cannot cancel it, an admin can), announced for an admin, and the next real job preempts it."""
+    world, monitor = one_trn1
+    victim = SUBMITTER.replace("sts::", "iam::").rsplit("/", 1)[0].replace("assumed-role", "role")
+    forged = training_request(
+        "ghost",
+        duration=7200,
+        tags={
+            JOB_TAG: "ghost",
+            ATTEMPT_TAG: "1",
+            SEAL_TAG: "0" * 32,
+            "priority": "1000",
+            "team": "research",
+            "sagequeue:submitted-by": victim,
+        },
+    )
+    # its events are lost (they would make it a job outside the queue, counted but never entered)
+    world.mangle = lambda events: []
+    world.sagemaker().create_training_job(**forged)
+    world.deliver()
+    world.mangle = None
+    report = world.timer()
+    world.deliver()
+    assert any(line.startswith("ghost: entered again as ") for line in report["applied"])
+    ghost = world.job("ghost")
+    assert (ghost["priority"], ghost["owner"], ghost["team"]) == (0, UNVERIFIED_OWNER, None)
+    assert "its tags say owner" in ghost["reason"]
+    assert "priority '1000'" in ghost["reason"]
+    entered = [d for kind, d in world.audit() if kind == "JobEnteredAgain"]
+    assert [(d["job"], d["tagged"]["priority"], d["tagged"]["owner"]) for d in entered] == [
+        ("ghost", "1000", victim)
+    ]
+    status, _ = world.api("DELETE", "/jobs/ghost", caller=victim)
+    assert status == 403
+    # a real job of priority 5 outranks it on the one instance
+    world.submit("real", priority=5, duration=600)
+    advance(world, monitor, until=lambda: world.state("real") == "running", limit=3600)
+    assert world.state("ghost") in ("queued", "preempting")
+    status, _ = world.api("DELETE", "/jobs/ghost", caller=ADMIN)
+    assert status == 200

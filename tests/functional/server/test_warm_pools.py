@@ -5,10 +5,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from conftest import TRN1, QueueWorld, make_world
+from conftest import ACCOUNT, OTHER_USER, ROLE, SUBMITTER, TRN1, QueueWorld, make_world
+
+from sagequeue_core.service.access import owner_of_caller
 
 #: These worlds' account asked AWS for a warm-pool quota (the default, 0, retains no pool).
 RAISED = {TRN1: 2}
+#: The two-team world's: room for every pool it may keep
+RAISED_THREE = {TRN1: 3}
 
 
 @pytest.fixture
@@ -174,3 +178,46 @@ def test_a_release_that_fails_holds_back_the_start_it_was_for(one_instance: Queu
     assert world.state("other") == "starting"
     sagemaker = world.sagemaker()
     assert sagemaker.describe_training_job(TrainingJobName="prep")["WarmPoolStatus"]["Status"] == "Terminated"
+
+
+# --- warm pools between teams ---------------------------------------------------------------------------------
+
+#: An execution role only the research team may pass (TeamExecutionRoles); ROLE any caller may pass.
+RESEARCH_ROLE = f"arn:aws:iam::{ACCOUNT}:role/research-data"
+
+
+@pytest.fixture
+def two_teams(moto_endpoint: str) -> Iterator[QueueWorld]:
+    yield from make_world(
+        moto_endpoint,
+        capacity={TRN1: 3},
+        settings={
+            "default_keep_alive_seconds": 600,
+            "allowed_role_arns": (ROLE, RESEARCH_ROLE),
+            "team_roles": {owner_of_caller(SUBMITTER): "research", OTHER_USER: "vision"},
+            "team_execution_roles": {"research": [RESEARCH_ROLE]},
+        },
+        warm_pool_quota=RAISED_THREE,
+    )
+
+
+def test_with_two_teams_only_a_role_of_one_team_keeps_a_warm_pool(two_teams: QueueWorld) -> None:
+    """GIVEN two teams, a role any caller may pass and a role only research may pass,
+    WHEN research runs jobs asking for warm pools (their own KeepAlivePeriodInSeconds, and the scheduler's
+    keep-alive for a matching job queued behind) under each role,
+    THEN only the pool of research's own role is kept: SageMaker would hand the other to vision's next job
+    of the same resources, with what the pool's cache directory holds."""
+    world = two_teams
+    sagemaker = world.sagemaker()
+    world.submit("own", duration=120, keep_alive=3600, role=RESEARCH_ROLE)
+    world.submit("open", duration=120, keep_alive=3600)
+    world.submit("open-next", duration=120)  # matches "open": the scheduler would keep its pool for it
+    world.run_until(lambda: world.state("open") == "completed" and world.state("own") == "completed")
+    world.run(60)
+    open_job = sagemaker.describe_training_job(TrainingJobName="open")
+    assert "KeepAlivePeriodInSeconds" not in open_job["ResourceConfig"]
+    assert (open_job.get("WarmPoolStatus") or {}).get("Status") in (None, "Terminated")
+    own = sagemaker.describe_training_job(TrainingJobName="own")
+    assert own["ResourceConfig"]["KeepAlivePeriodInSeconds"] == 3600
+    assert own["WarmPoolStatus"]["Status"] == "Available"
+    assert [w.training_job_name for w in world.deps.store.warm_pools()] == ["own"]

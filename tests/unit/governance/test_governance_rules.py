@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from sagequeue_core.defaults import SEAL_TAG
 from sagequeue_core.domain import tags_to_dict
 from sagequeue_core.governance import (
     CLONE_ATTEMPT_TAG,
@@ -38,6 +39,7 @@ from sagequeue_core.governance import (
 )
 
 EVENTS = Path(__file__).parent / "events"
+SECRET = "0f" * 16  # a root's lineage secret, as governance keeps it in the table
 NOW = datetime(2026, 11, 20, 10, 12, tzinfo=UTC)
 RULES = PolicyRules(
     required_tags={"team": None, "project": r"[a-z-]+"},
@@ -221,11 +223,45 @@ def test_a_clone_without_spot_keeps_checkpoints_and_drops_the_spot_wait() -> Non
 def test_lineage_counts_resumes_across_clones_and_names_them_from_the_root() -> None:
     first = lineage_of("run", {})
     assert first == Lineage(root="run", attempt=1, resumes=0)
-    request = clone_request(failed("InternalServerError: x", 900), lineage=first, tags={}, resumed=True)
-    second = lineage_of(request["TrainingJobName"], tags_to_dict(request["Tags"]))
+    request = clone_request(
+        failed("InternalServerError: x", 900), lineage=first, tags={}, resumed=True, secret=SECRET
+    )
+    second = lineage_of(request["TrainingJobName"], tags_to_dict(request["Tags"]), SECRET)
     assert second == Lineage(root="run", attempt=2, resumes=1)
     assert second.next_attempt_name == "run--3"
-    assert lineage_of("run--3", {CLONE_OF_TAG: "run", CLONE_ATTEMPT_TAG: "junk"}) == Lineage("run", 1, 0)
+
+
+def test_clone_tags_count_only_with_a_seal_that_verifies_under_the_roots_secret() -> None:
+    """GIVEN clone tags anyone allowed CreateTrainingJob or AddTags can write,
+    WHEN they carry no seal, another root's seal, lowered counters, or a seal copied to another name,
+    THEN the training job is its own root (an original), so it cannot take another job's clone names or
+    reset the resumes its lineage used."""
+    request = clone_request(
+        failed("InternalServerError: x", 900),
+        lineage=Lineage("run", 2, 1),
+        tags={},
+        resumed=True,
+        secret=SECRET,
+    )
+    tags = tags_to_dict(request["Tags"])
+    assert lineage_of("run--3", tags, SECRET) == Lineage("run", 3, 2)
+    unsealed = {k: v for k, v in tags.items() if k != SEAL_TAG}
+    assert lineage_of("run--3", unsealed, SECRET) == Lineage("run--3", 1, 0)
+    assert lineage_of("run--3", tags, "another root's secret") == Lineage("run--3", 1, 0)
+    assert lineage_of("run--3", tags) == Lineage("run--3", 1, 0)
+    assert lineage_of("run--3", {**tags, RESUMES_TAG: "0"}, SECRET) == Lineage("run--3", 1, 0)
+    assert lineage_of("run--4", tags, SECRET) == Lineage("run--4", 1, 0)
+    assert lineage_of("run--3", {**tags, CLONE_ATTEMPT_TAG: "junk"}, SECRET) == Lineage("run--3", 1, 0)
+    named = clone_request(
+        failed("InternalServerError: x", 900),
+        lineage=Lineage("run", 2, 1),
+        tags={},
+        resumed=True,
+        name="run--3x0123456789ab",
+        secret=SECRET,
+    )
+    assert named["TrainingJobName"] == "run--3x0123456789ab"
+    assert lineage_of("run--3x0123456789ab", tags_to_dict(named["Tags"]), SECRET) == Lineage("run", 3, 2)
 
 
 # --- govern: one state change -----------------------------------------------------------------------------
@@ -289,7 +325,8 @@ def test_a_transient_failure_deletes_alarms_then_resumes_until_the_lineage_has_u
     actions = govern(job, {}, GOVERNANCE, now=NOW)
     assert actions == [DeleteAlarms("run"), Resume("resume 1 of 2 after InternalServerError")]
     exhausted = {RESUMES_TAG: "2", CLONE_OF_TAG: "run", CLONE_ATTEMPT_TAG: "3"}
-    assert govern(job, exhausted, GOVERNANCE, now=NOW) == [DeleteAlarms("run")]
+    # unsealed clone tags count nothing: the job is an original with its resumes before it
+    assert govern(job, exhausted, GOVERNANCE, now=NOW) == actions
     assert govern(job, {}, GOVERNANCE, now=NOW, resumes_so_far=2) == [DeleteAlarms("run")]
 
 

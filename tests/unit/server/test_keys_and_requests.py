@@ -77,3 +77,19 @@ def test_building_an_attempt_leaves_the_stored_request_alone() -> None:
     assert queued.request["TrainingJobName"] == "train"
     assert "KeepAlivePeriodInSeconds" not in queued.request["ResourceConfig"]
     assert len(queued.request["Tags"]) == 1
+
+
+def test_an_attempt_not_to_keep_warm_asks_for_no_warm_pool_whatever_was_submitted() -> None:
+    submitted = job(
+        {
+            "ResourceConfig": {
+                "InstanceType": "ml.trn1.32xlarge",
+                "InstanceCount": 1,
+                "VolumeSizeInGB": 10,
+                "KeepAlivePeriodInSeconds": 1800,
+            }
+        }
+    )
+    request = attempt_request(submitted, 1, 600, keep_warm=False)
+    assert "KeepAlivePeriodInSeconds" not in request["ResourceConfig"]
+    assert submitted.request["ResourceConfig"]["KeepAlivePeriodInSeconds"] == 1800  # the job is unchanged

@@ -109,6 +109,7 @@ def test_policy_settings_from_the_scheduler_settings() -> None:
         top_priority: int = 9
         top_priority_budget_factor: int = 3
         checkpoint_wait_seconds: int = 120
+        warm_pool_roles: frozenset[str] | None = frozenset({"arn:aws:iam::1:role/vision-data"})
 
     assert policy_settings(Settings()) == PolicySettings(
         min_runtime_before_preemption_seconds=123,
@@ -119,6 +120,7 @@ def test_policy_settings_from_the_scheduler_settings() -> None:
         top_priority=9,
         top_priority_budget_factor=3,
         checkpoint_wait_seconds=120,
+        warm_pool_roles=frozenset({"arn:aws:iam::1:role/vision-data"}),
     )
 
 

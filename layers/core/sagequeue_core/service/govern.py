@@ -6,37 +6,52 @@ On each SageMaker state change (and for every job in progress, on the reconcile 
 - stop a job that breaks the tag and policy rules, record why, announce it (PolicyViolation, SNS);
 - create the job's idle alarms when it trains, delete them when it stops working or ends;
 - resume a job started outside the queue after a transient failure, as a clone with the next attempt's
-  name (a queued job is the scheduler's: it goes back to the queue instead);
+  name, or a random fallback name when someone else holds it (a queued job is the scheduler's: it goes
+  back to the queue instead);
 - move a managed spot job interrupted too often to on-demand instances.
 
-Every step is safe to repeat: stops are idempotent, alarms are created only when missing, clones have
-deterministic names, and announcements go out once per job through the store's claim ledger.
+Every step is safe to repeat: stops are idempotent, alarms are created only when missing, a clone's name
+is deterministic or recorded before its create and its seal tells governance's own earlier create from a
+stranger's job, and announcements go out once per job through the store's claim ledger.
 """
 
 from __future__ import annotations
 
+import hmac
+import secrets
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from sagequeue_core.alarms import CloudWatchAlarms, alarms_of
-from sagequeue_core.defaults import IDLE_ALARM_PREFIX, JOB_TAG
-from sagequeue_core.domain import Job, JobState, StopReason
+from sagequeue_core.defaults import IDLE_ALARM_PREFIX, JOB_TAG, SEAL_TAG
+from sagequeue_core.domain import (
+    ATTEMPT_NAME_CHOICES,
+    ATTEMPT_SECRET_BYTES,
+    FALLBACK_TOKEN_LENGTH,
+    Job,
+    JobState,
+    StopReason,
+    attempt_name,
+    parse_time,
+    tags_to_dict,
+)
 from sagequeue_core.errors import AttemptNameTaken, SageMakerError, StaleVersion, TrainingJobNotFound
 from sagequeue_core.events import EventType, Publisher, parse_training_job_event
 from sagequeue_core.governance import (
-    CLONE_OF_TAG,
     AlarmSpec,
     DeleteAlarms,
     EnsureAlarms,
     GovernanceRules,
+    Lineage,
     RecoveryRules,
     ReplaceSpot,
     Resume,
     StopForPolicy,
     alarm_definition_difference,
     alarm_prefix,
+    claimed_root,
     clone_request,
     govern,
     lineage_of,
@@ -52,6 +67,12 @@ from sagequeue_core.store import Repository
 POLICY_STOP_CLAIM = "governance-policy-stop"
 RESUME_CLAIM = "governance-resume"
 SPOT_CLAIM = "governance-spot-replace"
+#: The random secret that seals the clones of one root (subject: the root's training job name). It lives in
+#: the table only, so nobody outside can seal a training job as a clone of another's job.
+LINEAGE_CLAIM = "governance-lineage"
+#: A fallback name chosen for the clone of a training job, recorded before its create (subject:
+#: `<training job>#<choice>`), so a repeated event retries that very name rather than drawing a new one.
+CLONE_NAME_CLAIM = "governance-clone-name"
 
 
 def rules_from(settings: Any) -> GovernanceRules:
@@ -185,7 +206,8 @@ class Governance:
         # The tag alone (anyone allowed AddTags sets it) does not make a training job the queue's.
         tagged = self.store.find_job(tags[JOB_TAG]) if queued is None and tags.get(JOB_TAG) else None
         of_queue = queued is not None or (tagged is not None and tagged.started(name, tags))
-        actions = govern(detail, tags, self.rules, now=self.clock())
+        lineage = self._lineage(name, tags)
+        actions = govern(detail, tags, self.rules, now=self.clock(), resumes_so_far=lineage.resumes)
         for action in actions:
             if isinstance(action, StopForPolicy):
                 self._stop_for_policy(detail, tags, action, queued, outcome)
@@ -209,14 +231,14 @@ class Governance:
                 outcome.alarms_deleted.extend(names)
             elif isinstance(action, Resume):
                 if not of_queue:
-                    self._clone(detail, tags, action.reason, outcome, resumed=True)
+                    self._clone(detail, tags, lineage, action.reason, outcome, resumed=True)
                 # A queued job's failure is the scheduler's to handle: it requeues transient failures with
                 # a backoff, bounded by max_attempts, so a clone here would run the job twice.
             elif isinstance(action, ReplaceSpot):
                 if queued is not None:
                     self._requeue_without_spot(queued, action.reason, outcome)
                 elif not of_queue:
-                    self._replace_spot(detail, tags, action, outcome)
+                    self._replace_spot(detail, tags, lineage, action, outcome)
         if outcome.stopped or outcome.clone or outcome.alarms_created:
             logger.info(
                 "governed %s: stopped=%s clone=%s alarms=%s",
@@ -277,26 +299,31 @@ class Governance:
         self,
         detail: Mapping[str, Any],
         tags: Mapping[str, str],
+        lineage: Lineage,
         action: ReplaceSpot,
         outcome: Outcome,
     ) -> None:
         name = str(detail["TrainingJobName"])
         self.sagemaker.stop(name)
         outcome.stopped = action.reason
-        self._clone(detail, tags, action.reason, outcome, resumed=False, disable_spot=True)
+        self._clone(detail, tags, lineage, action.reason, outcome, resumed=False, disable_spot=True)
 
     def _clone(
         self,
         detail: Mapping[str, Any],
         tags: Mapping[str, str],
+        lineage: Lineage,
         reason: str,
         outcome: Outcome,
         *,
         resumed: bool,
         disable_spot: bool = False,
     ) -> None:
+        """Create the job's next attempt, sealed under its root's secret. When a training job governance did
+        not make holds the clone's name (anyone allowed CreateTrainingJob can create `<name>--2` ahead), the
+        clone takes a fallback name with a random part, recorded before the create as the scheduler's
+        attempts do; the stranger's job is never taken for the clone."""
         name = str(detail["TrainingJobName"])
-        lineage = lineage_of(name, tags)
         try:
             # The event's detail may lack fields CreateTrainingJob needs (inputs, VPC); the description has
             # them all.
@@ -304,15 +331,38 @@ class Governance:
         except TrainingJobNotFound:
             logger.warning("cannot clone %s: it no longer exists", name)
             return
-        request = clone_request(full, lineage=lineage, tags=tags, resumed=resumed, disable_spot=disable_spot)
-        clone = str(request["TrainingJobName"])
-        try:
-            self.sagemaker.create_attempt(request, job_name=lineage.root)
-        except AttemptNameTaken:
-            # ResourceInUse: either our own earlier create of this very clone (a repeated event), or a
-            # stranger's job of that name, which we must not take for ours.
-            if not self._is_clone_of(clone, lineage.root):
-                raise
+        secret = self._lineage_secret(lineage.root, create=True)
+        held: list[str] = []
+        for choice in range(ATTEMPT_NAME_CHOICES):
+            request = clone_request(
+                full,
+                lineage=lineage,
+                tags=tags,
+                resumed=resumed,
+                disable_spot=disable_spot,
+                name=self._clone_name(name, lineage, choice),
+                secret=secret,
+            )
+            clone = str(request["TrainingJobName"])
+            try:
+                self.sagemaker.create_attempt(request, job_name=lineage.root)
+            except AttemptNameTaken:
+                # ResourceInUse: either our own earlier create of this very clone (a repeated event), or a
+                # stranger's job of that name, which we must not take for ours.
+                if self._is_own_clone(request):
+                    break
+                held.append(clone)
+                logger.warning(
+                    "clone name held by a training job governance did not make; trying a fallback name",
+                    extra={"job": name, "training_job_name": clone},
+                )
+                continue
+            break
+        else:
+            raise AttemptNameTaken(
+                f"every name tried for the clone of {name} is held by someone else: {', '.join(held)}",
+                "ResourceInUse",
+            )
         outcome.clone = clone
         kind = SPOT_CLAIM if disable_spot else RESUME_CLAIM
         record = {"training_job_name": name, "clone": clone, "reason": reason, "at": self.clock().isoformat()}
@@ -329,13 +379,47 @@ class Governance:
             {"event": "JobResumed", "training_job_name": name, "clone": clone},
         )
 
-    def _is_clone_of(self, training_job_name: str, root: str) -> bool:
+    def _lineage(self, training_job_name: str, tags: Mapping[str, str]) -> Lineage:
+        """Where the job stands in its chain of clones: its clone tags when its seal verifies under its
+        root's secret, else an original (a job anyone tagged as another's clone is its own root)."""
+        root = claimed_root(tags)
+        secret = self._lineage_secret(root, create=False) if root else None
+        return lineage_of(training_job_name, tags, secret)
+
+    def _lineage_secret(self, root: str, *, create: bool) -> str | None:
+        """The secret that seals the clones of `root`, made (once, by a conditional write) when `create`."""
+        found = self.store.get_claim(LINEAGE_CLAIM, root)
+        if found is None and create:
+            self.store.claim(LINEAGE_CLAIM, root, {"secret": secrets.token_hex(ATTEMPT_SECRET_BYTES)})
+            found = self.store.get_claim(LINEAGE_CLAIM, root)
+        secret = (found or {}).get("secret")
+        return str(secret) if secret else None
+
+    def _clone_name(self, training_job_name: str, lineage: Lineage, choice: int) -> str:
+        """The name the clone of `training_job_name` tries at its `choice`-th try: the lineage's next
+        attempt name first, then fallback names whose random part is recorded before the create."""
+        if choice == 0:
+            return lineage.next_attempt_name
+        token = secrets.token_hex(FALLBACK_TOKEN_LENGTH // 2)
+        candidate = attempt_name(lineage.root, lineage.attempt + 1, token)
+        subject = f"{training_job_name}#{choice}"
+        if self.store.claim(CLONE_NAME_CLAIM, subject, {"clone": candidate}):
+            return candidate
+        recorded = (self.store.get_claim(CLONE_NAME_CLAIM, subject) or {}).get("clone")
+        return str(recorded) if recorded else candidate
+
+    def _is_own_clone(self, request: Mapping[str, Any]) -> bool:
+        """Whether the training job of the request's name is governance's earlier create of this very
+        clone: it carries the seal the request carries, which only the root's secret makes."""
+        name = str(request["TrainingJobName"])
+        seal = tags_to_dict(request.get("Tags")).get(SEAL_TAG)
         try:
-            existing = self.sagemaker.describe(training_job_name)
+            existing = self.sagemaker.describe(name)
         except TrainingJobNotFound:
             return False
         arn = existing.get("TrainingJobArn")
-        return bool(arn) and self.sagemaker.tags(str(arn)).get(CLONE_OF_TAG) == root
+        found = self.sagemaker.tags(str(arn)).get(SEAL_TAG) if arn else None
+        return seal is not None and found is not None and hmac.compare_digest(seal, found)
 
     def _requeue_without_spot(self, job: Job, reason: str, outcome: Outcome) -> None:
         """A queued spot job goes back to the queue on demand: it is preempted, so the scheduler stops it
@@ -389,6 +473,7 @@ class Governance:
             str(detail["TrainingJobName"]),
             self._sagemaker_tags(detail),
             self.rules.policy.exempt_tag,
+            parse_time(detail.get("CreationTime")),
         )
 
     def _sagemaker_tags(self, detail: Mapping[str, Any]) -> dict[str, str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from sagequeue_core.domain import (
@@ -20,8 +21,9 @@ from sagequeue_core.domain import (
     check_training_job_name,
     never_fits,
     parse_priority,
+    parse_time,
 )
-from sagequeue_core.errors import RequestInvalid, SageMakerError, StaleVersion
+from sagequeue_core.errors import RequestInvalid, SageMakerError, StaleVersion, TrainingJobNotFound
 from sagequeue_core.events import EventType, announce
 from sagequeue_core.observability import logger
 from sagequeue_core.runtime import Dependencies
@@ -32,7 +34,7 @@ from sagequeue_core.service.access import (
     require_owner_or_admin,
     require_priority_allowed,
 )
-from sagequeue_core.service.exemptions import exemption_claim_kind, grant_exemption
+from sagequeue_core.service.exemptions import EXEMPTION_CLAIM, exemption_claim_kind, grant_exemption
 from sagequeue_core.store import Page
 from sagequeue_core.validation import check_training_instance_type
 
@@ -318,14 +320,33 @@ class Exemption:
 
 def exempt(deps: Dependencies, training_job_name: str, caller: str | None) -> Exemption:
     """An admin exempts a training job (queued or not) from the policy rules and idle stops. Governance
-    honours an exempt tag only when an admin granted it: here, or by submitting the job with the tag."""
+    honours an exempt tag only when an admin granted it: here, or by submitting the job with the tag.
+
+    A grant by training job name is bound to the training job that has the name now (its CreationTime),
+    or, when none has it yet, to the first one created within EXEMPTION_WINDOW_SECONDS: a name SageMaker
+    frees when its job is deleted must not carry the exemption to whoever creates a job under it later."""
     me = require_caller(caller)
     require_admin(me, deps.settings.admin_role_arns, "exempt a training job")
     try:
         name = check_training_job_name(training_job_name)
     except DomainError as exc:
         raise RequestInvalid(str(exc)) from None
-    grant_exemption(deps.store, name, me, deps.now())
+    created = None
+    if exemption_claim_kind(deps.store, name) == EXEMPTION_CLAIM:
+        created = _creation_time(deps, name)
+    grant_exemption(deps.store, name, me, deps.now(), created)
     record = deps.store.get_claim(exemption_claim_kind(deps.store, name), name) or {}
     logger.info("exemption granted", extra={"training_job_name": name, "by": me})
     return Exemption(name, str(record.get("by", me)), str(record.get("at", "")))
+
+
+def _creation_time(deps: Dependencies, training_job_name: str) -> datetime | None:
+    """When the training job of that name was created; None when there is none (or SageMaker cannot say
+    now: the grant then covers the first job of that name met within the window, the existing one)."""
+    try:
+        return parse_time(deps.sagemaker.describe(training_job_name).get("CreationTime"))
+    except TrainingJobNotFound:
+        return None
+    except SageMakerError as exc:
+        logger.warning("describe failed; exemption bound at first use", extra={"error": str(exc)})
+        return None

@@ -21,6 +21,7 @@ from typing import Any
 from sagequeue_core.defaults import (
     ATTEMPT_TAG,
     JOB_TAG,
+    PRIORITY_TAG,
     QUOTA_MEMORY_SECONDS,
     SAGEQUEUE_EVENT_SOURCE,
     SEAL_TAG,
@@ -31,7 +32,9 @@ from sagequeue_core.domain import (
     ATTEMPT_NAME_CHOICES,
     ATTEMPT_SECRET_BYTES,
     FALLBACK_TOKEN_LENGTH,
+    PRIORITY_MIN,
     TRANSITIONS,
+    UNVERIFIED_OWNER,
     Job,
     JobState,
     Reservation,
@@ -40,7 +43,6 @@ from sagequeue_core.domain import (
     attempt_name,
     demand_of,
     parse_time,
-    priority_of,
     tags_to_dict,
 )
 from sagequeue_core.errors import (
@@ -764,34 +766,56 @@ _REQUEST_FIELDS = (
 
 
 def _rebuild(deps: Dependencies, training_job_name: str, tags: Mapping[str, str]) -> str:
-    """The table lost the job of a live attempt of ours (restored from an old backup, recreated): enter it
-    again as the live job its tags and its description say it is, so its instances are counted."""
+    """The table lost the job of a live attempt tagged as ours (restored from an old backup, recreated):
+    enter it again as a live job, so its instances are counted and its work is not lost.
+
+    Its seal cannot be verified: the secret that made it was in the lost table. So nothing its tags say
+    decides its standing (anyone allowed CreateTrainingJob can create a job tagged as our attempt, with a
+    priority and a submitter of their choosing): it is entered at the lowest priority, with no team (it
+    draws on no team's quota: it only borrows, and any team under its quota may reclaim it), and with no
+    owner (only an admin may change or cancel it). The tags are kept in its history and announced
+    (`JobEnteredAgain`) for an admin to restore what is right."""
     described = deps.sagemaker.describe(training_job_name)
     change = parse_description(described)
     if change.ended:
         return "ended meanwhile"
-    owner = tags[JOB_TAG]
+    name = tags[JOB_TAG]
     request: dict[str, Any] = {key: described[key] for key in _REQUEST_FIELDS if key in described}
-    request["TrainingJobName"] = owner
-    request["Tags"] = [{"Key": k, "Value": v} for k, v in tags.items() if not k.startswith("sagequeue:")]
+    request["TrainingJobName"] = name
+    # sagequeue's tags are the queue's to set; a priority tag is an input of a submission, which this is not
+    request["Tags"] = [
+        {"Key": k, "Value": v}
+        for k, v in tags.items()
+        if not k.startswith(("sagequeue:", "aws:")) and k != PRIORITY_TAG
+    ]
     now = deps.now()
     started = change.creation_time or now
     try:
-        attempt = int(tags.get(ATTEMPT_TAG) or 1)
+        attempt = max(1, int(tags.get(ATTEMPT_TAG) or 1))
     except ValueError:
         attempt = 1
     running = change.secondary_status not in _NOT_YET_RUNNING
+    claimed = {
+        "owner": tags.get(SUBMITTED_BY_TAG),
+        "priority": tags.get(PRIORITY_TAG),
+        "team": tags.get(deps.settings.team_tag) if deps.settings.team_tag else None,
+    }
+    said = ", ".join(f"{key} {value!r}" for key, value in claimed.items() if value) or "nothing more"
     job = Job(
-        name=owner,
+        name=name,
         request=request,
-        priority=priority_of(request),
-        owner=tags.get(SUBMITTED_BY_TAG) or "unknown",
+        priority=PRIORITY_MIN,
+        owner=UNVERIFIED_OWNER,
         submitted_at=started,
         state=JobState.RUNNING if running else JobState.STARTING,
         attempt=attempt,
         training_job_name=training_job_name,
         started_at=started,
-        reason="entered again from the training job's tags after the table lost it",
+        reason=(
+            f"entered again after the table lost it, from training job {training_job_name}, whose seal "
+            f"cannot be verified: lowest priority, no team, no owner until an admin sets them (its tags "
+            f"say {said})"
+        ),
     )
     job.history.append(
         {"at": now.isoformat(), "state": job.state.value, "attempt": attempt, "reason": job.reason}
@@ -801,7 +825,20 @@ def _rebuild(deps: Dependencies, training_job_name: str, tags: Mapping[str, str]
     except JobAlreadyExists:
         return "entered meanwhile"
     count(JOBS_REBUILT)
-    return f"entered again as {job.state.value}"
+    announce(
+        deps.publisher,
+        EventType.JOB_ENTERED_AGAIN,
+        {
+            "job": name,
+            "training_job_name": training_job_name,
+            "state": job.state.value,
+            "priority": job.priority,
+            "owner": job.owner,
+            "tagged": {key: value for key, value in claimed.items() if value},
+            "reason": job.reason,
+        },
+    )
+    return f"entered again as {job.state.value}, unverified"
 
 
 def _reconcile_warm_pools(deps: Dependencies, report: PassReport, managed: set[str]) -> None:
@@ -1208,11 +1245,12 @@ def _queue_metrics(pool: str, window: list[Job], now: datetime) -> None:
 
 
 def attempt_request(
-    job: Job, attempt: int, keep_alive_seconds: int | None, *, token: str = ""
+    job: Job, attempt: int, keep_alive_seconds: int | None, *, token: str = "", keep_warm: bool = True
 ) -> dict[str, Any]:
     """The CreateTrainingJob request of attempt `attempt`: the submitted request (same CheckpointConfig,
     so training resumes from its checkpoints) under the attempt's name (its fallback name with `token`),
-    with sagequeue's tags."""
+    with sagequeue's tags. Without `keep_warm` (a role more than one team may pass:
+    `PolicySettings.keeps_warm`), it asks for no warm pool, whatever the submitted request asked."""
     request = copy.deepcopy(job.request)
     request["TrainingJobName"] = attempt_name(job.name, attempt, token)
     tags = tags_to_dict(request.get("Tags"))
@@ -1221,6 +1259,11 @@ def attempt_request(
     if seal is not None:
         tags[SEAL_TAG] = seal
     request["Tags"] = [{"Key": key, "Value": value} for key, value in tags.items()]
+    if not keep_warm:
+        config = dict(request.get("ResourceConfig") or {})
+        if config.pop("KeepAlivePeriodInSeconds", None) is not None:
+            request["ResourceConfig"] = config
+        return request
     if keep_alive_seconds:
         config = dict(request.get("ResourceConfig") or {})
         config["KeepAlivePeriodInSeconds"] = max(
@@ -1266,7 +1309,13 @@ def _start(
             fresh_job.attempt_secret = secrets.token_hex(ATTEMPT_SECRET_BYTES)
         attempt = fresh_job.attempt + 1
         token = secrets.token_hex(FALLBACK_TOKEN_LENGTH // 2) if choice else ""
-        request = attempt_request(fresh_job, attempt, action.keep_alive_seconds, token=token)
+        request = attempt_request(
+            fresh_job,
+            attempt,
+            action.keep_alive_seconds,
+            token=token,
+            keep_warm=policy_settings(deps.settings).keeps_warm(fresh_job.request.get("RoleArn")),
+        )
         name = request["TrainingJobName"]
         undo = partial(_not_created, deps, name=name, previous=fresh_job.training_job_name)
         planned = None if ledger is None else {pool: ledger.get(pool, 0) for pool in job.demand}

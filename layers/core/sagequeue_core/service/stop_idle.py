@@ -15,7 +15,7 @@ from datetime import datetime
 from typing import Any
 
 from sagequeue_core.alarms import CloudWatchAlarms, alarms_of
-from sagequeue_core.domain import JobState, StopReason, tags_to_dict
+from sagequeue_core.domain import JobState, StopReason, parse_time, tags_to_dict
 from sagequeue_core.errors import StaleVersion, TrainingJobNotFound
 from sagequeue_core.events import EventType, Publisher
 from sagequeue_core.governance import (
@@ -164,7 +164,14 @@ class IdleStop:
             return IdleStopOutcome(notice.alarm_name, name, False, forged)
         arn = detail.get("TrainingJobArn")
         tags = self.sagemaker.tags(str(arn)) if arn else tags_to_dict(detail.get("Tags"))
-        tags = honoured_tags(self.store, self.publisher, name, tags, self.policy.exempt_tag)
+        tags = honoured_tags(
+            self.store,
+            self.publisher,
+            name,
+            tags,
+            self.policy.exempt_tag,
+            parse_time(detail.get("CreationTime")),
+        )
         if is_exempt(tags, self.policy):
             # Exempted by an admin after its alarms were made: honour it, and stop watching.
             self._drop_alarms(name)

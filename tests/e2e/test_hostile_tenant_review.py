@@ -1,0 +1,388 @@
+"""A hostile review of #27: a user of one team, with the rights a typical ML user holds, attacks another
+team's jobs on the local stack end to end.
+
+GIVEN sagequeue's whole stack with two teams (`user` is vision, the victim; `other` is speech, the
+attacker, whose ceiling is 300) and, in the account, what an ordinary user holds: the queue API, and on
+SageMaker CreateTrainingJob and AddTags on the jobs it creates, PutMetricData as every job role has it,
+WHEN the attacker tries to outrank, stop, keep alive, crowd out or block the victim's jobs,
+THEN each test asserts the safe behaviour. A test marked xfail(strict=True) is an attack that succeeds
+today: its reason names the hole.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from sagequeue.client import ApiError, QueueClient
+from sagequeue.local import LocalStack
+from sagequeue_core.defaults import (
+    HOST_DIMENSION,
+    NEURON_METRIC_NAMESPACE,
+    NEURONCORE_UTILIZATION_METRIC,
+    host_dimension_value,
+)
+from sagequeue_core.governance import CLONE_OF_TAG
+
+POOL = "ml.trn1.32xlarge"
+PLAN = "plan:shared"
+IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/neuron-train:2.21"
+FAST = {"provisioning_seconds": 60, "download_seconds": 10, "upload_seconds": 10}
+TEAMS = {"user": "vision", "other": "speech"}
+SPEECH_CEILING = 300
+IDLE_PERIODS, IDLE_PERIOD = 3, 300
+
+
+def unique(stem: str) -> str:
+    return f"{stem}-{uuid.uuid4().hex[:6]}"
+
+
+def request(stack: LocalStack, name: str, seconds: int, *, outcome: str | None = None, **extra: Any) -> Any:
+    environment = {"SAGEQUEUE_SIM_DURATION": str(seconds)}
+    if outcome:
+        environment["SAGEQUEUE_SIM_OUTCOME"] = outcome
+    return {
+        "TrainingJobName": name,
+        "RoleArn": stack.training_role_arn,
+        "AlgorithmSpecification": {"TrainingImage": IMAGE, "TrainingInputMode": "File"},
+        "OutputDataConfig": {"S3OutputPath": "s3://sagequeue-e2e/output"},
+        "ResourceConfig": {"InstanceType": POOL, "InstanceCount": 1, "VolumeSizeInGB": 64},
+        "StoppingCondition": {"MaxRuntimeInSeconds": 7200},
+        "Environment": environment,
+        **extra,
+    }
+
+
+@pytest.fixture(scope="module")
+def stack() -> Iterator[LocalStack]:
+    running = LocalStack(
+        settings={
+            "capacity": {POOL: 2, PLAN: 1},
+            "min_runtime_before_preemption_seconds": 0,
+            "idle_periods": IDLE_PERIODS,
+            "idle_period_seconds": IDLE_PERIOD,
+            "priority_ceilings": f"speech={SPEECH_CEILING}",
+            "resume_after_failure_min_runtime_seconds": 60,
+        },
+        # the region launches the pools and the training jobs created outside the queue; the account raised
+        # its warm-pool quota (AWS's default, 0, retains no pool)
+        emulator={**FAST, "capacity": {POOL: 5}, "warm_pool_limits": {POOL: 2}},
+        function_logs=False,
+        teams=TEAMS,
+        # a function's failure is recorded, and each test asserts none it did not expect (no_failures)
+        raise_function_errors=False,
+    )
+    running.start()
+    yield running
+    running.stop()
+
+
+@pytest.fixture(autouse=True)
+def no_failures(stack: LocalStack, request: pytest.FixtureRequest) -> Iterator[None]:
+    """No function fails in a test, unless it is an attack that succeeds (xfail): that test looks itself."""
+    before = len(stack.failures)
+    yield
+    if request.node.get_closest_marker("xfail") is None:
+        assert [f.error for f in stack.failures[before:]] == []
+
+
+def states(queue: QueueClient) -> dict[str, str]:
+    return {job.name: job.state for job in queue.jobs()}
+
+
+def until(stack: LocalStack, done: Any, limit: int, step: int = 30) -> None:
+    waited = 0
+    while not done():
+        assert waited < limit, f"not done after {limit} s"
+        stack.advance(step)
+        waited += step
+
+
+def cancel_all(stack: LocalStack) -> None:
+    admin = stack.client("admin")
+    for pool in (POOL, PLAN):
+        for job in admin.jobs(pool=pool):
+            if not job.terminal:
+                admin.cancel(job.name)
+    until(stack, lambda: all(job.terminal for p in (POOL, PLAN) for job in admin.jobs(pool=p)), 900)
+
+
+def tags_of(stack: LocalStack, training_job_name: str) -> dict[str, str]:
+    arn = stack.sagemaker.describe_training_job(TrainingJobName=training_job_name)["TrainingJobArn"]
+    return {tag["Key"]: tag["Value"] for tag in stack.sagemaker.list_tags(ResourceArn=arn)["Tags"]}
+
+
+# --- team and priority by tag: defended -----------------------------------------------------------------------
+
+
+def test_team_and_priority_tags_in_a_submission_take_neither_another_team_nor_a_higher_priority(
+    stack: LocalStack,
+) -> None:
+    speech = stack.client("other")
+    # WHEN the attacker pads the victim's team name, or asks for a priority above its ceiling by tag
+    for tags, status, named in (
+        ([{"Key": "team", "Value": " vision "}], 403, "not 'vision'"),
+        ([{"Key": "priority", "Value": str(SPEECH_CEILING + 1)}], 403, f"above {SPEECH_CEILING}"),
+    ):
+        with pytest.raises(ApiError) as refused:
+            speech.submit(request(stack, unique("pad"), 60, Tags=tags))
+        # THEN it is refused, naming why
+        assert refused.value.status == status
+        assert named in str(refused.value)
+    # AND a tag key that differs from `team` in case is an ordinary tag: the job is speech's
+    cased = unique("cased")
+    speech.submit(request(stack, cased, 60, Tags=[{"Key": "Team", "Value": "vision"}]))
+    assert speech.job(cased).raw["team"] == "speech"
+    cancel_all(stack)
+
+
+def test_a_priority_tag_added_on_sagemaker_to_a_running_attempt_changes_nothing(stack: LocalStack) -> None:
+    speech = stack.client("other")
+    mine = unique("mine")
+    speech.submit(request(stack, mine, 3600), priority=SPEECH_CEILING)
+    until(stack, lambda: states(speech)[mine] == "running", limit=600)
+    attempt = speech.job(mine).training_job_name
+    assert attempt is not None
+    # WHEN the attacker tags its own running attempt with the top priority (AddTags on its own job)
+    arn = stack.sagemaker.describe_training_job(TrainingJobName=attempt)["TrainingJobArn"]
+    stack.sagemaker.add_tags(ResourceArn=arn, Tags=[{"Key": "priority", "Value": "1000"}])
+    stack.advance(180)
+    # THEN the queue keeps the priority it admitted
+    assert speech.job(mine).priority == SPEECH_CEILING
+    cancel_all(stack)
+
+
+# --- a team's plan pool: defended by its quota ------------------------------------------------------------------
+
+
+def test_a_plan_pool_held_by_a_teams_quota_is_not_taken_by_another_teams_job(stack: LocalStack) -> None:
+    vision, speech, admin = stack.client("user"), stack.client("other"), stack.client("admin")
+    plan = f"arn:aws:sagemaker:{stack.region}:{stack.account_id}:training-plan/shared"
+    # GIVEN vision's quota holds the whole plan pool and lends none of it
+    admin.set_team_quota("vision", PLAN, 1, lending_limit=0)
+    try:
+        # WHEN speech submits a job on the plan first, at its ceiling, while the plan is free
+        theirs, ours = unique("on-plan"), unique("plan-owner")
+        body = request(stack, theirs, 3600)
+        body["ResourceConfig"] = {**body["ResourceConfig"], "TrainingPlanArn": plan}
+        speech.submit(body, priority=SPEECH_CEILING)
+        stack.advance(300)
+        # THEN it waits, and vision's job at priority 0 takes the plan
+        assert speech.job(theirs).state == "queued"
+        body = request(stack, ours, 600)
+        body["ResourceConfig"] = {**body["ResourceConfig"], "TrainingPlanArn": plan}
+        vision.submit(body, priority=0)
+        until(stack, lambda: vision.job(ours).state == "running", limit=900)
+        assert speech.job(theirs).state == "queued"
+        cancel_all(stack)
+    finally:
+        admin.set_team_quota("vision", PLAN, None)
+
+
+# --- a training job started outside the queue on a managed pool -----------------------------------------------
+
+
+def test_a_training_job_created_outside_the_queue_on_a_full_pool_stops_no_queued_job(
+    stack: LocalStack,
+) -> None:
+    vision = stack.client("user")
+    running = [unique("steady"), unique("steady")]
+    for name in running:
+        vision.submit(request(stack, name, 3600), priority=1)
+    until(stack, lambda: all(states(vision)[n] == "running" for n in running), limit=600)
+    # WHEN the attacker, allowed sagemaker:CreateTrainingJob, starts a job of the pool's type outside the queue
+    outside = unique("outside")
+    stack.sagemaker.create_training_job(**request(stack, outside, 900))
+    for _ in range(5):
+        stack.advance(180)
+        # THEN the victim's running jobs keep running
+        assert all(states(vision)[n] == "running" for n in running), states(vision)
+    cancel_all(stack)
+
+
+# --- warm pools: matched by execution role, across teams ------------------------------------------------------
+
+
+def test_another_teams_job_does_not_start_on_a_teams_warm_pool(stack: LocalStack) -> None:
+    vision, speech = stack.client("user"), stack.client("other")
+    long, short, warm, theirs = unique("long"), unique("short"), unique("warm"), unique("theirs")
+    # GIVEN vision fills the pool, and queues a job that asks for no warm pool behind a short one
+    vision.submit(request(stack, long, 3600), priority=2)
+    vision.submit(request(stack, short, 60), priority=2)
+    until(stack, lambda: all(states(vision)[n] == "running" for n in (long, short)), limit=600)
+    vision.submit(request(stack, warm, 120), priority=2)
+    # AND speech queues a job with the same instances, volume and (shared) execution role, below it
+    speech.submit(request(stack, theirs, 600), priority=1)
+    try:
+        until(stack, lambda: states(speech)[theirs] == "running", limit=1200)
+        # THEN speech's job does not start on the instances vision's job ended on
+        pool = stack.sagemaker.describe_training_job(TrainingJobName=warm).get("WarmPoolStatus") or {}
+        attempt = speech.job(theirs).training_job_name
+        assert pool.get("ReusedByJob") != attempt, pool
+    finally:
+        cancel_all(stack)
+
+
+# --- the idle signal: another tenant can keep an idle job busy ------------------------------------------------
+
+
+def forge_busy(stack: LocalStack, training_job_name: str) -> None:
+    """What any principal allowed cloudwatch:PutMetricData in the job image's namespace (every training
+    job's role, under the documented condition) can publish for any host."""
+    stack.aws_client("cloudwatch").put_metric_data(
+        Namespace=NEURON_METRIC_NAMESPACE,
+        MetricData=[
+            {
+                "MetricName": NEURONCORE_UTILIZATION_METRIC,
+                "Dimensions": [{"Name": HOST_DIMENSION, "Value": host_dimension_value(training_job_name, 1)}],
+                "Timestamp": stack.now(),
+                "Value": 100.0,
+                "Unit": "Percent",
+            }
+        ],
+    )
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="one datapoint of 100 a period from any job role keeps another team's idle job from its idle "
+    "stop (the alarm reads the Maximum; documented as a known effect, not prevented)",
+)
+def test_forged_busy_datapoints_do_not_keep_another_teams_idle_job_running(stack: LocalStack) -> None:
+    vision = stack.client("user")
+    idle = unique("idle")
+    vision.submit(request(stack, idle, 7200, outcome="Idle"), priority=1)
+    until(stack, lambda: states(vision)[idle] == "running", limit=600)
+    try:
+        # WHEN the attacker publishes one busy datapoint a period for the idle job's host
+        for _ in range(IDLE_PERIODS + 2):
+            forge_busy(stack, idle)
+            stack.advance(IDLE_PERIOD)
+        # THEN the idle job is stopped all the same, as its own data says
+        assert states(vision)[idle] in ("stopping", "idle_stopped")
+    finally:
+        cancel_all(stack)
+
+
+# --- resumes of jobs started outside the queue ------------------------------------------------------------------
+
+
+def resumes_of(stack: LocalStack, root: str) -> list[str]:
+    summaries = stack.sagemaker.list_training_jobs(NameContains=root, MaxResults=100)["TrainingJobSummaries"]
+    names = sorted(s["TrainingJobName"] for s in summaries if s["TrainingJobName"] != root)
+    return [n for n in names if tags_of(stack, n).get(CLONE_OF_TAG) == root]
+
+
+def test_a_training_job_created_under_a_clones_name_does_not_cost_another_teams_job_its_resume(
+    stack: LocalStack,
+) -> None:
+    failing = "Failed:InternalServerError: We encountered an internal error."
+    control, victim, tagged = unique("control"), unique("victim"), unique("tagged")
+    victims = (control, victim, tagged)
+    before = len(stack.failures)
+    # GIVEN three jobs of vision started outside the queue, each to fail on SageMaker's side after training
+    # long enough for a resume
+    for name in victims:
+        stack.sagemaker.create_training_job(**request(stack, name, 300, outcome=failing))
+    # AND the attacker, allowed sagemaker:CreateTrainingJob, creates a victim's clone name ahead; and, with a
+    # sagequeue:* tag the docs tell operators to deny, another's, tagged as that job's clone
+    stack.sagemaker.create_training_job(**request(stack, f"{victim}--2", 30))
+    squatter = request(stack, f"{tagged}--2", 30, Tags=[{"Key": CLONE_OF_TAG, "Value": tagged}])
+    stack.sagemaker.create_training_job(**squatter)
+    # WHEN they fail (their Failed events sent again, in case the emulator lost them)
+    until(stack, lambda: all(status(stack, n) == "Failed" for n in victims), limit=1200)
+    for name in victims:
+        replay(stack, name)
+    stack.run_until_idle()
+    try:
+        # THEN the control is resumed as <control>--2, and each victim too, under a name of its own
+        assert resumes_of(stack, control) == [f"{control}--2"]
+        failures = [f.error for f in stack.failures[before:]]
+        assert resumes_of(stack, victim), failures
+        assert f"{victim}--2" not in resumes_of(stack, victim)
+        assert [n for n in resumes_of(stack, tagged) if n != f"{tagged}--2"], resumes_of(stack, tagged)
+        assert failures == []
+    finally:
+        clones = [n for root in victims for n in resumes_of(stack, root)]
+        for name in clones:
+            if status(stack, name) == "InProgress":
+                stack.sagemaker.stop_training_job(TrainingJobName=name)
+        until(stack, lambda: all(status(stack, n) != "InProgress" for n in clones), 600)
+
+
+def status(stack: LocalStack, name: str) -> str:
+    return str(stack.sagemaker.describe_training_job(TrainingJobName=name)["TrainingJobStatus"])
+
+
+def replay(stack: LocalStack, name: str) -> None:
+    """Send the training job's current state again, as SageMaker does on a duplicated delivery."""
+    detail = stack.sagemaker.describe_training_job(TrainingJobName=name)
+    detail.pop("ResponseMetadata", None)
+    detail["Tags"] = tags_of(stack, name)
+    stack.aws_client("events").put_events(
+        Entries=[
+            {
+                "Source": "aws.sagemaker",
+                "DetailType": "SageMaker Training Job State Change",
+                "Resources": [detail["TrainingJobArn"]],
+                "Detail": json.dumps(detail, default=str),
+            }
+        ]
+    )
+
+
+# --- a lost table: the plain priority tag is trusted ----------------------------------------------------------
+
+
+def lose_table(stack: LocalStack) -> None:
+    """The table restored from an old backup or recreated: every item gone."""
+    dynamodb = stack.aws_client("dynamodb")
+    assert stack.spec is not None
+    for table in stack.spec.tables:
+        keys = [
+            t["AttributeName"] for t in dynamodb.describe_table(TableName=table.name)["Table"]["KeySchema"]
+        ]
+        for page in dynamodb.get_paginator("scan").paginate(TableName=table.name, ConsistentRead=True):
+            for item in page.get("Items", []):
+                dynamodb.delete_item(TableName=table.name, Key={k: item[k] for k in keys})
+
+
+def test_after_a_lost_table_an_attackers_job_comes_back_no_higher_than_its_ceiling(stack: LocalStack) -> None:
+    """Run last in the module: it empties the stack's table."""
+    vision, speech, admin = stack.client("user"), stack.client("other"), stack.client("admin")
+    mine = [unique("sleeper"), unique("sleeper")]
+    # GIVEN the attacker fills the pool at its ceiling, each job with a `priority` tag of 1000 beside the
+    # explicit priority (the API checks only the explicit one; the tag goes to SageMaker with every attempt)
+    for name in mine:
+        speech.submit(
+            request(stack, name, 3600, Tags=[{"Key": "priority", "Value": "1000"}]), priority=SPEECH_CEILING
+        )
+        assert speech.job(name).priority == SPEECH_CEILING
+    until(stack, lambda: all(states(speech)[n] == "running" for n in mine), limit=600)
+    attempt = speech.job(mine[0]).training_job_name
+    assert attempt is not None
+    assert tags_of(stack, attempt).get("priority") == "1000"
+    owner = admin.job(mine[0]).raw["owner"]
+    # WHEN the table is lost and the reconcile enters the live attempts again from their tags
+    lose_table(stack)
+    until(stack, lambda: {j.name for j in admin.jobs(state="running")} >= set(mine), limit=600)
+    # THEN the victim's job at 900, above the attacker's ceiling, still preempts one of them and starts
+    urgent = unique("urgent")
+    vision.submit(request(stack, urgent, 600), priority=900)
+    waited = 0
+    while vision.job(urgent).state != "running":
+        priorities = {n: admin.job(n).priority for n in mine}
+        assert waited < 600, f"{urgent} still {vision.job(urgent).state}: the pool is held at {priorities}"
+        stack.advance(60)
+        waited += 60
+    # AND the attacker's jobs came back at the lowest standing (docs/adr/0015): no higher than their owner's
+    # ceiling, drawing on no team's quota, owned by nobody who could raise them again
+    for name in mine:
+        back = admin.job(name)
+        assert back.priority <= SPEECH_CEILING, back.priority
+        assert back.raw["team"] is None
+        assert back.raw["owner"] != owner
