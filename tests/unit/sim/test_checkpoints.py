@@ -150,3 +150,47 @@ def test_a_trace_names_a_drift_and_a_bad_one_is_refused() -> None:
     assert parse_jsonl(json.dumps(job.to_dict())).jobs[0] == job
     with pytest.raises(TraceError, match=r"checkpoint_drift must be at least 0 and below 1, got 1\.5"):
         parse_jsonl(line.replace("0.2}", "1.5}"))
+
+
+def test_skipping_quiet_passes_changes_nothing_while_a_checkpoint_is_awaited() -> None:
+    # the wait ends with a checkpoint no event announces: the timer's passes must still see it
+    pools = {POOL: 4, "ml.trn2.48xlarge": 2}
+    trace = generate(WorkloadSpec(jobs=40, days=2, capacity=pools), seed=11)
+    base = SimSettings(capacity=pools, top_priority=9)
+    fast, exact = (
+        simulate(trace, [Variant("sagequeue", "sagequeue", base)], exact=flag)[0] for flag in (False, True)
+    )
+    assert {k: v for k, v in fast.summary.items() if k != "passes"} == {
+        k: v for k, v in exact.summary.items() if k != "passes"
+    }
+
+
+def test_the_timer_passes_look_again_while_a_checkpoint_is_awaited() -> None:
+    # "low" trains from 120 s and checkpoints every 480 s (at 600, 1080, 1560, 2040 s); "high" arrives at
+    # 1900 s: the pass waits for the checkpoint due at 2040 s. Nothing else happens until long after, and
+    # no time the policy compares falls at 2040 s: only the timer's pass, run because a wait is on, sees it
+    trace = Trace(
+        (
+            TraceJob("low", 0, 1, POOL, 2, 5000, checkpoint_minutes=8),
+            TraceJob("high", 1900, 9, POOL, 2, 100),
+        )
+    )
+    for exact in (False, True):
+        out = simulate(
+            trace,
+            [
+                Variant(
+                    "s",
+                    "sagequeue",
+                    SimSettings(
+                        capacity={POOL: 2},
+                        min_runtime_before_preemption_seconds=0,
+                        default_keep_alive_seconds=0,
+                    ),
+                )
+            ],
+            T,
+            exact=exact,
+        )[0]
+        assert out.recorder.jobs["low"].lost_per_stop == [0.0], exact
+        assert out.recorder.jobs["high"].first_start == 2040 + 40, exact
