@@ -848,6 +848,15 @@ class LocalStack:
             if step_to >= target:
                 return self.clock.now()
 
+    def tick_beside(self, function: str = "SchedulerFunction") -> Any:
+        """Run `function`'s schedule (the scheduler's one-minute timer by default) now, in this thread, even
+        while an invocation of it is under way: two scheduler passes at once, which its reserved
+        concurrency of 1 makes rare on Lambda, not impossible (an invocation timed out while its
+        CreateTrainingJob was in flight, then retried). Returns what the handler returns; the events it
+        causes are delivered by the next `run_until_idle()`."""
+        router = self._require(self._router, "running a schedule")
+        return router.tick_beside(function, self.clock.now())
+
     def _on_time(self, now: datetime) -> None:
         """Everything due at `now`: schedules, alarm evaluations, and the events they cause."""
         self._router.fire_due_schedules(now)
