@@ -155,8 +155,9 @@ def test_a_quota_is_learned_from_the_limit_sagemaker_states(scenario: Callable[.
     assert len(refusals) == 1, refusals
 
 
+@pytest.mark.parametrize("when", ["before", "after"])
 def test_a_pass_run_inside_anothers_create_does_not_overbook_the_pool(
-    scenario: Callable[..., Scenario],
+    scenario: Callable[..., Scenario], when: str
 ) -> None:
     # GIVEN a pool of 2 an admin drained, and two priority-5 jobs queued behind it
     s = scenario(2, monitored=True)
@@ -167,8 +168,8 @@ def test_a_pass_run_inside_anothers_create_does_not_overbook_the_pool(
     s.submit("second", 3600, priority=5)
     assert s.stack.emulator.instances_in_use().get(POOL, 0) == 0
     # WHEN the pool is given back, the pass that follows plans to start both; inside its first
-    # CreateTrainingJob (SageMaker has the job, the pass has not heard back) a priority-9 job is submitted and
-    # the timer's pass runs beside it
+    # CreateTrainingJob (before SageMaker has the job, or once it has it and before the pass hears back) a
+    # priority-9 job is submitted and the timer's pass (reconcile, then pass) runs beside it
     inside: list[Any] = []
 
     def second_pass(**_: Any) -> None:
@@ -179,14 +180,14 @@ def test_a_pass_run_inside_anothers_create_does_not_overbook_the_pool(
         inside.append(s.stack.tick_beside())
 
     scheduler_sagemaker = runtime.dependencies().sagemaker.client
-    scheduler_sagemaker.meta.events.register("after-call.sagemaker.CreateTrainingJob", second_pass)
+    scheduler_sagemaker.meta.events.register(f"{when}-call.sagemaker.CreateTrainingJob", second_pass)
     try:
         admin.set_capacity(POOL, 2)
         s.stack.run_until_idle()
         if not inside:
             s.stack.advance(60)  # the timer's pass, if giving the pool back ran none
     finally:
-        scheduler_sagemaker.meta.events.unregister("after-call.sagemaker.CreateTrainingJob", second_pass)
+        scheduler_sagemaker.meta.events.unregister(f"{when}-call.sagemaker.CreateTrainingJob", second_pass)
     assert len(inside) == 2, "no pass started a job"
     assert inside[1]["started"] == ["urgent"], inside[1]
     # THEN SageMaker never held more than the pool (the monitor checked after every call of both passes),
