@@ -1,10 +1,10 @@
 """No two concurrent passes exceed a pool, whatever the queues and wherever the second pass runs (hypothesis).
 
 Reserved concurrency 1 makes two scheduler invocations at once rare, not impossible. Hypothesis draws the
-pools, the jobs queued behind them while an admin drained them, and what runs inside the pass that follows
-the pools' return (the timer's: reconcile and pass): more submissions, each running a pass of its own, or
-the timer again. Before each call the first pass makes (DynamoDB or SageMaker) hypothesis decides whether
-the second pass runs there. The store is the real one on moto's server and SageMaker the emulator in its AWS
+pools, the jobs queued behind them while an admin drained them, the step of the pass that follows the pools'
+return (the timer's: reconcile and pass) where a second pass runs (before the n-th call of one operation,
+DynamoDB's or SageMaker's), and what that second pass is: more submissions, each running a pass of its own,
+or the timer again. The store is the real one on moto's server and SageMaker the emulator in its AWS
 profile; the invariant monitor checks SageMaker's side after every SageMaker call of either pass and every
 step of the clock: no pool held beyond its capacity, no job with two live attempts, nothing untracked.
 
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from conftest import ACCOUNT, TRN1, TRN2, QueueWorld, make_world, training_request
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from sagequeue_core.domain import Pool
@@ -34,6 +34,20 @@ from support.invariants import InvariantMonitor, advance, monitored
 
 #: (pool, instances, priority, seconds) of one job
 JobSpec = tuple[str, int, int, int]
+#: What a pass calls (the store's DynamoDB operations, the scheduler's SageMaker ones); the second pass runs
+#: before the n-th call of one of them (after the pass, if it makes fewer)
+OPERATIONS = (
+    "Query",
+    "GetItem",
+    "BatchGetItem",
+    "PutItem",
+    "UpdateItem",
+    "TransactWriteItems",
+    "ListTrainingJobs",
+    "DescribeTrainingJob",
+    "CreateTrainingJob",
+    "StopTrainingJob",
+)
 
 _EXPLORE = int(os.environ.get("SAGEQUEUE_PROPERTY_EXAMPLES", "0"))
 PROPERTY_SETTINGS = settings(
@@ -48,7 +62,7 @@ PROPERTY_SETTINGS = settings(
 @st.composite
 def cases(draw: st.DrawFn) -> tuple[dict[str, int], list[JobSpec], list[JobSpec]]:
     """Pools, the jobs queued behind them while drained, and the jobs submitted inside the first pass (none:
-    the second pass is the timer's)."""
+    the second pass is the timer's, as often as not)."""
     capacity = {TRN1: draw(st.integers(1, 3)), TRN2: draw(st.integers(1, 2))}
 
     def jobs(most: int, least: int) -> list[JobSpec]:
@@ -65,7 +79,7 @@ def cases(draw: st.DrawFn) -> tuple[dict[str, int], list[JobSpec], list[JobSpec]
             )
         return specs
 
-    return capacity, jobs(4, 1), jobs(2, 0)
+    return capacity, jobs(4, 1), jobs(2, 1) if draw(st.booleans()) else []
 
 
 @contextmanager
@@ -87,25 +101,27 @@ def _submit(world: QueueWorld, name: str, spec: JobSpec) -> None:
     assert status == 201, body
 
 
-def _before_each_call(
-    world: QueueWorld, here: Callable[[int], bool], second: Callable[[], None]
-) -> Callable[[], int]:
-    """Run `second` once, before the first call of the pass (DynamoDB or SageMaker) for whose number `here`
-    says yes; returns a function that unhooks and says how many calls the pass made (outside `second`)."""
-    seen = 0
+def _before(world: QueueWorld, operation: str, nth: int, second: Callable[[], None]) -> Callable[[], int]:
+    """Run `second` once, before the `nth` call of `operation` the pass makes (DynamoDB or SageMaker), or
+    after the pass if it makes fewer; returns a function that unhooks, runs `second` if it has not run, and
+    says how many calls the pass made (outside `second`)."""
+    seen: dict[str, int] = {}
     state = {"inside": False, "done": False}
 
-    def before(**_: Any) -> None:
-        nonlocal seen
+    def run_second() -> None:
+        state["inside"] = state["done"] = True
+        try:
+            second()
+        finally:
+            state["inside"] = False
+
+    def before(event_name: str = "", **_: Any) -> None:
         if state["inside"]:
             return
-        seen += 1
-        if not state["done"] and here(seen):
-            state["inside"] = state["done"] = True
-            try:
-                second()
-            finally:
-                state["inside"] = False
+        name = event_name.rsplit(".", 1)[-1]
+        seen[name] = seen.get(name, 0) + 1
+        if not state["done"] and name == operation and seen[name] == nth:
+            run_second()
 
     clients = (world.deps.store.client, world.deps.sagemaker.client)
     for client in clients:
@@ -114,7 +130,9 @@ def _before_each_call(
     def unhook() -> int:
         for client in clients:
             client.meta.events.unregister("before-call.*.*", before)
-        return seen
+        if not state["done"]:
+            run_second()
+        return sum(seen.values())
 
     return unhook
 
@@ -135,9 +153,14 @@ def _timer_event(world: QueueWorld) -> dict[str, Any]:
 
 
 @PROPERTY_SETTINGS
-@given(case=cases(), data=st.data())
+@given(case=cases(), operation=st.sampled_from(OPERATIONS), nth=st.integers(1, 4))
+# once failed: the timer's reconcile, inside the first pass's create, called the intent never created
+@example(case=({TRN1: 1, TRN2: 1}, [(TRN1, 1, 0, 300)], []), operation="CreateTrainingJob", nth=1)
 def test_no_two_concurrent_passes_exceed_a_pool(
-    moto_endpoint: str, case: tuple[dict[str, int], list[JobSpec], list[JobSpec]], data: st.DataObject
+    moto_endpoint: str,
+    case: tuple[dict[str, int], list[JobSpec], list[JobSpec]],
+    operation: str,
+    nth: int,
 ) -> None:
     capacity, queued, inside = case
     with _world(moto_endpoint, capacity) as (world, monitor):
@@ -150,7 +173,7 @@ def test_no_two_concurrent_passes_exceed_a_pool(
             world.deps.store.set_capacity(Pool(pool, instances))
         assert not world.emulator.instances_in_use()
 
-        # WHEN the timer's pass runs and, before a call of it hypothesis picks, a second pass runs inside it
+        # WHEN the timer's pass runs and, before the call of it hypothesis picks, a second pass runs inside it
         def second() -> None:
             if inside:
                 for i, spec in enumerate(inside):
@@ -158,9 +181,7 @@ def test_no_two_concurrent_passes_exceed_a_pool(
             else:
                 world.timer()
 
-        unhook = _before_each_call(
-            world, lambda n: data.draw(st.integers(0, 7), label=f"second pass before call {n}") == 0, second
-        )
+        unhook = _before(world, operation, nth, second)
         try:
             # the handler's work without its frame, so the test's own requests inside it are the test's
             handle_event(world.deps, _timer_event(world))
