@@ -195,6 +195,7 @@ def print_targets(trace, settings, results, horizon, *, overload: bool, alone_to
             gang[-1] is None or gang[-1][0] <= 4.0,
         )
     )
+    gang_figures = rows[gang_rows_at][1]
     # missed by every scheduler, the clairvoyant EASY included: shown as unreachable, not as sagequeue's miss
     reached = [g is None or g[0] <= 4.0 for g in gang]
     unreachable = {gang_rows_at} if not any(reached) else set()
@@ -228,6 +229,14 @@ def print_targets(trace, settings, results, horizon, *, overload: bool, alone_to
         else:
             result = "PASS" if passed else "FAIL"
         print(f"{name:<{width}}  " + "  ".join(f"{f:>24}" for f in figures) + f"  {result}")
+    ours = gang[-1]
+    if unreachable and ours is not None:
+        print(
+            f"why UNREACHABLE: every scheduler here misses the gang target of 4 h (best {_best(gang_figures)}), "
+            "the clairvoyant EASY (run times known, backfill, no preemption) and FIFO (priority ignored) "
+            f"included; sagequeue's worst class, priority {ours[1]}, waits {ours[0]:.1f} h beyond alone for its "
+            f"gangs and {ours[2]:.1f} h for its small jobs (docs/simulator.md, What the misses say)"
+        )
 
 
 def _best(figures: list[str]) -> str:

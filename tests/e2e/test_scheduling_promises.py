@@ -2,10 +2,12 @@
 
 Each scenario is one way a promise once broke: a drain walked around through warm pools, loans that stopped
 being their lender's when its reservation restarted, loans taken back whatever the priorities are now, a
-quota learned as what the pool held instead of what SageMaker stated, a drained pool keeping its warm pools,
-the top priority waiting out a lower job's minimum runtime. The monitor checks SageMaker's side (instances
-held per pool, one live training job per queue entry, nothing untracked) after every SageMaker call the
-queue makes and every step of the clock. Two passes racing are tests/functional/server/test_concurrent_passes.
+quota learned as what the pool held instead of what SageMaker stated, two passes at once overbooking a pool,
+a drained pool keeping its warm pools, the top priority waiting out a lower job's minimum runtime. The
+monitor checks SageMaker's side (instances held per pool, one live training job per queue entry, nothing
+untracked) after every SageMaker call the queue makes and every step of the clock. A second pass at every
+step of the first is tests/functional/server/test_concurrent_passes.py, and hypothesis chooses the step and
+the queues in tests/functional/server/test_concurrent_passes_property.py.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from typing import Any
 
 import pytest
 from test_scheduling_scenarios import POOL, Scenario
+
+from sagequeue_core import runtime
 
 pytestmark = pytest.mark.slow
 
@@ -149,6 +153,54 @@ def test_a_quota_is_learned_from_the_limit_sagemaker_states(scenario: Callable[.
     assert s.job("low").preemptions == 1
     refusals = [h for h in s.job("urgent").history if "ResourceLimitExceeded" in (h.reason or "")]
     assert len(refusals) == 1, refusals
+
+
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_a_pass_run_inside_anothers_create_does_not_overbook_the_pool(
+    scenario: Callable[..., Scenario], when: str
+) -> None:
+    # GIVEN a pool of 2 an admin drained, and two priority-5 jobs queued behind it
+    s = scenario(2, monitored=True)
+    admin = s.stack.client("admin")
+    admin.set_capacity(POOL, 0)
+    s.stack.run_until_idle()
+    s.submit("first", 3600, priority=5)
+    s.submit("second", 3600, priority=5)
+    assert s.stack.emulator.instances_in_use().get(POOL, 0) == 0
+    # WHEN the pool is given back, the pass that follows plans to start both; inside its first
+    # CreateTrainingJob (before SageMaker has the job, or once it has it and before the pass hears back) a
+    # priority-9 job is submitted and the timer's pass (reconcile, then pass) runs beside it
+    inside: list[Any] = []
+
+    def second_pass(**_: Any) -> None:
+        if inside:
+            return
+        inside.append(s.stack.now())
+        s.queue.submit(s.request("urgent", 600), priority=9)
+        inside.append(s.stack.tick_beside())
+
+    scheduler_sagemaker = runtime.dependencies().sagemaker.client
+    scheduler_sagemaker.meta.events.register(f"{when}-call.sagemaker.CreateTrainingJob", second_pass)
+    try:
+        admin.set_capacity(POOL, 2)
+        s.stack.run_until_idle()
+        if not inside:
+            s.stack.advance(60)  # the timer's pass, if giving the pool back ran none
+    finally:
+        scheduler_sagemaker.meta.events.unregister(f"{when}-call.sagemaker.CreateTrainingJob", second_pass)
+    assert len(inside) == 2, "no pass started a job"
+    assert inside[1]["started"] == ["urgent"], inside[1]
+    # THEN SageMaker never held more than the pool (the monitor checked after every call of both passes),
+    # the urgent job holds one of its two instances, and the first pass left one of its jobs queued
+    assert s.monitor is not None
+    assert s.monitor.violations == []
+    s.check_sagemaker()
+    assert s.stack.emulator.instances_in_use().get(POOL, 0) == 2
+    states = s.states()
+    assert states["urgent"] in ("starting", "running")
+    assert sorted((states["first"], states["second"])).count("queued") == 1, states
+    # AND the queue goes on from there: every job completes, and the pool is never overbooked
+    s.advance_until(lambda: set(s.states().values()) == {"completed"}, limit=3 * 3600)
 
 
 def test_a_drained_pool_releases_its_idle_warm_pools(scenario: Callable[..., Scenario]) -> None:

@@ -52,6 +52,11 @@ SAGEQUEUE_EVENT_SOURCE = "sagequeue"
 #: on the account's quota sagequeue gets; after this long the pool's configured capacity is tried again,
 #: so a raised quota is noticed without anyone telling the stack.
 QUOTA_MEMORY_SECONDS = 600
+#: How long an attempt's intent (recorded before CreateTrainingJob) may go without SageMaker knowing its
+#: training job before the reconcile calls it never created: the pass that wrote it may still be inside its
+#: CreateTrainingJob until the scheduler's timeout (120 s in template.yaml), and a pass beside it (reserved
+#: concurrency 1 makes that rare, not impossible) must not free what the create is about to take.
+INTENT_IN_FLIGHT_SECONDS = 180
 #: SageMaker's StoppingCondition.MaxRuntimeInSeconds when a request leaves it out (one day): a running
 #: attempt has trained at most this long.
 SAGEMAKER_DEFAULT_MAX_RUNTIME_SECONDS = 86_400

@@ -13,7 +13,7 @@ import pytest
 from conftest import TRN1, QueueWorld, make_world, training_request
 
 from sagequeue.local.emulator.events import state_change_event
-from sagequeue_core.defaults import QUOTA_MEMORY_SECONDS
+from sagequeue_core.defaults import INTENT_IN_FLIGHT_SECONDS, QUOTA_MEMORY_SECONDS
 from sagequeue_core.domain import attempt_name
 
 
@@ -196,7 +196,12 @@ def test_a_crash_between_the_intent_and_the_create_requeues_the_job(world: Queue
     assert world.state("fragile") == "starting"
     assert world.sagemaker().list_training_jobs()["TrainingJobSummaries"] == []
 
-    # WHEN the timer reconciles: SageMaker has no such attempt
+    # WHEN the timer reconciles at once: the pass that wrote the intent may still be inside its create
+    report = world.timer()
+    assert "fragile: not created yet; its pass may be inside the create" in report["applied"]
+    assert world.state("fragile") == "starting"
+    # AND once no create can be in flight any more, SageMaker still has no such attempt
+    world.emulator.advance(INTENT_IN_FLIGHT_SECONDS)
     report = world.timer()
 
     # THEN the job goes back to the queue and its next attempt starts under a new name

@@ -20,6 +20,7 @@ from typing import Any
 
 from sagequeue_core.defaults import (
     ATTEMPT_TAG,
+    INTENT_IN_FLIGHT_SECONDS,
     JOB_TAG,
     PRIORITY_TAG,
     QUOTA_MEMORY_SECONDS,
@@ -665,6 +666,9 @@ def _reconcile_live(
         try:
             described = deps.sagemaker.describe(name)
         except TrainingJobNotFound:
+            if _create_may_be_in_flight(deps, job):
+                report.applied.append(f"{name}: not created yet; its pass may be inside the create")
+                return
             outcome = _with_retries(deps, job.name, lambda fresh: _vanished(deps, fresh, name))
             report.applied.append(f"{name}: {outcome}")
             return
@@ -885,6 +889,15 @@ def _adopt_warm_pool(
 
 def _apply_described(deps: Dependencies, job_name: str, change: TrainingJobChange) -> str:
     return _with_retries(deps, job_name, lambda fresh: _apply_to_job(deps, fresh, change))
+
+
+def _create_may_be_in_flight(deps: Dependencies, job: Job) -> bool:
+    """An intent younger than INTENT_IN_FLIGHT_SECONDS: the pass that wrote it may not have reached
+    SageMaker yet. Called lost now, the job would be requeued and its instances given to others while the
+    create still lands (a pass beside the one creating: SageMaker would hold more than the pool)."""
+    if job.state is not JobState.STARTING or job.started_at is None:
+        return False
+    return (deps.now() - job.started_at).total_seconds() < INTENT_IN_FLIGHT_SECONDS
 
 
 def _vanished(deps: Dependencies, job: Job, training_job_name: str) -> str:
