@@ -185,7 +185,10 @@ class Governance:
         # The tag alone (anyone allowed AddTags sets it) does not make a training job the queue's.
         tagged = self.store.find_job(tags[JOB_TAG]) if queued is None and tags.get(JOB_TAG) else None
         of_queue = queued is not None or (tagged is not None and tagged.started(name, tags))
-        actions = govern(detail, tags, self.rules, now=self.clock())
+        # The idle alarms of a queued job read its team's namespace: the team of the queue entry, never a tag.
+        entry = queued if queued is not None else tagged if of_queue else None
+        team = entry.team if entry is not None else None
+        actions = govern(detail, tags, self.rules, now=self.clock(), team=team)
         for action in actions:
             if isinstance(action, StopForPolicy):
                 self._stop_for_policy(detail, tags, action, queued, outcome)
