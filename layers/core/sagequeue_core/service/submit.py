@@ -6,7 +6,14 @@ import copy
 from collections.abc import Mapping
 from typing import Any
 
-from sagequeue_core.defaults import ATTEMPT_TAG, JOB_TAG, PRIORITY_TAG, SEAL_TAG, SUBMITTED_BY_TAG
+from sagequeue_core.defaults import (
+    ATTEMPT_TAG,
+    JOB_TAG,
+    METRIC_NAMESPACE_ENV,
+    PRIORITY_TAG,
+    SEAL_TAG,
+    SUBMITTED_BY_TAG,
+)
 from sagequeue_core.domain import (
     DomainError,
     Job,
@@ -47,6 +54,8 @@ REQUIRED_FIELDS = (
 RESERVED_TAGS = (JOB_TAG, ATTEMPT_TAG, SUBMITTED_BY_TAG, SEAL_TAG)
 #: SageMaker accepts at most 50 tags; sagequeue adds four of its own to every attempt.
 MAX_USER_TAGS = 50 - len(RESERVED_TAGS)
+#: SageMaker's maximum of Environment variables in one CreateTrainingJob request.
+MAX_ENVIRONMENT_VARIABLES = 100
 #: Top-level members sagequeue reads from the body and does not pass on to SageMaker.
 QUEUE_FIELDS = ("priority",)
 
@@ -121,6 +130,8 @@ def validate(deps: Dependencies, body: Any, caller: str, body_bytes: int | None 
             raise RequestInvalid(f"tag {settings.team_tag!r}: {exc}") from None
     team = submission_team(tagged, caller, settings)
     require_role_allowed(role, team, caller, settings)
+    if team:
+        leave_room_for_the_metric_namespace(request.get("Environment"))
     return Job(
         name=name,
         request=request,
@@ -148,6 +159,20 @@ def agree_priority_tag(request: dict[str, Any], tag: str, priority: int, caller:
         {**t, "Value": str(priority)} if isinstance(t, Mapping) and t.get("Key") == PRIORITY_TAG else t
         for t in request.get("Tags") or ()
     ]
+
+
+def leave_room_for_the_metric_namespace(environment: Any) -> None:
+    """Every attempt of a team's job carries METRIC_NAMESPACE_ENV (its team's metric namespace): a request
+    whose Environment already fills SageMaker's maximum without it would fail at create time."""
+    if (
+        isinstance(environment, Mapping)
+        and METRIC_NAMESPACE_ENV not in environment
+        and len(environment) >= MAX_ENVIRONMENT_VARIABLES
+    ):
+        raise RequestInvalid(
+            f"Environment: {len(environment)} variables; a team's job may have at most "
+            f"{MAX_ENVIRONMENT_VARIABLES - 1} (sagequeue sets {METRIC_NAMESPACE_ENV} on every attempt)"
+        )
 
 
 def refuse_instance_type_with_groups(resources: Any) -> None:
