@@ -26,9 +26,9 @@ from sagequeue.local.alarms import Evaluation, alarm_message
 from sagequeue.local.identities import user_identity
 from sagequeue_core.defaults import (
     HOST_DIMENSION,
-    NEURON_METRIC_NAMESPACE,
     NEURONCORE_UTILIZATION_METRIC,
     host_dimension_value,
+    team_metric_namespace,
 )
 
 POOL = "ml.trn1.32xlarge"
@@ -162,10 +162,11 @@ def idle_alarm(stack: LocalStack, training_job_name: str) -> dict[str, Any]:
     return dict(found[0]) if found else {}
 
 
-def forge_zeros(stack: LocalStack, training_job_name: str, count: int = 50) -> None:
-    """What any principal allowed cloudwatch:PutMetricData (every training job's role) can publish."""
+def forge_zeros(stack: LocalStack, training_job_name: str, team: str, count: int = 50) -> None:
+    """What a principal allowed cloudwatch:PutMetricData in `team`'s namespace (a job role of that team,
+    sharing the victim's team) can publish for any host of it."""
     stack.aws_client("cloudwatch").put_metric_data(
-        Namespace=NEURON_METRIC_NAMESPACE,
+        Namespace=team_metric_namespace(team),
         MetricData=[
             {
                 "MetricName": NEURONCORE_UTILIZATION_METRIC,
@@ -196,11 +197,12 @@ def test_2_forged_zeros_do_not_stop_a_busy_job_and_a_truly_idle_one_stops_within
     until(stack, lambda: training_since(stack, busy) is not None, limit=600, step=10)
     until(stack, lambda: training_since(stack, idle) is not None, limit=600, step=10)
     began = training_since(stack, idle)
-    # WHEN another tenant publishes zeros for the busy job's host, fifty a minute, for twice the window
+    # WHEN a job role of its own team publishes zeros for the busy job's host in the namespace its alarm reads,
+    # fifty a minute, for twice the window
     window = 3 * 300
     stopped_at = None
     for _ in range(2 * window // 60):
-        forge_zeros(stack, busy)
+        forge_zeros(stack, busy, "vision")
         stack.advance(60)
         if stopped_at is None and states(speech)[idle] in ("stopping", "idle_stopped"):
             stopped_at = stack.now()

@@ -33,6 +33,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from sagequeue_core.defaults import NEURON_METRIC_NAMESPACE
+
 ROOT = Path(__file__).resolve().parents[2]
 TEMPLATE = ROOT / "template.yaml"
 #: The account moto and the emulator use when nothing else names one.
@@ -983,12 +985,20 @@ def documented_statements(name: str, values: Mapping[str, str], principal: str =
 
 
 def job_role_statements(
-    bucket: str, prefix: str, team: str, hub_token_secret: str = NO_SECRET, where: Where | None = None
+    bucket: str,
+    prefix: str,
+    team: str,
+    hub_token_secret: str = NO_SECRET,
+    where: Where | None = None,
+    metric_namespace: str = NEURON_METRIC_NAMESPACE,
 ) -> list[Statement]:
     """The documented job role of `team`'s jobs for the cache `s3://<bucket>/<prefix>`, whose Hub token
-    is the secret named `hub_token_secret`."""
+    is the secret named `hub_token_secret`, publishing utilization to `metric_namespace` (a team's role:
+    its team's, team_metric_namespace; by default the namespace of jobs without a team, where the job
+    image publishes when its environment names none)."""
     where = where or Where("us-east-1", DEFAULT_ACCOUNT)
     values = {
+        "MetricNamespace": metric_namespace,
         "Bucket": bucket,
         "Prefix": prefix.strip("/"),
         "Team": team,

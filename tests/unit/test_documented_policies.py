@@ -15,6 +15,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from support import iam_check
 from support.iam_check import Statement
 
+from sagequeue_core.defaults import team_metric_namespace
+
 ROOT = Path(__file__).resolve().parents[2]
 EXEMPT_POLICY = ROOT / "docs" / "policies" / "only-queue-admins-exempt.json"
 ACCOUNT = "123456789012"
@@ -191,9 +193,38 @@ def test_a_teams_denial_names_the_statement_that_grants_writers_folders() -> Non
 
 @pytest.mark.parametrize(
     ("namespace", "allowed"),
-    [("SageQueue/TrainingJobs", True), ("/aws/sagemaker/TrainingJobs", False), ("SageQueue/Other", False)],
+    [
+        ("SageQueue/TrainingJobs/team-a", True),
+        # another team's namespace: datapoints there would keep that team's idle hosts running
+        ("SageQueue/TrainingJobs/team-b", False),
+        ("SageQueue/TrainingJobs/team-a-evil", False),
+        # the namespace of jobs without a team, SageMaker's, and any other
+        ("SageQueue/TrainingJobs", False),
+        ("/aws/sagemaker/TrainingJobs", False),
+        ("SageQueue/Other", False),
+    ],
 )
-def test_the_job_role_publishes_only_to_sagequeues_namespace(namespace: str, allowed: bool) -> None:
+def test_a_teams_job_role_publishes_only_to_its_teams_namespace(namespace: str, allowed: bool) -> None:
+    statements = iam_check.job_role_statements(
+        BUCKET, PREFIX, "team-a", metric_namespace=team_metric_namespace("team-a")
+    )
+    params = {"Namespace": namespace, "MetricData": [{"MetricName": "NeuronCoreUtilization", "Value": 1.0}]}
+    requests = iam_check.authorizations("cloudwatch", "PutMetricData", params, WHERE)
+    assert requests
+    assert all(iam_check.evaluate(statements, r).allowed for r in requests) is allowed
+
+
+@pytest.mark.parametrize(
+    ("namespace", "allowed"),
+    [
+        ("SageQueue/TrainingJobs", True),
+        ("SageQueue/TrainingJobs/team-a", False),
+        ("/aws/sagemaker/TrainingJobs", False),
+    ],
+)
+def test_the_role_of_jobs_without_a_team_publishes_only_to_the_default_namespace(
+    namespace: str, allowed: bool
+) -> None:
     params = {"Namespace": namespace, "MetricData": [{"MetricName": "NeuronCoreUtilization", "Value": 1.0}]}
     assert _job_allows("team-a", "PutMetricData", params, service="cloudwatch") is allowed
 

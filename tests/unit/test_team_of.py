@@ -6,7 +6,12 @@ import pytest
 
 from sagequeue_core.config import ConfigError, Settings
 from sagequeue_core.errors import Forbidden
-from sagequeue_core.service.access import submission_team, team_of_caller
+from sagequeue_core.service.access import (
+    priority_ceiling,
+    require_priority_allowed,
+    submission_team,
+    team_of_caller,
+)
 
 ACCOUNT = "123456789012"
 ROLE = f"arn:aws:iam::{ACCOUNT}:role/vision-ci"
@@ -93,3 +98,31 @@ def test_with_two_teams_only_a_role_of_one_team_keeps_warm_pools_and_a_shared_on
     (warning,) = [r.getMessage() for r in caplog.records if "warm pool" in r.getMessage()]
     assert shared in warning
     assert "vision, speech" in warning
+
+
+def test_a_caller_mapped_to_no_team_gets_no_more_than_the_lowest_team_ceiling_where_teams_are_in_use() -> (
+    None
+):
+    bob = f"arn:aws:iam::{ACCOUNT}:user/bob"
+    settings = Settings.build(
+        team_roles=ROLES, admin_role_arns=[ADMIN], priority_ceilings="vision=600,speech=300"
+    )
+    # GIVEN a member of speech (ceiling 300) who can also call as a principal nobody mapped
+    assert priority_ceiling(USER, settings)[0] == 300
+    # WHEN it calls unmapped THEN it gets the lowest team ceiling, not MaxPriorityForNonAdmins (900), named
+    ceiling, whose = priority_ceiling(bob, settings)
+    assert ceiling == 300
+    with pytest.raises(
+        Forbidden, match=r"priority 301 is above 300, the ceiling of callers mapped to no team"
+    ):
+        require_priority_allowed(301, bob, settings)
+    assert "team 'speech'" in whose
+    # AND a mapped team keeps its own ceiling, an unmapped principal its own entry, and an admin the top
+    assert priority_ceiling(ROLE, settings)[0] == 600
+    own = Settings.build(team_roles=ROLES, priority_ceilings=f"speech=300,{bob}=700")
+    assert priority_ceiling(bob, own)[0] == 700
+    require_priority_allowed(1000, f"arn:aws:sts::{ACCOUNT}:assumed-role/queue-admin/a", settings)
+    # AND a team ceiling above MaxPriorityForNonAdmins does not raise the unmapped caller's
+    assert priority_ceiling(bob, Settings.build(team_roles=ROLES, priority_ceilings="vision=950"))[0] == 900
+    # AND where teams are not in use, MaxPriorityForNonAdmins is every non-admin's ceiling
+    assert priority_ceiling(bob, Settings.build(priority_ceilings="speech=300"))[0] == 900

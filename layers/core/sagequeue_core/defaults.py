@@ -12,6 +12,19 @@ from __future__ import annotations
 #: (/aws/sagemaker/TrainingJobs) has no NeuronCore metric, so the job image publishes under its own.
 NEURON_METRIC_NAMESPACE = "SageQueue/TrainingJobs"
 
+#: Environment variable the scheduler sets on every attempt of a queued job: the namespace its job image
+#: publishes to. A team's jobs publish under NEURON_METRIC_NAMESPACE + "/<team>" (team_metric_namespace),
+#: where only that team's execution roles may publish (docs/guardrails.md); a job without one publishes under
+#: NEURON_METRIC_NAMESPACE itself.
+METRIC_NAMESPACE_ENV = "SAGEQUEUE_METRIC_NAMESPACE"
+
+
+def team_metric_namespace(team: str | None) -> str:
+    """The namespace a team's jobs publish their utilization to, and their idle alarms read: one per team,
+    so that a grant conditioned on `cloudwatch:namespace` keeps one team's job roles out of another's."""
+    return f"{NEURON_METRIC_NAMESPACE}/{team}" if team else NEURON_METRIC_NAMESPACE
+
+
 #: Average NeuronCore utilization of one host over the last period, in percent (0-100).
 NEURONCORE_UTILIZATION_METRIC = "NeuronCoreUtilization"
 

@@ -29,7 +29,6 @@ from sagequeue_core.defaults import (
     IDLE_ALARM_PREFIX,
     JOB_TAG,
     NEURON_COMPILING_METRIC,
-    NEURON_METRIC_NAMESPACE,
     NEURONCORE_UTILIZATION_METRIC,
     SAGEMAKER_METRIC_NAMESPACE,
     SEAL_TAG,
@@ -37,6 +36,7 @@ from sagequeue_core.defaults import (
     host_dimension_value,
     is_gpu_instance,
     is_neuron_instance,
+    team_metric_namespace,
 )
 from sagequeue_core.domain import (
     DomainError,
@@ -175,9 +175,11 @@ class IdleSignal(StrEnum):
     GPU = "gpu"  # SageMaker's GPUUtilization
     CPU = "cpu"  # SageMaker's CPUUtilization
 
-    @property
-    def namespace(self) -> str:
-        return NEURON_METRIC_NAMESPACE if self is IdleSignal.NEURON else SAGEMAKER_METRIC_NAMESPACE
+    def namespace(self, team: str | None = None) -> str:
+        """Where the signal of a host of `team`'s job is published: the job image publishes a team's
+        NeuronCore metrics into the team's own namespace (team_metric_namespace); SageMaker publishes its
+        own for every job in one."""
+        return team_metric_namespace(team) if self is IdleSignal.NEURON else SAGEMAKER_METRIC_NAMESPACE
 
     @property
     def metric_name(self) -> str:
@@ -255,10 +257,13 @@ class AlarmSpec:
     evaluation_periods: int
     treat_missing_data: str
     description: str
+    #: The team of the queue entry whose attempt the job is (None for a job started outside the queue):
+    #: its NeuronCore metrics are read from the team's namespace, where no other team's role may publish.
+    team: str | None = None
 
     @property
     def namespace(self) -> str:
-        return self.signal.namespace
+        return self.signal.namespace(self.team)
 
     @property
     def metric_name(self) -> str:
@@ -460,12 +465,14 @@ def hosts_of(job: Mapping[str, Any]) -> list[tuple[str, str]]:
 
 
 def idle_alarm_specs(
-    job: Mapping[str, Any], rules: IdleRules, *, now: datetime | None = None
+    job: Mapping[str, Any], rules: IdleRules, *, now: datetime | None = None, team: str | None = None
 ) -> list[AlarmSpec]:
     """The alarms a job in its Training phase should have.
 
     Silence alarms are included only when `now` is given and the job's current Training phase began at
     least one silence window before it (see the module note above); the reconcile timer adds them later.
+    `team` is the team of the job's queue entry (never a tag): a Neuron host's alarms read its team's
+    namespace.
     """
     name = str(job.get("TrainingJobName"))
     training_since = training_phase_start(job)
@@ -498,6 +505,7 @@ def idle_alarm_specs(
                     f"sagequeue idle stop: highest {signal.metric_name} of {host} at or below "
                     f"{rules.threshold_percent:g}% for {rules.idle_window_seconds // 60} minutes"
                 ),
+                team=team,
             )
         )
         if with_silence:
@@ -520,6 +528,7 @@ def idle_alarm_specs(
                         f"sagequeue idle stop: no {signal.metric_name} from {host} "
                         f"for {rules.silence_window_seconds // 60} minutes"
                     ),
+                    team=team,
                 )
             )
     return specs
@@ -827,6 +836,7 @@ def govern(
     *,
     now: datetime,
     resumes_so_far: int | None = None,
+    team: str | None = None,
 ) -> list[Action]:
     """The actions one state change of a training job calls for, in the order to take them.
 
@@ -834,7 +844,8 @@ def govern(
     is safe to repeat, so a duplicated or replayed event only repeats harmless work. An exempt job is never
     stopped nor watched; it may still be resumed after a transient failure, which only helps it.
     `resumes_so_far` is the count of the job's verified lineage (`lineage_of` with its root's secret); left
-    out, the job counts as an original (its clone tags unverified).
+    out, the job counts as an original (its clone tags unverified). `team` is the team of the queue entry
+    the job is an attempt of (its alarms read that team's namespace).
     """
     name = str(job.get("TrainingJobName"))
     status = job.get("TrainingJobStatus")
@@ -851,7 +862,7 @@ def govern(
             if spot.replace:
                 return [ReplaceSpot(spot.reason), DeleteAlarms(name)]
         if secondary == "Training" and not exempt:
-            return [EnsureAlarms(tuple(idle_alarm_specs(job, rules.idle, now=now)))]
+            return [EnsureAlarms(tuple(idle_alarm_specs(job, rules.idle, now=now, team=team)))]
         if secondary in _NO_ALARM_PHASES or (secondary == "Training" and exempt):
             return [DeleteAlarms(name)]
         return []

@@ -8,6 +8,10 @@ dead monitor shows as missing data rather than as an idle host.
 Beside it, `NeuronCompiling` says whether a neuronx-cc or neuron_parallel_compile process ran in the period
 (1 or 0, sampled every few seconds; its Maximum is what the idle alarm reads): a cold compile takes 30-60
 minutes at ~0% utilization, and the idle alarm's metric math counts such a period as busy.
+
+Both go to the namespace the job's environment names (SAGEQUEUE_METRIC_NAMESPACE: the scheduler sets its
+team's, `SageQueue/TrainingJobs/<team>`, where only that team's execution roles may publish), else to
+`SageQueue/TrainingJobs`.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import logging
 import subprocess
 import tempfile
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -29,6 +34,7 @@ from sagequeue.job import neuron
 from sagequeue.job.host import HostIdentity
 from sagequeue_core.defaults import (
     HOST_DIMENSION,
+    METRIC_NAMESPACE_ENV,
     METRIC_PERIOD_SECONDS,
     NEURON_COMPILING_METRIC,
     NEURON_METRIC_NAMESPACE,
@@ -84,6 +90,12 @@ def metric_datum(
     }
 
 
+def metric_namespace(env: Mapping[str, str]) -> str:
+    """The namespace this job's utilization goes to: the one the scheduler set in its environment (the one
+    its idle alarms read), else the default namespace of jobs without a team."""
+    return env.get(METRIC_NAMESPACE_ENV, "").strip() or NEURON_METRIC_NAMESPACE
+
+
 class UtilizationPublisher:
     """Runs neuron-monitor for the life of the training command and publishes its utilization."""
 
@@ -94,8 +106,10 @@ class UtilizationPublisher:
         period: float = METRIC_PERIOD_SECONDS,
         cloudwatch: Any = None,
         monitor_executable: str = neuron.MONITOR_EXECUTABLE,
+        namespace: str = NEURON_METRIC_NAMESPACE,
     ) -> None:
         self.identity = identity
+        self.namespace = namespace
         self.period = period
         self.monitor_executable = monitor_executable
         self._cloudwatch = cloudwatch
@@ -188,7 +202,7 @@ class UtilizationPublisher:
         if not data:
             return
         try:
-            self.cloudwatch.put_metric_data(Namespace=NEURON_METRIC_NAMESPACE, MetricData=data)
+            self.cloudwatch.put_metric_data(Namespace=self.namespace, MetricData=data)
             self.published += 1
         except (BotoCoreError, ClientError) as exc:
             # a metric lost is better than a training job failed

@@ -420,13 +420,20 @@ class JobRunner:
             say("not publishing NeuronCore utilization: %s is not on PATH", neuron.MONITOR_EXECUTABLE)
             return None
         # boto3 is imported only when there is something to publish
-        from sagequeue.job.metrics import UtilizationPublisher
+        from sagequeue.job.metrics import UtilizationPublisher, metric_namespace
 
         publisher = UtilizationPublisher(
-            identity, period=self.options.metrics_period, monitor_executable=executable
+            identity,
+            period=self.options.metrics_period,
+            monitor_executable=executable,
+            namespace=metric_namespace(self.env),
         )
         publisher.start()
-        log.info("publishing NeuronCore utilization as Host=%s", identity.dimension_value)
+        log.info(
+            "publishing NeuronCore utilization to %s as Host=%s",
+            publisher.namespace,
+            identity.dimension_value,
+        )
         return publisher
 
     def _upload(

@@ -108,12 +108,56 @@ class _Moto:
     endpoint: str
 
 
+_namespace_filter = threading.local()
+
+
+def _metric_queries_keep_to_their_namespace() -> None:
+    """Make moto's GetMetricData read a query's metric in the query's namespace only, as CloudWatch does:
+    moto drops the namespace when the query names dimensions, so data another tenant published for the
+    same host in another namespace would be read as the host's (team namespaces, docs/guardrails.md)."""
+    from moto.cloudwatch.models import CloudWatchBackend
+
+    if getattr(CloudWatchBackend, "_sagequeue_namespaced", False):
+        return
+    every_metric = CloudWatchBackend.get_all_metrics
+    get_metric_data = CloudWatchBackend.get_metric_data
+
+    def get_all_metrics(self: Any) -> Any:
+        data = every_metric(self)
+        namespace = getattr(_namespace_filter, "namespace", None)
+        return data if namespace is None else [d for d in data if d.namespace == namespace]
+
+    def get_metric_data_by_namespace(self: Any, queries: Any, *args: Any, **kwargs: Any) -> Any:
+        namespaces = {q["MetricStat"]["Metric"].get("Namespace") for q in queries if "MetricStat" in q}
+        expressions = [q for q in queries if "MetricStat" not in q]
+        if len(namespaces) > 1 and expressions:
+            return get_metric_data(self, queries, *args, **kwargs)  # one call's math spans namespaces
+        results: list[Any] = []
+        for namespace in sorted(namespaces, key=str) or [None]:
+            mine = [
+                q
+                for q in queries
+                if "MetricStat" in q and q["MetricStat"]["Metric"].get("Namespace") == namespace
+            ]
+            _namespace_filter.namespace = namespace
+            try:
+                results.extend(get_metric_data(self, mine + expressions, *args, **kwargs))
+            finally:
+                _namespace_filter.namespace = None
+        return results
+
+    CloudWatchBackend.get_all_metrics = get_all_metrics  # type: ignore[method-assign]
+    CloudWatchBackend.get_metric_data = get_metric_data_by_namespace  # type: ignore[method-assign]
+    CloudWatchBackend._sagequeue_namespaced = True  # type: ignore[attr-defined]
+
+
 def _start_moto(account_id: str) -> _Moto:
     """moto's server on a free port of 127.0.0.1, every request in `account_id`.
 
     moto keeps its state per account in the process, so a stack in its own account never sees the
     resources of another stack (or of a test's own moto server) in the same process.
     """
+    _metric_queries_keep_to_their_namespace()
     from moto.moto_server.werkzeug_app import (
         DomainDispatcherApplication,
         MotoRequestHandler,

@@ -121,3 +121,22 @@ def test_a_body_that_is_not_json_or_too_large_is_refused(world: QueueWorld) -> N
     assert status == 400
     assert "bytes" in answer["message"]
     assert world.api("GET", "/jobs/huge")[0] == 404
+
+
+def test_a_teams_job_leaves_room_in_its_environment_for_the_metric_namespace_sagequeue_sets(
+    moto_endpoint: str,
+) -> None:
+    from conftest import SUBMITTER
+
+    for world in make_world(moto_endpoint, settings={"team_roles": {SUBMITTER: "research"}}):
+        # WHEN a team's job fills SageMaker's 100 Environment variables
+        body = training_request("full-env")
+        body["Environment"] = {f"V{i}": "x" for i in range(100)}
+        status, answer = world.api("POST", "/jobs", body)
+        # THEN it is refused, naming the variable sagequeue adds, and nothing is stored
+        assert status == 400, answer
+        assert "at most 99 (sagequeue sets SAGEQUEUE_METRIC_NAMESPACE" in answer["message"]
+        assert world.api("GET", "/jobs/full-env")[0] == 404
+        # AND with one fewer it is queued
+        body["Environment"].pop("V0")
+        assert world.api("POST", "/jobs", body)[0] == 201

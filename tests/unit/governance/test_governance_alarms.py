@@ -15,6 +15,7 @@ from sagequeue_core.governance import (
     AlarmKind,
     IdleRules,
     IdleSignal,
+    alarm_definition_difference,
     alarm_name,
     alarm_prefix,
     hosts_of,
@@ -199,3 +200,32 @@ def test_idle_rules_refuse_what_cloudwatch_would(kwargs: dict[str, Any], problem
 def test_a_job_without_resource_config_is_refused_by_name() -> None:
     with pytest.raises(DomainError, match="training job x: ResourceConfig"):
         hosts_of({"TrainingJobName": "x"})
+
+
+def test_a_teams_neuron_alarms_read_its_teams_namespace_and_another_namespace_is_another_definition() -> None:
+    now = datetime(2026, 1, 2, tzinfo=UTC)
+    # GIVEN a Trainium job of team vision, training long enough for its silence alarm too
+    specs = idle_alarm_specs(job("ml.trn1.32xlarge"), IdleRules(), now=now, team="vision")
+    assert {s.kind for s in specs} == {AlarmKind.IDLE, AlarmKind.SILENCE}
+    for spec in specs:
+        args = spec.put_metric_alarm_args([])
+        namespaces = {
+            q["MetricStat"]["Metric"]["Namespace"] for q in args.get("Metrics", []) if "MetricStat" in q
+        }
+        assert namespaces | ({args["Namespace"]} if "Namespace" in args else set()) == {
+            "SageQueue/TrainingJobs/vision"
+        }
+        # THEN the same alarm on the default namespace, or another team's, is not governance's
+        for other in (None, "speech"):
+            (twin,) = [
+                t
+                for t in idle_alarm_specs(job("ml.trn1.32xlarge"), IdleRules(), now=now, team=other)
+                if t.name == spec.name
+            ]
+            assert alarm_definition_difference(twin.put_metric_alarm_args([]), spec) in (
+                "Namespace",
+                "Metrics",
+            )
+    # AND SageMaker's own metrics stay in SageMaker's namespace, whatever the team
+    (gpu,) = idle_alarm_specs(job("ml.g5.xlarge"), IdleRules(), team="vision")
+    assert gpu.namespace == SAGEMAKER_METRIC_NAMESPACE

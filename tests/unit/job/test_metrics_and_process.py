@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from sagequeue.job.host import HostIdentity
-from sagequeue.job.metrics import UtilizationPublisher, metric_datum, summarize
+from sagequeue.job.metrics import UtilizationPublisher, metric_datum, metric_namespace, summarize
 from sagequeue.job.process import SignalForwarder, StopWatch, group_alive, wait_for_group
 from sagequeue_core.defaults import (
     HOST_DIMENSION,
@@ -64,6 +64,26 @@ def test_a_period_without_reports_publishes_nothing() -> None:
     publisher.flush()
     assert cloudwatch.calls[0]["Namespace"] == NEURON_METRIC_NAMESPACE
     assert cloudwatch.calls[0]["MetricData"][0]["StatisticValues"]["Sum"] == 60.0
+
+
+def test_the_job_publishes_to_the_namespace_its_environment_names_else_the_default() -> None:
+    assert metric_namespace({"SAGEQUEUE_METRIC_NAMESPACE": "SageQueue/TrainingJobs/vision"}) == (
+        "SageQueue/TrainingJobs/vision"
+    )
+    assert metric_namespace({"SAGEQUEUE_METRIC_NAMESPACE": "  "}) == NEURON_METRIC_NAMESPACE
+    assert metric_namespace({}) == NEURON_METRIC_NAMESPACE
+    cloudwatch = RecordingCloudWatch()
+    publisher = UtilizationPublisher(
+        HostIdentity("job-1", 1), cloudwatch=cloudwatch, namespace="SageQueue/TrainingJobs/vision"
+    )
+    publisher._samples.append(30.0)
+    publisher._compiling.append(1.0)
+    publisher.flush()
+    assert [c["Namespace"] for c in cloudwatch.calls] == ["SageQueue/TrainingJobs/vision"]
+    assert {d["MetricName"] for d in cloudwatch.calls[0]["MetricData"]} == {
+        NEURONCORE_UTILIZATION_METRIC,
+        NEURON_COMPILING_METRIC,
+    }
 
 
 CHILD = """

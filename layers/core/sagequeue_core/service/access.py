@@ -57,7 +57,11 @@ def require_owner_or_admin(job: Job, caller: str, admin_arns: Iterable[str]) -> 
 
 def priority_ceiling(caller: str, settings: Any) -> tuple[int, str]:
     """The highest priority a non-admin caller may use, and whose ceiling it is: the caller's principal's
-    entry in PriorityCeilings, else its team's, else MaxPriorityForNonAdmins."""
+    entry in PriorityCeilings, else its team's, else MaxPriorityForNonAdmins.
+
+    Where teams are in use (TeamRoles), a caller mapped to no team gets no more than the lowest team
+    ceiling: a team member who can also call as a principal nobody mapped (another role, an IAM user)
+    must not escape the team's ceiling that way."""
     mine = principal(caller)
     team = team_of_caller(caller, settings.team_roles)
     for key, ceiling in settings.priority_ceilings.items():
@@ -65,7 +69,16 @@ def priority_ceiling(caller: str, settings: Any) -> tuple[int, str]:
             return ceiling, f"the ceiling of {owner_of_caller(caller)} (PriorityCeilings)"
     if team is not None and team in settings.priority_ceilings:
         return settings.priority_ceilings[team], f"the ceiling of team {team!r} (PriorityCeilings)"
-    return settings.max_priority_for_non_admins, "the ceiling of non-admins (MaxPriorityForNonAdmins)"
+    default = settings.max_priority_for_non_admins
+    if team is None and settings.team_roles:
+        teams = {k: c for k, c in settings.priority_ceilings.items() if not k.startswith("arn:")}
+        lowest = min(teams, key=lambda k: teams[k], default=None)
+        if lowest is not None and teams[lowest] < default:
+            return teams[lowest], (
+                f"the ceiling of callers mapped to no team (TeamRoles): the lowest team ceiling, team "
+                f"{lowest!r}'s (PriorityCeilings)"
+            )
+    return default, "the ceiling of non-admins (MaxPriorityForNonAdmins)"
 
 
 def require_priority_allowed(priority: int, caller: str, settings: Any) -> None:

@@ -207,7 +207,12 @@ class Governance:
         tagged = self.store.find_job(tags[JOB_TAG]) if queued is None and tags.get(JOB_TAG) else None
         of_queue = queued is not None or (tagged is not None and tagged.started(name, tags))
         lineage = self._lineage(name, tags)
-        actions = govern(detail, tags, self.rules, now=self.clock(), resumes_so_far=lineage.resumes)
+        # The idle alarms of a queued job read its team's namespace: the team of the queue entry, never a tag.
+        entry = queued if queued is not None else tagged if of_queue else None
+        team = entry.team if entry is not None else None
+        actions = govern(
+            detail, tags, self.rules, now=self.clock(), resumes_so_far=lineage.resumes, team=team
+        )
         for action in actions:
             if isinstance(action, StopForPolicy):
                 self._stop_for_policy(detail, tags, action, queued, outcome)

@@ -22,12 +22,14 @@ from sagequeue_core.defaults import (
     ATTEMPT_TAG,
     INTENT_IN_FLIGHT_SECONDS,
     JOB_TAG,
+    METRIC_NAMESPACE_ENV,
     PRIORITY_TAG,
     QUOTA_MEMORY_SECONDS,
     SAGEQUEUE_EVENT_SOURCE,
     SEAL_TAG,
     STATED_QUOTA_MEMORY_SECONDS,
     SUBMITTED_BY_TAG,
+    team_metric_namespace,
 )
 from sagequeue_core.domain import (
     ATTEMPT_NAME_CHOICES,
@@ -1272,6 +1274,13 @@ def attempt_request(
     if seal is not None:
         tags[SEAL_TAG] = seal
     request["Tags"] = [{"Key": key, "Value": value} for key, value in tags.items()]
+    if job.team:
+        # Where the job image publishes its utilization: its team's namespace, the one the attempt's idle
+        # alarms read and only the team's execution roles may publish to (docs/guardrails.md). A job without
+        # a team publishes to the image's default namespace, as before teams.
+        environment = dict(request.get("Environment") or {})
+        environment[METRIC_NAMESPACE_ENV] = team_metric_namespace(job.team)
+        request["Environment"] = environment
     if not keep_warm:
         config = dict(request.get("ResourceConfig") or {})
         if config.pop("KeepAlivePeriodInSeconds", None) is not None:

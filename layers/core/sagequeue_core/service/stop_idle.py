@@ -20,6 +20,7 @@ from sagequeue_core.errors import StaleVersion, TrainingJobNotFound
 from sagequeue_core.events import EventType, Publisher
 from sagequeue_core.governance import (
     HOST_DIMENSION,
+    JOB_TAG,
     AlarmKind,
     IdleRules,
     PolicyRules,
@@ -158,12 +159,15 @@ class IdleStop:
             # An alarm that outlived its job (its end event not handled yet): nothing to stop.
             self._drop_alarms(name)
             return IdleStopOutcome(notice.alarm_name, name, False, f"the training job is already {status}")
-        forged = self._not_governances(notice.alarm_name, detail) or self._not_idle_now(notice.alarm_name)
+        arn = detail.get("TrainingJobArn")
+        tags = self.sagemaker.tags(str(arn)) if arn else tags_to_dict(detail.get("Tags"))
+        team = self._team_of(name, tags)
+        forged = self._not_governances(notice.alarm_name, detail, team) or self._not_idle_now(
+            notice.alarm_name
+        )
         if forged:
             logger.warning("idle alarm not acted on: %s", forged, extra={"alarm": notice.alarm_name})
             return IdleStopOutcome(notice.alarm_name, name, False, forged)
-        arn = detail.get("TrainingJobArn")
-        tags = self.sagemaker.tags(str(arn)) if arn else tags_to_dict(detail.get("Tags"))
         tags = honoured_tags(
             self.store,
             self.publisher,
@@ -220,11 +224,23 @@ class IdleStop:
             return f"the alarm is {state} now, not ALARM"
         return None
 
-    def _not_governances(self, alarm_name: str, detail: Mapping[str, Any]) -> str | None:
+    def _team_of(self, training_job_name: str, tags: Mapping[str, str]) -> str | None:
+        """The team of the queue entry the training job is an attempt of (its current one, or an earlier
+        one its seal proves), or None for a job started outside the queue. Never a tag's word alone."""
+        job = self.store.find_job_by_training_job(training_job_name)
+        if job is None and tags.get(JOB_TAG):
+            tagged = self.store.find_job(tags[JOB_TAG])
+            job = tagged if tagged is not None and tagged.started(training_job_name, tags) else None
+        return job.team if job is not None else None
+
+    def _not_governances(self, alarm_name: str, detail: Mapping[str, Any], team: str | None) -> str | None:
         """Why the alarm is not the one governance creates for this job now (anyone allowed PutMetricAlarm
-        can overwrite it under its name), or None. A replaced alarm is put back as governance makes it: it
-        evaluates the same datapoints, so a host that is really idle is stopped at its next evaluation."""
-        wanted = {spec.name: spec for spec in idle_alarm_specs(detail, self.idle, now=self.clock())}
+        can overwrite it under its name, or point it at a namespace other tenants publish to), or None. A
+        replaced alarm is put back as governance makes it: it evaluates the same datapoints, so a host that
+        is really idle is stopped at its next evaluation."""
+        wanted = {
+            spec.name: spec for spec in idle_alarm_specs(detail, self.idle, now=self.clock(), team=team)
+        }
         spec = wanted.get(alarm_name)
         if spec is None:
             return "governance creates no alarm of that name for the training job now"

@@ -6,11 +6,19 @@ import copy
 from collections.abc import Mapping
 from typing import Any
 
-from sagequeue_core.defaults import ATTEMPT_TAG, JOB_TAG, SEAL_TAG, SUBMITTED_BY_TAG
+from sagequeue_core.defaults import (
+    ATTEMPT_TAG,
+    JOB_TAG,
+    METRIC_NAMESPACE_ENV,
+    PRIORITY_TAG,
+    SEAL_TAG,
+    SUBMITTED_BY_TAG,
+)
 from sagequeue_core.domain import (
     DomainError,
     Job,
     JobState,
+    parse_priority,
     plan_home,
     pool_demand_of,
     priority_of,
@@ -46,6 +54,8 @@ REQUIRED_FIELDS = (
 RESERVED_TAGS = (JOB_TAG, ATTEMPT_TAG, SUBMITTED_BY_TAG, SEAL_TAG)
 #: SageMaker accepts at most 50 tags; sagequeue adds four of its own to every attempt.
 MAX_USER_TAGS = 50 - len(RESERVED_TAGS)
+#: SageMaker's maximum of Environment variables in one CreateTrainingJob request.
+MAX_ENVIRONMENT_VARIABLES = 100
 #: Top-level members sagequeue reads from the body and does not pass on to SageMaker.
 QUEUE_FIELDS = ("priority",)
 
@@ -110,6 +120,8 @@ def validate(deps: Dependencies, body: Any, caller: str, body_bytes: int | None 
     if violations:
         raise RequestInvalid("; ".join(f"policy {v.rule}: {v.message}" for v in violations))
     require_priority_allowed(priority, caller, settings)
+    if explicit_priority is not None and PRIORITY_TAG in tags:
+        agree_priority_tag(request, tags[PRIORITY_TAG], priority, caller, settings)
     tagged = tags.get(settings.team_tag, "").strip() if settings.team_tag else ""
     if tagged:
         try:
@@ -118,6 +130,8 @@ def validate(deps: Dependencies, body: Any, caller: str, body_bytes: int | None 
             raise RequestInvalid(f"tag {settings.team_tag!r}: {exc}") from None
     team = submission_team(tagged, caller, settings)
     require_role_allowed(role, team, caller, settings)
+    if team:
+        leave_room_for_the_metric_namespace(request.get("Environment"))
     return Job(
         name=name,
         request=request,
@@ -126,6 +140,39 @@ def validate(deps: Dependencies, body: Any, caller: str, body_bytes: int | None 
         submitted_at=deps.now(),
         team=team,
     )
+
+
+def agree_priority_tag(request: dict[str, Any], tag: str, priority: int, caller: str, settings: Any) -> None:
+    """A `priority` tag beside an explicit priority: the explicit one is the job's, but the tag goes to
+    SageMaker with every attempt, where whoever reads tags (a table rebuilt from live attempts, a report)
+    would take it. A tag above the caller's ceiling is refused as it is alone (403 naming the ceiling); one
+    within it is set to the stored priority, so that the attempts say what the queue stores."""
+    try:
+        tagged = parse_priority(tag, field_name=f"tag {PRIORITY_TAG!r}")
+    except DomainError as exc:
+        raise RequestInvalid(str(exc)) from None
+    try:
+        require_priority_allowed(tagged, caller, settings)
+    except Forbidden as exc:
+        raise Forbidden(f"tag {PRIORITY_TAG!r}: {exc}") from None
+    request["Tags"] = [
+        {**t, "Value": str(priority)} if isinstance(t, Mapping) and t.get("Key") == PRIORITY_TAG else t
+        for t in request.get("Tags") or ()
+    ]
+
+
+def leave_room_for_the_metric_namespace(environment: Any) -> None:
+    """Every attempt of a team's job carries METRIC_NAMESPACE_ENV (its team's metric namespace): a request
+    whose Environment already fills SageMaker's maximum without it would fail at create time."""
+    if (
+        isinstance(environment, Mapping)
+        and METRIC_NAMESPACE_ENV not in environment
+        and len(environment) >= MAX_ENVIRONMENT_VARIABLES
+    ):
+        raise RequestInvalid(
+            f"Environment: {len(environment)} variables; a team's job may have at most "
+            f"{MAX_ENVIRONMENT_VARIABLES - 1} (sagequeue sets {METRIC_NAMESPACE_ENV} on every attempt)"
+        )
 
 
 def refuse_instance_type_with_groups(resources: Any) -> None:

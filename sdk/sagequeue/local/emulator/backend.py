@@ -29,7 +29,7 @@ from sagequeue.local.emulator.errors import (
     not_found,
 )
 from sagequeue.local.emulator.events import state_change_event
-from sagequeue.local.emulator.metrics import utilization_data
+from sagequeue.local.emulator.metrics import namespace_of, utilization_data
 from sagequeue.local.emulator.model import TrainingJob, WarmPoolState
 from sagequeue.local.emulator.simulation import SimPlan, Timings
 
@@ -364,9 +364,12 @@ class SageMakerBackend:
             until = job.compile_until
             compiling = [m for m in job.pending_metrics if until is not None and m <= until]
             busy = [m for m in job.pending_metrics if until is None or m > until]
-            outputs.metric_data.extend(utilization_data(job.name, job.instance_count, compiling, 0.0))
+            namespace = namespace_of(job.request.get("Environment"))
             outputs.metric_data.extend(
-                utilization_data(job.name, job.instance_count, busy, job.plan.reported_utilization)
+                utilization_data(job.name, job.instance_count, compiling, 0.0, namespace)
+            )
+            outputs.metric_data.extend(
+                utilization_data(job.name, job.instance_count, busy, job.plan.reported_utilization, namespace)
             )
         job.pending_metrics.clear()
 
