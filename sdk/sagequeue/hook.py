@@ -370,13 +370,11 @@ def forecast_message(job: Job) -> str | None:
     return f"Forecast start {_clock(made.p50)} (P10-P90 {_clock(made.p10)} to {upper})."
 
 
-def forecast_key(job: Job) -> datetime | None:
-    """What of the forecast changes the waiting line: its P50 to the quarter hour (a forecast made every few
-    minutes moves by seconds, which is not news)."""
-    made = job.forecast if job.state == "queued" else None
-    if made is None or made.p50 is None:
-        return None
-    return made.p50.replace(minute=made.p50.minute // 15 * 15, second=0, microsecond=0)
+def forecast_key(job: Job) -> bool:
+    """What of the forecast changes the waiting line: that one is there. The line says it once when it
+    first comes (the forecast function runs every few minutes) and again with every change of place, not
+    every time the P50 moves, which a forecast made from random runs does a little each time."""
+    return forecast_message(job) is not None
 
 
 def _clock(moment: datetime | None) -> str:
