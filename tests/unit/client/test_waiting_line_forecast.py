@@ -58,3 +58,52 @@ def test_the_line_is_said_again_when_a_forecast_comes_not_when_its_p50_moves() -
     assert forecast_key(job(forecast=None)) != forecast_key(job())
     moved = {**FORECAST, "p50": "2026-03-02T16:55:00+00:00"}
     assert forecast_key(job(forecast=moved)) == forecast_key(job())
+
+
+def test_the_score_table_gives_figures_and_says_plainly_when_data_is_thin() -> None:
+    from sagequeue.queue_cli import score_text
+
+    answer = {
+        "hours": 24,
+        "minimum": 5,
+        "pools": [
+            {
+                "pool": "ml.trn1.32xlarge",
+                "forecasts": 12,
+                "scored": 10,
+                "covered": 8,
+                "coverage": 0.8,
+                "median_error_seconds": 2460.0,
+                "overdue": 1,
+                "enough": True,
+            },
+            {
+                "pool": "ml.trn2.48xlarge",
+                "forecasts": 3,
+                "scored": 2,
+                "covered": 2,
+                "coverage": None,
+                "median_error_seconds": None,
+                "overdue": 0,
+                "enough": False,
+            },
+        ],
+    }
+    text = score_text(answer)
+    rows = {line.split()[0]: line.split() for line in text.splitlines()[2:4]}
+    assert rows["ml.trn1.32xlarge"] == ["ml.trn1.32xlarge", "12", "10", "8", "80", "%", "41m00s", "1"]
+    assert rows["ml.trn2.48xlarge"] == ["ml.trn2.48xlarge", "3", "2", "2", "-", "-", "0"]
+    assert (
+        "ml.trn2.48xlarge: too little data to score (2 forecast(s) of started jobs, 5 needed; 3 made)" in text
+    )
+    assert "ml.trn1.32xlarge: too little" not in text
+
+
+def test_forecast_without_score_is_a_usage_error() -> None:
+    from click.testing import CliRunner
+
+    from sagequeue.queue_cli import COMMANDS
+
+    result = CliRunner().invoke(COMMANDS["forecast"], ["--endpoint", "http://127.0.0.1:9"])
+    assert result.exit_code == 2
+    assert "--score" in result.output
