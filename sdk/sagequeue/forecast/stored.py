@@ -37,6 +37,10 @@ if TYPE_CHECKING:
 BUDGET_SECONDS = 20.0
 #: Runs forward per forecast when the budget allows.
 SAMPLES = 40
+#: A queue whose every waiting job has a forecast this recent, made for its current attempt, is not
+#: forecast again at this run: a job that joins the queue (or waits again) is forecast at the next run, the
+#: rest at least this often, so a shown forecast is at most this plus one timer period old (FRESH_SECONDS).
+REFRESH_SECONDS = 600
 #: States after which a job that did not start after a forecast never will: nothing to score.
 _STARTED = frozenset({JobState.STARTING.value, JobState.RUNNING.value})
 _ENDED = frozenset({JobState.CANCELLED, JobState.FAILED, JobState.COMPLETED, JobState.IDLE_STOPPED})
@@ -66,10 +70,11 @@ def settings_for(deps: Dependencies, budget_seconds: float = BUDGET_SECONDS) -> 
 def publish(deps: Dependencies, *, budget_seconds: float = BUDGET_SECONDS) -> Published:
     """Forecast the queue as the table has it, store the forecasts, and settle past ones."""
     queue = LiveQueue.from_store(deps)
+    earlier = deps.store.job_forecasts(job.name for job in queue.queued) if queue.queued else {}
     made: Forecast | None = None
-    if queue.queued:
+    if _due(queue, earlier):
         made = forecast(state_of(queue), history_of(queue), settings_for(deps, budget_seconds))
-    logged = _store(deps, queue, made) if made is not None else 0
+    logged = _store(deps, queue, made, earlier) if made is not None else 0
     settled = settle(deps, queue.now, {job.name: job for job in queue.queued})
     return Published(
         forecast=len(made.jobs) if made else 0,
@@ -79,9 +84,23 @@ def publish(deps: Dependencies, *, budget_seconds: float = BUDGET_SECONDS) -> Pu
     )
 
 
-def _store(deps: Dependencies, queue: LiveQueue, made: Forecast) -> int:
+def _due(queue: LiveQueue, earlier: Mapping[str, tuple[StartForecast, datetime | None]]) -> bool:
+    """Some waiting job has no forecast made for its current attempt in the last REFRESH_SECONDS."""
+    refresh = timedelta(seconds=REFRESH_SECONDS)
+    for job in queue.queued:
+        stored = earlier.get(job.name)
+        if stored is None or stored[0].attempt != job.attempt or queue.now - stored[0].made_at >= refresh:
+            return True
+    return False
+
+
+def _store(
+    deps: Dependencies,
+    queue: LiveQueue,
+    made: Forecast,
+    earlier: Mapping[str, tuple[StartForecast, datetime | None]],
+) -> int:
     now = queue.now
-    earlier = deps.store.job_forecasts(job.name for job in queue.queued)
     latest: list[tuple[StartForecast, datetime | None]] = []
     logged: list[StartForecast] = []
     for job in queue.queued:
@@ -158,4 +177,4 @@ def _start_after(job: StoredJob, made: StartForecast) -> datetime | None:
     return None
 
 
-__all__ = ["BUDGET_SECONDS", "Published", "publish", "settings_for", "settle"]
+__all__ = ["BUDGET_SECONDS", "REFRESH_SECONDS", "Published", "publish", "settings_for", "settle"]
