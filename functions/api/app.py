@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from sagequeue_core.forecasts import SCORE_HOURS_DEFAULT, SCORE_HOURS_MAX, score_answer
 from sagequeue_core.observability import logger, metrics
 from sagequeue_core.runtime import dependencies
-from sagequeue_core.service import jobs, submit, teams
+from sagequeue_core.service import forecasts, jobs, submit, teams
 from sagequeue_core.service.access import is_admin, require_caller
 from sagequeue_core.service.http import (
     CAPACITY,
@@ -33,6 +34,7 @@ from sagequeue_core.service.http import (
 app = Router()
 
 LIMIT = IntQuery(default=50, minimum=1, maximum=jobs.MAX_PAGE)
+HOURS = IntQuery(default=SCORE_HOURS_DEFAULT, minimum=1, maximum=SCORE_HOURS_MAX)
 
 
 def _submit(request: Request) -> dict[str, Any]:
@@ -139,6 +141,13 @@ def set_team_quota(request: Request) -> dict[str, Any]:
 )
 def exempt(request: Request) -> dict[str, Any]:
     return jobs.exempt(dependencies(), request.path["trainingJobName"], request.caller).to_api()
+
+
+@app.route("GET", "/forecasts/score", summary="How past start forecasts did, per pool")
+def forecast_score(request: Request) -> dict[str, Any]:
+    hours = HOURS.parse("hours", request.query("hours"))
+    deps = dependencies()
+    return score_answer(forecasts.scores(deps, request.caller, hours), hours, deps.now())
 
 
 @app.route("GET", "/whoami", summary="The caller's identity and whether it is an admin")

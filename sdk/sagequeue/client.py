@@ -220,6 +220,39 @@ class Job:
         """The job as the API sent it (JSON-ready)."""
         return dict(self.raw)
 
+    @property
+    def forecast(self) -> StoredForecast | None:
+        """The stack's forecast of when this waiting job starts, as GET /jobs/{name} gave it (made by the
+        forecast function, at most 15 minutes old); None when it gave none."""
+        return StoredForecast.from_api(self.raw.get("forecast"))
+
+
+@dataclass(frozen=True)
+class StoredForecast:
+    """When a waiting job starts, as the stack last forecast it: P50 and the P10-P90 range (`p90` None:
+    later than the forecast's horizon), made at `made_at` over `runs` runs of the queue forward."""
+
+    p10: datetime | None
+    p50: datetime | None
+    p90: datetime | None
+    made_at: datetime
+    runs: int
+
+    @classmethod
+    def from_api(cls, data: Any) -> StoredForecast | None:
+        if not isinstance(data, Mapping):
+            return None
+        made_at = _parse_time(data.get("made_at"))
+        if made_at is None:
+            return None
+        return cls(
+            p10=_parse_time(data.get("p10")),
+            p50=_parse_time(data.get("p50")),
+            p90=_parse_time(data.get("p90")),
+            made_at=made_at,
+            runs=_int(data.get("runs")),
+        )
+
 
 @dataclass(frozen=True)
 class Pool:
@@ -793,6 +826,17 @@ class QueueClient:
         before the team-name rule ("-ops", "none") too. The answer has `removed`; the API refuses a name the
         rule refuses when no quota is stored under it."""
         return self.set_team_quota(team, pool, None)
+
+    def forecast_score(self, hours: int | None = None) -> dict[str, Any]:
+        """How the stack's past start forecasts did, per pool, over the last `hours` (the API's default when
+        None): forecasts, scored (their jobs started), covered (inside P10-P90), coverage and the P50's median
+        absolute error in seconds (None below the `minimum` of scored forecasts), overdue (still waiting past
+        their P90)."""
+        path = "/forecasts/score" if hours is None else f"/forecasts/score?{urlencode({'hours': hours})}"
+        answer = self.request("GET", path)
+        if not isinstance(answer, Mapping) or not isinstance(answer.get("pools"), list):
+            raise ServerError(f"GET /forecasts/score answered {str(answer)[:120]!r}", status=200)
+        return dict(answer)
 
     def whoami(self) -> Identity:
         answer = self.request("GET", "/whoami")

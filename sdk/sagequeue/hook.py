@@ -165,7 +165,7 @@ class QueueHook:
         return describe_queued_job(job, self.remembered_request(job.name), region)
 
     def _report_change(self, job: Job) -> None:
-        key = (job.state, job.position, job.attempt)
+        key = (job.state, job.position, job.attempt, forecast_key(job))
         with self._lock:
             changed = self._reported.get(job.name) != key
             self._reported[job.name] = key
@@ -356,7 +356,29 @@ def queue_message(job: Job) -> str:
         f"position {job.position} in the queue for {job.pool}" if job.position else f"queued for {job.pool}"
     )
     again = f" again after attempt {job.attempt} was preempted" if job.attempt and job.preemptions else ""
-    return f"Waiting in the sagequeue queue{again}: {where}, priority {job.priority}."
+    told = f"Waiting in the sagequeue queue{again}: {where}, priority {job.priority}."
+    predicted = forecast_message(job)
+    return f"{told} {predicted}" if predicted else told
+
+
+def forecast_message(job: Job) -> str | None:
+    """The stack's forecast start of a queued job, when GET /jobs/{name} gave one: P50 and P10-P90 range."""
+    made = job.forecast if job.state == "queued" else None
+    if made is None or made.p50 is None:
+        return None
+    upper = _clock(made.p90) if made.p90 is not None else "later"
+    return f"Forecast start {_clock(made.p50)} (P10-P90 {_clock(made.p10)} to {upper})."
+
+
+def forecast_key(job: Job) -> bool:
+    """What of the forecast changes the waiting line: that one is there. The line says it once when it
+    first comes (the forecast function runs every few minutes) and again with every change of place, not
+    every time the P50 moves, which a forecast made from random runs does a little each time."""
+    return forecast_message(job) is not None
+
+
+def _clock(moment: datetime | None) -> str:
+    return "-" if moment is None else moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
 
 
 def describe_queued_job(job: Job, request: Mapping[str, Any] | None, region: str | None) -> dict[str, Any]:

@@ -1287,6 +1287,68 @@ def why(target: Target, as_json: bool, name: str) -> None:
 #: jobs ahead `why` lists by name
 SHOWN_AHEAD = 20
 
+
+@_queue_command("forecast")
+@click.option(
+    "--score",
+    "scored",
+    is_flag=True,
+    help="How the stack's past start forecasts did: P10-P90 coverage and the P50's median error, per pool.",
+)
+@click.option(
+    "--hours",
+    type=click.IntRange(min=1),
+    help="Forecasts made in the last this many hours (default 24; the stack keeps 7 days).",
+)
+def forecast_command(target: Target, as_json: bool, scored: bool, hours: int | None) -> None:
+    """The stack's own forecasts, scored against the starts that followed (`--score`). The forecast of each
+    waiting job is in `ls --start`, `show`, `why` and GET /jobs/{name}."""
+    if not scored:
+        _usage_error(
+            "say what to show: --score (ls --start, show and why forecast the waiting jobs)", as_json
+        )
+    answer = target.client().forecast_score(hours)
+    if as_json:
+        _print_json(answer)
+        return
+    click.echo(score_text(answer))
+
+
+def score_text(answer: Mapping[str, Any]) -> str:
+    """The score as a table, with a plain sentence for a pool with too few forecasts scored to say much."""
+    minimum = answer.get("minimum")
+    lines = [f"forecasts made in the last {answer.get('hours')} h, scored against the starts that followed"]
+    rows = []
+    thin = []
+    for pool in answer.get("pools") or ():
+        coverage = pool.get("coverage")
+        error = pool.get("median_error_seconds")
+        if not pool.get("enough"):
+            thin.append(
+                f"{pool.get('pool')}: too little data to score ({pool.get('scored')} forecast(s) of started "
+                f"jobs, {minimum} needed; {pool.get('forecasts')} made)"
+            )
+        rows.append(
+            (
+                pool.get("pool"),
+                pool.get("forecasts"),
+                pool.get("scored"),
+                pool.get("covered"),
+                "-" if coverage is None else f"{100 * coverage:.0f} %",
+                "-" if error is None else _duration(error),
+                pool.get("overdue"),
+            )
+        )
+    if rows:
+        lines.append(
+            _table(("POOL", "FORECASTS", "SCORED", "IN P10-P90", "COVERAGE", "P50 ERROR", "OVERDUE"), rows)
+        )
+    else:
+        lines.append("no pools")
+    lines.extend(thin)
+    return "\n".join(lines)
+
+
 #: What `sagequeue` (sagequeue.cli) adds to its command group.
 COMMANDS: dict[str, click.Command] = {
     command.name: command
@@ -1295,6 +1357,7 @@ COMMANDS: dict[str, click.Command] = {
         ls,
         show,
         why,
+        forecast_command,
         cancel,
         priority,
         hold,

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from sagequeue.client import Job, QueueClient
 from sagequeue.exceptions import EndpointUnreachable, ServerError, Throttled
-from sagequeue.hook import QueueHook, install, passthrough, queue_message
+from sagequeue.hook import QueueHook, forecast_key, install, passthrough, queue_message
 from sagequeue_core.retry import backoff_seconds, botocore_config
 
 if TYPE_CHECKING:
@@ -384,7 +384,7 @@ def _print(line: str) -> None:
 
 
 def _queue_key(job: Job) -> tuple[Any, ...]:
-    return ("queue", job.state, job.position, job.attempt)
+    return ("queue", job.state, job.position, job.attempt, forecast_key(job))
 
 
 def _describe_wait(job: Job) -> str:

@@ -216,7 +216,10 @@ def test_fit_waits_in_the_queue_then_follows_the_attempt_until_it_completes(
     # the queue's lines, each once: queued (position 1, unchanged while it waits), then the attempt
     assert printed.count(f"queued training job {name} for {POOL} with priority 100, position 1") == 1
     assert printed.lower().count("queued") == 1
-    assert "Waiting in the sagequeue queue" not in printed  # the position never changed: nothing to say
+    # the position never changed: said again only when the stack's forecast came, and then with it
+    waits = [line for line in printed.splitlines() if "Waiting in the sagequeue queue" in line]
+    assert len(waits) <= 1, waits
+    assert all("Forecast start" in line for line in waits), waits
     assert printed.count(f"attempt 1 runs as training job {name}") == 1
     # then the SDK's own loop: its status lines and, at the end, its summary, once
     real = stack.sagemaker.describe_training_job(TrainingJobName=name)
@@ -307,7 +310,9 @@ def test_a_preempted_fit_keeps_waiting_and_follows_the_next_attempt(
     said_why = f"sagequeue: {name}: attempt 1 was preempted; the queue runs the job again\n"
     assert between.count(said_why) == 1, between[-400:]
     assert between.index("Billable seconds:") < between.index(said_why)
-    assert between.count("Waiting in the sagequeue queue") <= 1
+    waits = [line for line in between.splitlines() if "Waiting in the sagequeue queue" in line]
+    assert len([line for line in waits if "Forecast start" not in line]) <= 1, waits
+    assert len([line for line in waits if "Forecast start" in line]) <= 1, waits  # once, when it came
     # the SDK summed up each attempt it followed: the preempted one and the one that completed
     assert printed.count("Billable seconds:") == 2
     last = stack.sagemaker.describe_training_job(TrainingJobName=f"{name}--2")

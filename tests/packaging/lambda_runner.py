@@ -2,14 +2,16 @@
 
 Run with the function runtime's interpreter (python3.12) in isolated mode (`-I -S`): nothing of the
 source tree or of a virtual environment is importable but what is given here, in Lambda's order: the
-function's folder (the task root), the layer's `python/` folder (what Lambda mounts at /opt/python), then
-the runtime's own packages (boto3 and botocore, which Lambda's python3.12 runtime provides).
+function's folder (the task root), the layers' `python/` folders (what Lambda extracts into /opt/python,
+in the function's order; LAYER_PYTHON names one, or several joined by the path separator), then the
+runtime's own packages (boto3 and botocore, which Lambda's python3.12 runtime provides).
 
     python3.12 -I -S lambda_runner.py TASK_ROOT LAYER_PYTHON RUNTIME_SITE app.handler EVENT_JSON
 """
 
 import importlib
 import json
+import os
 import sys
 
 
@@ -17,7 +19,7 @@ def main() -> None:
     task_root, layer_python, runtime_site, handler_name, event_file = sys.argv[1:6]
     sys.path[:] = [
         task_root,
-        layer_python,
+        *layer_python.split(os.pathsep),
         runtime_site,
         *[p for p in sys.path if "lib/python3" in p and "site-packages" not in p],
     ]

@@ -106,12 +106,21 @@ def stack(moto_endpoint: str) -> Iterator[dict[str, str]]:
         emulator.stop()
 
 
-def _invoke(stack: dict[str, str], function: str, event: dict[str, Any], tmp_path: Path) -> dict[str, Any]:
+def _invoke(
+    stack: dict[str, str],
+    function: str,
+    event: dict[str, Any],
+    tmp_path: Path,
+    more_layers: tuple[str, ...] = (),
+) -> dict[str, Any]:
+    """Run `function` from the build with the CoreLayer (every function's, from Globals) and `more_layers`
+    (its own Layers, in their order)."""
     resources = _built()["Resources"]
     props = resources[function]["Properties"]
-    layer_id = next(iter(r for r, v in resources.items() if v.get("Type") == "AWS::Serverless::LayerVersion"))
-    layer_python = BUILD / layer_id / "python"
+    assert resources["CoreLayer"]["Type"] == "AWS::Serverless::LayerVersion"
+    layer_python = BUILD / "CoreLayer" / "python"
     assert (layer_python / "sagequeue_core").is_dir(), f"the built layer {layer_python} has no sagequeue_core"
+    layers = [str(layer_python), *(str(BUILD / layer / "python") for layer in more_layers)]
     event_file = tmp_path / f"{function}.json"
     event_file.write_text(json.dumps(event))
     done = subprocess.run(
@@ -121,7 +130,7 @@ def _invoke(stack: dict[str, str], function: str, event: dict[str, Any], tmp_pat
             "-S",
             str(RUNNER),
             str(BUILD / function),
-            str(layer_python),
+            os.pathsep.join(layers),
             _runtime_site(),
             props["Handler"],
             str(event_file),
@@ -149,12 +158,20 @@ def test_the_build_has_every_function_of_the_template() -> None:
         "GovernanceFunction",
         "IdleStopFunction",
         "NoticesFunction",
+        "ForecastFunction",
     }
     for function in functions:
         assert (BUILD / function / "app.py").is_file()
         assert not (BUILD / function / "sagequeue_core").exists(), (
             "the layer's code belongs in the layer only"
         )
+        assert not (BUILD / function / "sagequeue").exists(), (
+            "the SDK's code belongs in the ForecastLayer only"
+        )
+    # the forecast engine, and none of the SDK's dependencies: the function needs none of them
+    engine = BUILD / "ForecastLayer" / "python" / "sagequeue" / "forecast" / "engine.py"
+    assert engine.is_file(), f"the built ForecastLayer has no {engine}"
+    assert not any((BUILD / "ForecastLayer" / "python").glob("click*")), "the ForecastLayer carries packages"
 
 
 def test_built_handlers_run_on_python_312(stack: dict[str, str], tmp_path: Path) -> None:
@@ -172,6 +189,33 @@ def test_built_handlers_run_on_python_312(stack: dict[str, str], tmp_path: Path)
     sagemaker = boto3.client("sagemaker", endpoint_url=stack["sagemaker"], region_name="us-east-1")
     started = {job["TrainingJobName"] for job in sagemaker.list_training_jobs()["TrainingJobSummaries"]}
     assert any(n.startswith(name) for n in started), started
+    # a 2-instance job waits behind it on the pool of 2: the forecast function forecasts it from the table
+    waiting = json.loads(submit["body"])
+    waiting["TrainingJobName"] = f"{name}-wide"
+    waiting["ResourceConfig"] = {**waiting["ResourceConfig"], "InstanceCount": 2}
+    queued = _invoke(stack, "ApiFunction", {**submit, "body": json.dumps(waiting)}, tmp_path)
+    assert queued["statusCode"] == 201, queued
+    forecast = _invoke(stack, "ForecastFunction", timer, tmp_path, more_layers=("ForecastLayer",))
+    assert forecast["forecast"] == 1, forecast
+    assert forecast["logged"] == 1, forecast
+    assert forecast["runs"] >= 3, forecast
+    shown = _invoke(
+        stack,
+        "ApiFunction",
+        {
+            **submit,
+            "httpMethod": "GET",
+            "resource": "/jobs/{name}",
+            "path": f"/jobs/{name}-wide",
+            "pathParameters": {"name": f"{name}-wide"},
+            "body": None,
+        },
+        tmp_path,
+    )
+    assert shown["statusCode"] == 200, shown
+    predicted = json.loads(shown["body"])["forecast"]
+    assert predicted is not None, shown
+    assert predicted["p10"] <= predicted["p50"], predicted
     reconciled = _invoke(stack, "GovernanceFunction", timer, tmp_path)
     assert reconciled["jobs_seen"] >= 1, reconciled  # the job the scheduler started
     # the start's event, as the bus delivers it to the notices function: its owner is told

@@ -198,11 +198,12 @@ def authorizations(
             for kind, body in item.items():
                 out.extend(authorizations(prefix, kinds[kind], body, where, resource_tags))
         return _unique(out)
-    if prefix == "dynamodb" and operation == "BatchWriteItem":
+    if prefix == "dynamodb" and operation in ("BatchWriteItem", "BatchGetItem") and "RequestItems" in params:
+        # authorized on each table the request names (each then as a request naming that one table)
         return _unique(
             a
             for table in params.get("RequestItems") or {}
-            for a in authorizations(prefix, "BatchWriteItem", {"TableName": table}, where)
+            for a in authorizations(prefix, operation, {"TableName": table}, where)
         )
     if prefix == "s3":
         return _s3_authorizations(operation, params, where)

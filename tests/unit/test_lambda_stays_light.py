@@ -47,9 +47,9 @@ LAYER_LACKS = ("blinker",)
 #: shows up here, and must be worth its cold-start cost to be added.
 PROJECT = {
     "api": {
-        "config", "defaults", "domain", "errors", "events", "governance", "observability", "quotas", "retry",
-        "runtime", "sagemaker", "service", "service.access", "service.exemptions", "service.http",
-        "service.jobs", "service.submit", "service.teams", "store", "validation",
+        "config", "defaults", "domain", "errors", "events", "forecasts", "governance", "observability", "quotas",
+        "retry", "runtime", "sagemaker", "service", "service.access", "service.exemptions", "service.forecasts",
+        "service.http", "service.jobs", "service.submit", "service.teams", "store", "validation",
     },
     "scheduler": {
         "config", "defaults", "domain", "errors", "events", "observability", "policy", "quotas", "retry",
@@ -69,6 +69,22 @@ PROJECT = {
         "config", "defaults", "domain", "errors", "events", "notify", "observability", "retry", "runtime",
         "sagemaker", "service", "service.notices", "store",
     },
+    # the policy, run forward; the API's reads of jobs and pools load when it runs, not at the cold start
+    "forecast": {
+        "config", "defaults", "domain", "errors", "events", "forecasts", "observability", "policy", "quotas",
+        "retry", "runtime", "sagemaker", "snapshot", "store",
+    },
+}  # fmt: skip
+#: The SDK's modules a handler may load, exactly, from the layer that carries them (template.yaml:
+#: ForecastLayer): the forecast engine and what it imports (the simulator's package imports its parts).
+SDK = {
+    "forecast": {
+        "sagequeue", "sagequeue.client", "sagequeue.config", "sagequeue.exceptions", "sagequeue.forecast",
+        "sagequeue.forecast.engine", "sagequeue.forecast.live", "sagequeue.forecast.model",
+        "sagequeue.forecast.stored", "sagequeue.sim", "sagequeue.sim.engine", "sagequeue.sim.metrics",
+        "sagequeue.sim.run", "sagequeue.sim.sagemaker", "sagequeue.sim.schedulers", "sagequeue.sim.trace",
+        "sagequeue.sim.workload",
+    },
 }  # fmt: skip
 #: Modules that only some handlers need, and the handlers that may load them.
 ONLY_FOR = {
@@ -77,10 +93,15 @@ ONLY_FOR = {
     "sagequeue_core.service.submit": {"api"},
     "sagequeue_core.service.access": {"api"},
     "sagequeue_core.service.teams": {"api"},
+    "sagequeue_core.service.forecasts": {"api"},
     "sagequeue_core.service.schedule": {"scheduler"},
-    "sagequeue_core.policy": {"scheduler"},
-    # team quotas: the API sets and checks them, the scheduler applies them
-    "sagequeue_core.quotas": {"api", "scheduler"},
+    # the policy: the scheduler decides with it, the forecast runs it forward
+    "sagequeue_core.policy": {"scheduler", "forecast"},
+    # team quotas: the API sets and checks them, the scheduler applies them, the forecast models them
+    "sagequeue_core.quotas": {"api", "scheduler", "forecast"},
+    # stored forecasts: the forecast function writes them, the API reads and scores them
+    "sagequeue_core.forecasts": {"api", "forecast"},
+    "sagequeue.forecast.stored": {"forecast"},
     "sagequeue_core.service.govern": {"governance"},
     "sagequeue_core.service.stop_idle": {"idle_stop"},
     "sagequeue_core.alarms": {"governance", "idle_stop"},
@@ -131,20 +152,29 @@ def test_every_function_in_the_layout_has_a_handler() -> None:
 @pytest.mark.parametrize("handler", HANDLERS, ids=lambda p: p.parent.name)
 def test_handler_imports_only_what_the_layer_carries(handler: Path) -> None:
     assert loaded(handler)["handler"], f"{handler} has no callable `handler`"
+    sdk = SDK.get(handler.parent.name, set())
     heavy = sorted(
         name
         for name in _modules(handler)
         if (name.split(".")[0] in FORBIDDEN or any(_within(name, never) for never in NEVER))
         and not name.startswith("sagequeue_")
+        and name not in sdk
     )
     assert heavy == [], f"{handler.relative_to(ROOT)} imports {heavy}"
+    loaded_sdk = {name for name in _modules(handler) if _within(name, "sagequeue")}
+    assert loaded_sdk == sdk, f"{handler.relative_to(ROOT)}: the SDK modules it loads changed"
 
 
 @pytest.mark.parametrize("handler", HANDLERS, ids=lambda p: p.parent.name)
 def test_handler_loads_no_package_beyond_the_layer(handler: Path) -> None:
     packages = {name.split(".")[0] for name in _modules(handler) if name not in LAYER_LACKS}
+    carried = {"sagequeue"} if handler.parent.name in SDK else set()
     outside = sorted(
-        packages - LAYER - set(sys.stdlib_module_names) - {"sagequeue_core", "__main__", "__mp_main__"}
+        packages
+        - LAYER
+        - carried
+        - set(sys.stdlib_module_names)
+        - {"sagequeue_core", "__main__", "__mp_main__"}
     )
     outside = [name for name in outside if not name.startswith("_") and not name.startswith("__editable__")]
     assert outside == [], f"{handler.relative_to(ROOT)} loads packages the layer does not carry: {outside}"

@@ -700,6 +700,7 @@ class Job:
             "on_loan_for": self.on_loan_for if self.state.is_live else None,
             "capacity_wait": self.capacity_wait.to_dict() if self.capacity_wait else None,
             "capacity_requeues": self.capacity_requeues,
+            "max_runtime_seconds": self.max_runtime_seconds,
         }
 
 

@@ -12,6 +12,8 @@ Items (pk / sk):
     EXTERNAL#<training job> / LIVE    a live training job started outside the queue on a managed pool
     WARM#<training job> / WARM        an Available warm pool sagequeue tracks
     CLAIM#<kind>#<subject> / CLAIM    idempotency ledger: the first claim wins
+    FORECAST#<job> / FORECAST         the latest start forecast of a waiting job (the forecast function's)
+    FORECASTS#<pool> / <made>#<job>   a logged forecast, and the start that followed it once known
 
 Indexes (all sparse, attributes present only on the items they serve):
     queued            queued_pool, queue_order      queued jobs of a pool: priority desc, then submission
@@ -65,6 +67,9 @@ from sagequeue_core.domain import (
 from sagequeue_core.errors import JobAlreadyExists, JobNotFound, LedgerMoved, PoolNotFound, StaleVersion
 
 if TYPE_CHECKING:
+    # Stored forecasts are the forecast function's and the API's (loaded when they read or write them).
+    from sagequeue_core.forecasts import PastForecast, StartForecast
+
     # Team quotas are the API's and the scheduler's; governance and idle_stop, which use this module too,
     # never load them (pools_and_teams imports them when it runs).
     from sagequeue_core.quotas import TeamQuota, UsageCounter
@@ -82,6 +87,7 @@ _USAGE_SK = "TEAM~usage"  # the decaying usage counter
 _LIVE = "LIVE"
 _WARM = "WARM"
 _CLAIM_SK = "CLAIM"
+_FORECAST_SK = "FORECAST"
 
 _CONDITION_FAILED = "ConditionalCheckFailedException"
 
@@ -109,6 +115,14 @@ def _warm_pk(training_job_name: str) -> str:
 
 def _claim_pk(kind: str, subject: str) -> str:
     return f"CLAIM#{kind}#{subject}"
+
+
+def _forecast_pk(job_name: str) -> str:
+    return f"FORECAST#{job_name}"
+
+
+def _forecast_log_pk(pool: str) -> str:
+    return f"FORECASTS#{pool}"
 
 
 def queue_order(priority: int, submitted_at: datetime, name: str) -> str:
@@ -268,6 +282,16 @@ def _model_classes(table_name: str, host: str | None, region: str | None) -> Any
         detail = UnicodeAttribute(null=True)  # JSON
         claimed_at = UTCDateTimeAttribute(null=True)
         expires_at = NumberAttribute(null=True)  # epoch seconds, the table's TTL attribute
+        # start forecast (latest or logged); its pool is not `pool`, which would put it in by_pool
+        forecast_pool = UnicodeAttribute(null=True)
+        made_at = UTCDateTimeAttribute(null=True)
+        p10 = UTCDateTimeAttribute(null=True)
+        p50 = UTCDateTimeAttribute(null=True)
+        p90 = UTCDateTimeAttribute(null=True)
+        runs = NumberAttribute(null=True)
+        logged_at = UTCDateTimeAttribute(null=True)  # latest: when its job last went to the log
+        outcome_at = UTCDateTimeAttribute(null=True)  # logged: the start that followed
+        gone = NumberAttribute(null=True)  # logged: 1 when its job ended without starting
 
         queued_index = index("queued", "queued_pool", "queue_order")
         queued_team_index = index("queued_team", "queued_team_pool", "queue_order")
@@ -852,6 +876,111 @@ class Repository:
             return None
         detail: dict[str, Any] = json.loads(item.detail or "{}")
         return detail
+
+    # --- start forecasts (sagequeue_core.forecasts) --------------------------------------------------------
+
+    def save_forecasts(
+        self,
+        latest: Sequence[tuple[StartForecast, datetime | None]],
+        logged: Sequence[StartForecast] = (),
+    ) -> None:
+        """Store each job's latest forecast with when its job last went to the log (replacing the one
+        before), and append `logged` to the log; both expire after KEEP_SECONDS."""
+        with self._item.batch_write() as batch:
+            for made, logged_at in latest:
+                batch.save(
+                    self._forecast_item(made, _forecast_pk(made.job), _FORECAST_SK, logged_at=logged_at)
+                )
+            for made in logged:
+                batch.save(
+                    self._forecast_item(
+                        made, _forecast_log_pk(made.pool), f"{_stamp(made.made_at)}#{made.job}"
+                    )
+                )
+
+    def job_forecast(self, job_name: str) -> tuple[StartForecast, datetime | None] | None:
+        """A job's latest forecast and when its job last went to the log, or None."""
+        try:
+            item = self._item.get(_forecast_pk(job_name), _FORECAST_SK)
+        except self._item.DoesNotExist:
+            return None
+        return self._to_forecast(item), item.logged_at
+
+    def job_forecasts(self, job_names: Iterable[str]) -> dict[str, tuple[StartForecast, datetime | None]]:
+        """The latest forecasts of these jobs (BatchGetItem), by job."""
+        keys = [(_forecast_pk(name), _FORECAST_SK) for name in dict.fromkeys(job_names)]
+        return {
+            item.name: (self._to_forecast(item), item.logged_at)
+            for item in self._item.batch_get(keys)
+            if item.name
+        }
+
+    def past_forecasts(self, pool: str, since: datetime, limit: int) -> list[PastForecast]:
+        """Logged forecasts of `pool` made since `since`, newest first, at most `limit`."""
+        items = self._item.query(
+            _forecast_log_pk(pool),
+            self._item.sk >= _stamp(since),
+            scan_index_forward=False,
+            limit=limit,
+            page_size=min(limit, 500),
+        )
+        return _readable(items, self._to_past_forecast)
+
+    def settle_forecasts(self, settled: Sequence[PastForecast]) -> None:
+        """Record what came of logged forecasts (the start that followed, or that their job is gone)."""
+        with self._item.batch_write() as batch:
+            for entry in settled:
+                made = entry.forecast
+                batch.save(
+                    self._forecast_item(
+                        made,
+                        _forecast_log_pk(made.pool),
+                        f"{_stamp(made.made_at)}#{made.job}",
+                        outcome_at=entry.started_at,
+                        gone=1 if entry.gone else None,
+                    )
+                )
+
+    def _forecast_item(self, made: StartForecast, pk: str, sk: str, **extra: Any) -> Any:
+        from sagequeue_core.forecasts import KEEP_SECONDS
+
+        return self._item(
+            pk,
+            sk,
+            name=made.job,
+            forecast_pool=made.pool,
+            attempt=made.attempt,
+            made_at=made.made_at,
+            p10=made.p10,
+            p50=made.p50,
+            p90=made.p90,
+            runs=made.runs,
+            expires_at=int(made.made_at.timestamp()) + KEEP_SECONDS,
+            **extra,
+        )
+
+    @staticmethod
+    def _to_forecast(item: Any) -> StartForecast:
+        from sagequeue_core.forecasts import StartForecast
+
+        if not item.name or item.made_at is None:
+            raise ValueError("a forecast item without its job or time")
+        return StartForecast(
+            job=item.name,
+            pool=item.forecast_pool or "",
+            attempt=int(item.attempt or 0),
+            made_at=item.made_at,
+            p10=item.p10,
+            p50=item.p50,
+            p90=item.p90,
+            runs=int(item.runs or 0),
+        )
+
+    @classmethod
+    def _to_past_forecast(cls, item: Any) -> PastForecast:
+        from sagequeue_core.forecasts import PastForecast
+
+        return PastForecast(cls._to_forecast(item), started_at=item.outcome_at, gone=bool(item.gone))
 
     # --- mapping ------------------------------------------------------------------------------------------
 

@@ -19,6 +19,7 @@ import dataclasses
 import time
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
 
 from sagequeue.client import Job, QueueClient
 from sagequeue.forecast.engine import Forecast, forecast
@@ -31,8 +32,12 @@ from sagequeue.forecast.model import (
     Traits,
     Work,
 )
-from sagequeue_core.domain import Reservation, ResourceKey
+from sagequeue_core.defaults import SAGEMAKER_DEFAULT_MAX_RUNTIME_SECONDS
+from sagequeue_core.domain import JobState, Reservation, ResourceKey
 from sagequeue_core.policy import QueuedJob, RunningAttempt, WarmPool
+
+if TYPE_CHECKING:  # the server's side: only the forecast function reads the table (pynamodb, powertools)
+    from sagequeue_core.runtime import Dependencies
 
 LIVE_STATES = ("starting", "running", "preempting", "stopping")
 STOPPING_STATES = frozenset({"preempting", "stopping"})
@@ -75,6 +80,30 @@ class LiveQueue:
             completed=completed,
         )
 
+    @classmethod
+    def from_store(cls, deps: Dependencies) -> LiveQueue:
+        """The same reads from the table, as the API would answer them (the forecast function's view)."""
+        from sagequeue_core.service.jobs import MAX_PAGE, pools
+
+        views = pools(deps)
+        queued: list[Job] = []
+        token: str | None = None
+        while True:
+            page = deps.store.list_jobs(state=JobState.QUEUED, limit=MAX_PAGE, next_token=token)
+            queued.extend(Job.from_api(job.to_api()) for job in page.jobs)
+            token = page.next_token
+            if not token:
+                break
+        completed = deps.store.list_jobs(state=JobState.COMPLETED, limit=HISTORY_LIMIT).jobs
+        return cls(
+            now=deps.now(),
+            capacity={v.instance_type: v.capacity for v in views},
+            warm={v.instance_type: v.warm for v in views if v.warm},
+            queued=queued,
+            live=[Job.from_api(job.to_api()) for job in deps.store.live_jobs()],
+            completed=[Job.from_api(job.to_api()) for job in completed],
+        )
+
     def fingerprint(self) -> tuple[object, ...]:
         return (
             tuple(sorted(self.capacity.items())),
@@ -94,6 +123,12 @@ def _traits(job: Job) -> Traits:
     return Traits(user=job.owner or None, instances=max(job.instances, 1))
 
 
+def _max_runtime(job: Job) -> int | None:
+    """StoppingCondition.MaxRuntimeInSeconds as the submitter gave it (GET /jobs lists it); None: not given."""
+    value = job.raw.get("max_runtime_seconds")
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
 def _queued(job: Job, now: datetime) -> QueuedJob:
     reservation = job.raw.get("reservation")
     return QueuedJob(
@@ -106,6 +141,7 @@ def _queued(job: Job, now: datetime) -> QueuedJob:
         checkpointed=not job.raw.get("warnings"),
         team=job.raw.get("team"),
         loans_taken_back=job.loans_taken_back,
+        max_runtime_seconds=_max_runtime(job),
     )
 
 
@@ -123,11 +159,13 @@ def _running(job: Job, now: datetime) -> RunningAttempt:
         checkpointed=not job.raw.get("warnings"),
         on_loan_for=job.raw.get("on_loan_for"),
         team=job.raw.get("team"),
+        # as the scheduler's snapshot counts it: SageMaker's default when the request left it out
+        max_runtime_seconds=_max_runtime(job) or SAGEMAKER_DEFAULT_MAX_RUNTIME_SECONDS,
     )
 
 
 def _work(job: Job) -> Work:
-    max_runtime = job.raw.get("max_runtime_seconds")
+    max_runtime = _max_runtime(job)
     return Work(
         traits=_traits(job),
         trained_seconds=float(job.seconds_trained or 0),

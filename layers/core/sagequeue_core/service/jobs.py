@@ -25,6 +25,7 @@ from sagequeue_core.domain import (
 )
 from sagequeue_core.errors import RequestInvalid, SageMakerError, StaleVersion, TrainingJobNotFound
 from sagequeue_core.events import EventType, announce
+from sagequeue_core.forecasts import StartForecast
 from sagequeue_core.observability import logger
 from sagequeue_core.runtime import Dependencies
 from sagequeue_core.service.access import (
@@ -47,10 +48,13 @@ MAX_FILTER_CHARS = 2048
 class JobDetail:
     job: Job
     position: int | None
+    #: the stored forecast of a waiting job, when one is fresh and made for its current attempt
+    forecast: StartForecast | None = None
 
     def to_api(self) -> dict[str, Any]:
         out = self.job.to_api()
         out["position"] = self.position
+        out["forecast"] = self.forecast.to_api() if self.forecast else None
         attempts = [attempt_name(self.job.name, n) for n in range(1, self.job.attempt + 1)]
         if attempts and self.job.training_job_name:
             attempts[-1] = self.job.training_job_name  # it may have had to choose another name
@@ -111,7 +115,21 @@ def get_job(deps: Dependencies, name: str) -> JobDetail:
             reason = beyond_window(job.pool, position, lookahead)
         if reason is not None:
             job.reason = reason
-    return JobDetail(job, position)
+    return JobDetail(job, position, _fresh_forecast(deps, job))
+
+
+def _fresh_forecast(deps: Dependencies, job: Job) -> StartForecast | None:
+    """The forecast function's latest forecast of a queued job: one GetItem, no simulation here. None when
+    there is none, it is older than FRESH_SECONDS, or it was made before the job's latest attempt."""
+    if job.state is not JobState.QUEUED:
+        return None
+    stored = deps.store.job_forecast(job.name)
+    if stored is None:
+        return None
+    made = stored[0]
+    if made.attempt != job.attempt or not made.fresh_at(deps.now()):
+        return None
+    return made
 
 
 def list_jobs(

@@ -1,0 +1,180 @@
+"""The forecast function's use case: forecast every waiting job from the table, store the forecasts for GET
+/jobs/{name}, log some for the score, and settle logged ones whose jobs have started
+(docs/adr/0024-stored-forecasts-and-their-score.md).
+
+It runs on a timer in a function of its own (functions/forecast), never in the API's or the scheduler's: a
+forecast is seconds of CPU, bounded here by `BUDGET_SECONDS`, and the API only reads what it stored.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
+
+from sagequeue.client import Job
+from sagequeue.forecast.engine import Forecast, forecast
+from sagequeue.forecast.live import LiveQueue, history_of, state_of
+from sagequeue.forecast.model import ForecastSettings
+from sagequeue_core.domain import JobState
+from sagequeue_core.forecasts import (
+    KEEP_SECONDS,
+    LOG_EVERY_SECONDS,
+    LOG_PER_RUN,
+    SCORE_READ,
+    PastForecast,
+    StartForecast,
+)
+from sagequeue_core.snapshot import policy_settings
+
+if TYPE_CHECKING:
+    from sagequeue_core.domain import Job as StoredJob
+    from sagequeue_core.runtime import Dependencies
+
+#: Seconds of runs forward one invocation draws at most (of the function's 60 s timeout): past it, no more
+#: runs beyond the first three (ForecastSettings.min_samples), as the CLI does with its 5 s.
+BUDGET_SECONDS = 20.0
+#: Runs forward per forecast when the budget allows.
+SAMPLES = 40
+#: A queue whose every waiting job has a forecast this recent, made for its current attempt, is not
+#: forecast again at this run: a job that joins the queue (or waits again) is forecast at the next run, the
+#: rest at least this often, so a shown forecast is at most this plus one timer period old (FRESH_SECONDS).
+REFRESH_SECONDS = 600
+#: States after which a job that did not start after a forecast never will: nothing to score.
+_STARTED = frozenset({JobState.STARTING.value, JobState.RUNNING.value})
+_ENDED = frozenset({JobState.CANCELLED, JobState.FAILED, JobState.COMPLETED, JobState.IDLE_STOPPED})
+
+
+@dataclasses.dataclass(frozen=True)
+class Published:
+    """What one run did: jobs forecast, forecasts logged, logged forecasts settled, runs forward drawn."""
+
+    forecast: int = 0
+    logged: int = 0
+    settled: int = 0
+    runs: int = 0
+
+
+def settings_for(deps: Dependencies, budget_seconds: float = BUDGET_SECONDS) -> ForecastSettings:
+    """The stack's own scheduling settings, so the runs forward plan as its passes do."""
+    return ForecastSettings(
+        policy=policy_settings(deps.settings),
+        queue_lookahead=deps.settings.queue_lookahead,
+        pass_lookahead=deps.settings.queue_lookahead,
+        samples=SAMPLES,
+        budget_seconds=budget_seconds,
+    )
+
+
+def publish(deps: Dependencies, *, budget_seconds: float = BUDGET_SECONDS) -> Published:
+    """Forecast the queue as the table has it, store the forecasts, and settle past ones."""
+    queue = LiveQueue.from_store(deps)
+    earlier = deps.store.job_forecasts(job.name for job in queue.queued) if queue.queued else {}
+    made: Forecast | None = None
+    if _due(queue, earlier):
+        made = forecast(state_of(queue), history_of(queue), settings_for(deps, budget_seconds))
+    logged = _store(deps, queue, made, earlier) if made is not None else 0
+    settled = settle(deps, queue.now, {job.name: job for job in queue.queued})
+    return Published(
+        forecast=len(made.jobs) if made else 0,
+        logged=logged,
+        settled=settled,
+        runs=made.samples if made else 0,
+    )
+
+
+def _due(queue: LiveQueue, earlier: Mapping[str, tuple[StartForecast, datetime | None]]) -> bool:
+    """Some waiting job has no forecast made for its current attempt in the last REFRESH_SECONDS."""
+    refresh = timedelta(seconds=REFRESH_SECONDS)
+    for job in queue.queued:
+        stored = earlier.get(job.name)
+        if stored is None or stored[0].attempt != job.attempt or queue.now - stored[0].made_at >= refresh:
+            return True
+    return False
+
+
+def _store(
+    deps: Dependencies,
+    queue: LiveQueue,
+    made: Forecast,
+    earlier: Mapping[str, tuple[StartForecast, datetime | None]],
+) -> int:
+    now = queue.now
+    latest: list[tuple[StartForecast, datetime | None]] = []
+    logged: list[StartForecast] = []
+    for job in queue.queued:
+        result = made.get(job.name)
+        if result is None or not result.starts:
+            continue
+        start = StartForecast(
+            job=job.name,
+            pool=job.pool,
+            attempt=job.attempt,
+            made_at=now,
+            p10=result.at(result.p10),
+            p50=result.at(result.p50),
+            p90=result.at(result.p90),
+            runs=made.samples,
+        )
+        logged_at = earlier[job.name][1] if job.name in earlier else None
+        due = logged_at is None or now - logged_at >= timedelta(seconds=LOG_EVERY_SECONDS)
+        if due and len(logged) < LOG_PER_RUN:
+            logged.append(start)
+            logged_at = now
+        latest.append((start, logged_at))
+    deps.store.save_forecasts(latest, logged)
+    return len(logged)
+
+
+def settle(deps: Dependencies, now: datetime, waiting: Mapping[str, Job]) -> int:
+    """Logged forecasts whose jobs have started since (or ended without starting): record the start, so the
+    score reads it without reading the jobs. A job still waiting on the same attempt stays open."""
+    since = now - timedelta(seconds=KEEP_SECONDS)
+    jobs: dict[str, StoredJob | None] = {}
+    settled: list[PastForecast] = []
+    for status in deps.store.pools():
+        for entry in deps.store.past_forecasts(status.pool.instance_type, since, SCORE_READ):
+            if entry.settled:
+                continue
+            made = entry.forecast
+            still = waiting.get(made.job)
+            if still is not None and still.attempt == made.attempt:
+                continue
+            if made.job not in jobs:
+                jobs[made.job] = deps.store.find_job(made.job)
+            outcome = _outcome(entry, jobs[made.job])
+            if outcome is not None:
+                settled.append(outcome)
+    if settled:
+        deps.store.settle_forecasts(settled)
+    return len(settled)
+
+
+def _outcome(entry: PastForecast, job: StoredJob | None) -> PastForecast | None:
+    made = entry.forecast
+    if job is None:
+        return dataclasses.replace(entry, gone=True)
+    if job.attempt > made.attempt:
+        started = _start_after(job, made)
+        if started is not None:
+            return dataclasses.replace(entry, started_at=started)
+    if job.state in _ENDED and job.attempt <= made.attempt:
+        return dataclasses.replace(entry, gone=True)
+    return None  # held, or queued again before its start is visible: wait
+
+
+def _start_after(job: StoredJob, made: StartForecast) -> datetime | None:
+    """The job's first start after the forecast: its history's first entry of the next attempt (the
+    history keeps the first and the latest entries; the current attempt's start stands in when trimmed)."""
+    for entry in job.history:
+        if entry.get("state") in _STARTED and entry.get("attempt") == made.attempt + 1:
+            at = datetime.fromisoformat(str(entry["at"]))
+            if at >= made.made_at:
+                return at
+    if job.attempt == made.attempt + 1 and job.started_at is not None and job.started_at >= made.made_at:
+        return job.started_at
+    return None
+
+
+__all__ = ["BUDGET_SECONDS", "REFRESH_SECONDS", "Published", "publish", "settings_for", "settle"]

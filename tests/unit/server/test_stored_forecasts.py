@@ -1,0 +1,131 @@
+"""Stored start forecasts: when GET /jobs/{name} shows one, how the score counts a logged forecast against
+the start that followed, and what the forecast function settles a logged forecast as."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from sagequeue.forecast.stored import _outcome
+from sagequeue_core.domain import Job, JobState
+from sagequeue_core.forecasts import (
+    FRESH_SECONDS,
+    SCORE_MINIMUM,
+    PastForecast,
+    StartForecast,
+    covers,
+    score,
+)
+
+T0 = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
+POOL = "ml.trn1.32xlarge"
+
+
+def made(
+    p10: float | None, p50: float | None, p90: float | None, *, job: str = "j", attempt: int = 0
+) -> StartForecast:
+    def at(hours: float | None) -> datetime | None:
+        return None if hours is None else T0 + timedelta(hours=hours)
+
+    return StartForecast(job, POOL, attempt, T0, at(p10), at(p50), at(p90), 10)
+
+
+def started(forecast: StartForecast, hours: float) -> PastForecast:
+    return PastForecast(forecast, started_at=T0 + timedelta(hours=hours))
+
+
+def test_a_forecast_is_fresh_for_fifteen_minutes() -> None:
+    forecast = made(1, 2, 3)
+    assert forecast.fresh_at(T0 + timedelta(seconds=FRESH_SECONDS))
+    assert not forecast.fresh_at(T0 + timedelta(seconds=FRESH_SECONDS + 1))
+
+
+@pytest.mark.parametrize(
+    ("hours", "inside"),
+    [(0.5, False), (1, True), (2, True), (3, True), (3.01, False)],
+)
+def test_the_range_covers_a_start_from_p10_to_p90(hours: float, inside: bool) -> None:
+    assert covers(made(1, 2, 3), T0 + timedelta(hours=hours)) is inside
+
+
+def test_an_open_p90_covers_any_start_after_p10() -> None:
+    assert covers(made(1, 5, None), T0 + timedelta(days=30))
+    assert not covers(made(1, 5, None), T0)
+
+
+def test_the_score_counts_misses_as_uncovered_and_takes_the_median_error_of_p50() -> None:
+    past = [
+        started(made(1, 2, 3), 2.5),  # covered, 0.5 h off
+        started(made(1, 2, 3), 4),  # missed late, 2 h off
+        started(made(1, 2, 3), 0.5),  # missed early, 1.5 h off
+        started(made(0, 1, 2), 1),  # covered, exact
+        started(made(0, 1, 2), 1.25),  # covered, 0.25 h off
+        PastForecast(made(0, 1, 2), gone=True),  # cancelled before it started: not scored
+        PastForecast(made(0, 1, 2)),  # still waiting past its P90: overdue, not scored yet
+        PastForecast(made(0, 1, 100)),  # still waiting within its range
+    ]
+    result = score(POOL, past, T0 + timedelta(hours=5))
+    assert (result.forecasts, result.scored, result.covered, result.overdue) == (8, 5, 3, 1)
+    assert result.median_error_seconds == 0.5 * 3600
+    answer = result.to_api()
+    assert answer["coverage"] == pytest.approx(0.6)
+    assert answer["enough"] is True
+
+
+def test_below_the_minimum_the_score_gives_counts_but_no_figures() -> None:
+    past = [started(made(1, 2, 3), 2)] * (SCORE_MINIMUM - 1)
+    answer = score(POOL, past, T0).to_api()
+    assert answer["scored"] == SCORE_MINIMUM - 1
+    assert answer["coverage"] is None
+    assert answer["median_error_seconds"] is None
+    assert answer["enough"] is False
+
+
+def _job(state: JobState, attempt: int, history: list[dict[str, object]]) -> Job:
+    job = Job(
+        name="j",
+        request={"ResourceConfig": {"InstanceType": POOL, "InstanceCount": 1}},
+        priority=1,
+        owner="arn:aws:iam::123456789012:role/u",
+        submitted_at=T0 - timedelta(hours=1),
+    )
+    job.state = state
+    job.attempt = attempt
+    job.history = history
+    return job
+
+
+def _entry(state: str, attempt: int, hours: float) -> dict[str, object]:
+    return {
+        "at": (T0 + timedelta(hours=hours)).isoformat(),
+        "state": state,
+        "attempt": attempt,
+        "reason": None,
+    }
+
+
+def test_a_logged_forecast_settles_on_the_first_start_of_the_next_attempt() -> None:
+    entry = PastForecast(made(1, 2, 3, attempt=1))
+    job = _job(
+        JobState.QUEUED,
+        3,
+        [
+            _entry("starting", 1, -0.5),  # before the forecast: the attempt it was made after
+            _entry("starting", 2, 2.5),  # the start that followed it
+            _entry("queued", 2, 3),  # preempted
+            _entry("starting", 3, 6),
+        ],
+    )
+    settled = _outcome(entry, job)
+    assert settled is not None
+    assert settled.started_at == T0 + timedelta(hours=2.5)
+
+
+def test_a_job_gone_or_ended_without_a_start_settles_as_gone_and_a_held_one_waits() -> None:
+    entry = PastForecast(made(1, 2, 3))
+    assert _outcome(entry, None) == PastForecast(entry.forecast, gone=True)
+    cancelled = _job(JobState.CANCELLED, 0, [_entry("cancelled", 0, 1)])
+    assert _outcome(entry, cancelled) == PastForecast(entry.forecast, gone=True)
+    held = _job(JobState.HELD, 0, [_entry("held", 0, 1)])
+    assert _outcome(entry, held) is None
