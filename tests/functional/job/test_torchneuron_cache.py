@@ -93,6 +93,84 @@ def test_a_fresh_host_restores_a_warm_cache_and_compiles_nothing(cache: Cache, t
     assert "uploaded 0 entries" in done.stderr
 
 
+def test_two_thousand_eager_neffs_restore_within_1_2_times_a_raw_parallel_get(
+    base_env: dict[str, str], hub_server: HubServer, tmp_path: Path
+) -> None:
+    """Many small files restore as fast as few large ones: the 2,000 per-op NEFFs of an eager-mode job
+    restore on a fresh host within 1.2 times a raw parallel GET (16 at a time) of the same NEFFs stored one
+    object each, both in their own process, alternating three times so load moves both alike (medians).
+    bench/bench_neff_restore.py measures the same with real NEFF sizes beside `aws s3 sync`."""
+    import sys
+    from concurrent.futures import ThreadPoolExecutor
+
+    import boto3
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench"))
+    from bench_neff_restore import RAW_GET
+
+    cache = make_cache("s3", base_env, hub_server)
+    env = image(tmp_path, cache.env)
+    # GIVEN an eager-mode job that compiled and published 2,000 op NEFFs of 24 KB
+    first, done = train(cache, env, tmp_path / "host-a", "--ops", "2000", "--neff-bytes", "24576")
+    assert len(first["compiled"]) == 2000, done.stderr
+    assert "uploaded 2000 entries" in done.stderr
+    # AND the same NEFFs as one object each, the layout a per-file restore reads
+    neffs = sorted((tmp_path / "host-a").rglob("*.neff"))
+    bucket = cache.url[len("s3://") :].split("/")[0]
+    client = boto3.client("s3")
+    with ThreadPoolExecutor(16) as pool:
+        list(
+            pool.map(
+                lambda p: client.put_object(
+                    Bucket=bucket,
+                    Key=f"raw/{p.relative_to(tmp_path / 'host-a').as_posix()}",
+                    Body=p.read_bytes(),
+                ),
+                neffs,
+            )
+        )
+    total = sum(p.stat().st_size for p in neffs)
+    restore = ["cache", "--kind", "torchneuron", "restore", "--cache", cache.url, "--workers", "16"]
+    restore += [
+        "--torch-neuronx-version",
+        TNX,
+        "--compiler-version",
+        CC,
+        "--platform",
+        "trn2",
+        "--cores",
+        "32",
+    ]
+    times: dict[str, list[float]] = {"restore": [], "raw": []}
+    for attempt in range(3):
+        # WHEN a fresh host restores them, and a raw parallel GET fetches the same bytes
+        for tool in times:
+            dest = tmp_path / f"{tool}-{attempt}"
+            started = time.monotonic()
+            if tool == "restore":
+                ran = run_cli([*restore, "--cache-dir", str(dest)], env, timeout=300)
+            else:
+                ran = subprocess.run(
+                    [sys.executable, "-c", RAW_GET, bucket, "raw", str(dest), "16"],
+                    env=env,
+                    capture_output=True,
+                    text=True,
+                    timeout=300,
+                    check=False,
+                )
+            times[tool].append(time.monotonic() - started)
+            assert ran.returncode == 0, ran.stderr
+            assert sum(p.stat().st_size for p in dest.rglob("*.neff")) == total
+            if tool == "restore":
+                # THEN the restore made a few dozen requests where the per-file restore makes 2,000
+                assert "restored 2000 entries" in ran.stdout, ran.stdout
+                requests = int(ran.stdout.split(" requests)")[0].rsplit(", ", 1)[1])
+                assert requests <= 20, ran.stdout
+    # AND it took at most 1.2 times as long
+    medians = {tool: sorted(values)[1] for tool, values in times.items()}
+    assert medians["restore"] <= 1.2 * medians["raw"], times
+
+
 @pytest.mark.parametrize("change", ["torch-neuronx", "neuronx-cc", "platform", "cores", "nki"])
 def test_a_job_of_another_namespace_restores_nothing(change: str, cache: Cache, tmp_path: Path) -> None:
     env = image(tmp_path, cache.env)
