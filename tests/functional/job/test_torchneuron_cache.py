@@ -93,6 +93,7 @@ def test_a_fresh_host_restores_a_warm_cache_and_compiles_nothing(cache: Cache, t
     assert "uploaded 0 entries" in done.stderr
 
 
+@pytest.mark.slow
 def test_two_thousand_eager_neffs_restore_within_1_2_times_a_raw_parallel_get(
     base_env: dict[str, str], hub_server: HubServer, tmp_path: Path
 ) -> None:
@@ -303,6 +304,66 @@ def test_a_stop_publishes_what_was_compiled_within_the_grace(cache: Cache, tmp_p
     assert "uploaded 40 entries" in stderr, stderr
     second, _ = train(cache, env, tmp_path / "host-b", "--ops", "40")
     assert second["compiled"] == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["s3", "hub"])
+def test_a_stop_during_a_slow_restore_exits_within_the_grace_and_stops_downloading(
+    kind: str, base_env: dict[str, str], hub_server: HubServer, tmp_path: Path
+) -> None:
+    """The XLA cache's fault case for this kind: SageMaker stops the job while the restore crawls."""
+    from sagequeue.job import sync
+
+    cache = make_cache(kind, base_env, hub_server)
+    env = image(tmp_path, cache.env)
+    # GIVEN the namespace holds 8 MB of NEFFs, 32 s at the proxy's rate
+    source = tmp_path / "source"
+    for i in range(4):
+        key = f"{i:02x}" * 16
+        path = source / key[:2] / key[2:4] / f"{key}.neff"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(os.urandom(2 * 1024 * 1024))
+    namespace = torchneuron.Namespace(TNX, CC, "trn2", "32")
+    assert len(torchneuron.upload(torchneuron.pack_store(cache.remote), source, namespace).published) == 4
+    upstream = env["AWS_ENDPOINT_URL"] if kind == "s3" else env["HF_ENDPOINT"]
+    root = tmp_path / "host"
+    report = tmp_path / "report.json"
+    log = tmp_path / "wrapper.log"
+    with FaultProxy(upstream, mode="slow", rate=256 * 1024) as proxy:
+        env["AWS_ENDPOINT_URL" if kind == "s3" else "HF_ENDPOINT"] = proxy.url
+        wrapper = ["run", "--no-progress", "--cache", cache.url, "--cache-dir", str(root), "--workers", "2"]
+        job = subprocess.Popen(
+            [str(BIN / "sagequeue-job"), *wrapper, "--grace", "6", "--", TRAIN, "--report", str(report)],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=log.open("w"),
+        )
+        try:
+            # AND the restore is downloading, into a staging directory outside the cache root
+            staging = sync.staging_dir(root)
+            deadline = time.monotonic() + 60
+            while sum(p.stat().st_size for p in staging.rglob("*.part") if p.is_file()) <= 512 * 1024:
+                assert time.monotonic() < deadline, log.read_text()
+                time.sleep(0.05)
+            assert not staging.is_relative_to(root)
+            # WHEN SageMaker stops the job
+            stopped_at = time.monotonic()
+            job.send_signal(signal.SIGTERM)
+            status = job.wait(timeout=30)
+            elapsed = time.monotonic() - stopped_at
+        finally:
+            job.kill()
+        stderr = log.read_text()
+        # THEN the wrapper left within the grace, without starting the command
+        assert elapsed < 6, stderr
+        assert status == 128 + signal.SIGTERM, stderr
+        assert not report.exists()
+        # AND nothing downloads any more
+        time.sleep(1.0)
+        sent = proxy.sent
+        time.sleep(2.0)
+        assert proxy.sent == sent
+    assert list(root.rglob("*.neff")) == []
 
 
 @pytest.mark.slow
