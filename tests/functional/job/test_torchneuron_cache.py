@@ -13,7 +13,16 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import BIN, STANDINS, Cache, make_cache, run_cli, run_wrapper
+from conftest import (
+    BIN,
+    STANDINS,
+    Cache,
+    assert_no_more_traffic,
+    make_cache,
+    run_cli,
+    run_wrapper,
+    stop_and_wait,
+)
 from fault_proxy import FaultProxy
 from support.hub_server import DEFAULT_USER, HubServer
 
@@ -347,10 +356,7 @@ def test_a_stop_during_a_slow_restore_exits_within_the_grace_and_stops_downloadi
                 time.sleep(0.05)
             assert not staging.is_relative_to(root)
             # WHEN SageMaker stops the job
-            stopped_at = time.monotonic()
-            job.send_signal(signal.SIGTERM)
-            status = job.wait(timeout=30)
-            elapsed = time.monotonic() - stopped_at
+            status, elapsed = stop_and_wait(job)
         finally:
             job.kill()
         stderr = log.read_text()
@@ -359,10 +365,7 @@ def test_a_stop_during_a_slow_restore_exits_within_the_grace_and_stops_downloadi
         assert status == 128 + signal.SIGTERM, stderr
         assert not report.exists()
         # AND nothing downloads any more
-        time.sleep(1.0)
-        sent = proxy.sent
-        time.sleep(2.0)
-        assert proxy.sent == sent
+        assert_no_more_traffic(proxy)
     assert list(root.rglob("*.neff")) == []
 
 
