@@ -1,5 +1,6 @@
 """What both compile-cache flows of the job image (the XLA cache in `runner`, the TorchNeuron cache in
-`torchneuron_job`) share: a run's outcome, the bound on a transfer, the free-space floor of a restore.
+`torchneuron_job`) share: a run's outcome, the bound on a transfer, the free-space floor of a restore, the
+final upload that a stop starts early.
 Kept apart from `runner`, so the TorchNeuron flow imports it and `runner` imports that flow, with no circle."""
 
 from __future__ import annotations
@@ -167,3 +168,69 @@ def bounded(
     if "error" in box:
         raise box["error"]
     return True, box.get("value")
+
+
+class StopUploads:
+    """The final upload, started as soon as a stop is seen rather than when the command exits.
+
+    A launcher that waits for its workers' checkpoints (torchrun) outlives the stop by as long as they take;
+    uploading only after it would leave the upload what remains of the grace. Started at the stop, the
+    upload takes the entries complete at that moment (an entry a compiler still writes is not complete yet)
+    while the command checkpoints; once the command has exited, a second pass takes the entries completed
+    meanwhile, unless the first pass was abandoned. Each flow says what is complete (`complete`) and how a
+    pass publishes (`publish`); `JobRunner.run_command` calls `start` and `finish`.
+    """
+
+    thread_name = "neff-cache-stop-upload"
+
+    def __init__(self, outcome: JobOutcome) -> None:
+        self.outcome = outcome
+        self._early: threading.Thread | None = None
+        #: The complete entries the early pass saw.
+        self._seen: set[str] = set()
+        self._abandoned_before = False
+
+    @property
+    def enabled(self) -> bool:
+        raise NotImplementedError
+
+    def complete(self) -> set[str]:
+        """The names of the local entries complete now (may raise OSError)."""
+        raise NotImplementedError
+
+    def publish(self, complete: set[str] | None, taken: set[str]) -> None:
+        """One bounded pass: `complete` is what is complete now (None: read it when needed), `taken` what
+        an earlier pass already took (empty for the first)."""
+        raise NotImplementedError
+
+    def start(self) -> None:
+        """On a stop while the command runs: upload what is complete now, in a thread."""
+        if not self.enabled or self._early is not None:
+            return
+        log.info("stopping: uploading the complete entries while the command finishes")
+        try:
+            self._seen = self.complete()
+        except OSError as exc:
+            # called while the command is waited for: nothing here may cost its exit status
+            log.warning("cannot read the local cache at the stop; uploading when the command exits: %s", exc)
+            return
+        self._abandoned_before = self.outcome.abandoned
+        self._early = threading.Thread(
+            target=self.publish, args=(self._seen, set()), name=self.thread_name, daemon=True
+        )
+        self._early.start()
+
+    def finish(self) -> None:
+        """After the command: the whole upload, or what the early pass could not have seen."""
+        if not self.enabled:
+            return
+        if self._early is None:
+            self.publish(None, set())
+            return
+        # the early pass is bounded by the stop's grace itself
+        self._early.join()
+        complete = self.complete()
+        early_abandoned = self.outcome.abandoned and not self._abandoned_before
+        if complete - self._seen and not early_abandoned:
+            log.info("%d entries completed during the stop: uploading them too", len(complete - self._seen))
+            self.publish(complete, self._seen)

@@ -25,7 +25,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from sagequeue.job import neuron, settings, sync, torchneuron
 from sagequeue.job.backends import open_remote
@@ -33,6 +33,7 @@ from sagequeue.job.flow import (
     CACHE_DIR_ENV,
     JobOptions,
     JobOutcome,
+    StopUploads,
     default_min_free,
 )
 from sagequeue.job.flow import bounded as _bounded
@@ -55,6 +56,7 @@ SAGEMAKER_OUTPUT_ENVS = ("SM_MODEL_DIR", "SM_OUTPUT_DATA_DIR", "SM_OUTPUT_DIR", 
 CHECKPOINT_DIR_ENV = "SAGEQUEUE_CHECKPOINT_DIR"
 DEFAULT_CHECKPOINT_DIR = "/opt/ml/checkpoints"
 _CORES_ENV = "NEURON_RT_NUM_CORES"
+T = TypeVar("T")
 
 
 def _snapshot(folders: list[Path]) -> dict[Path, tuple[int, int]]:
@@ -138,17 +140,38 @@ class JobRunner:
         child_env = neuron.child_environment(self.env, root)
         child_env[CACHE_DIR_ENV] = str(root)
         uploads = _StopUploads(self, remote, root, version, before, registry_entries, record, outcome)
+
+        def precompile() -> None:
+            outcome.precompiled = True
+            self._precompile(child_env, uploads.start)
+
+        outcome.status = self.run_command(
+            child_env, uploads, precompile if options.precompile_steps and not hit else None
+        )
+        return outcome
+
+    def run_command(
+        self,
+        child_env: Mapping[str, str],
+        uploads: StopUploads | None = None,
+        before: Callable[[], None] | None = None,
+    ) -> int:
+        """Run the training command with `child_env` and return its exit status (128 + the signal when a
+        stop came before it started), SIGTERM/SIGINT passed on to it, utilization published meanwhile.
+        `before` (the precompile run) runs first unless a stop came. A stop while either runs starts
+        `uploads`; after the command, `uploads.finish()` runs while the rest of its process group (after a
+        stop) gets until the end of the grace."""
         publisher = self._start_metrics()
+        on_stop = uploads.start if uploads is not None else None
         try:
-            if options.precompile_steps and not hit and not self.watch.stopped:
-                outcome.precompiled = True
-                self._precompile(child_env, uploads.start)
+            if before is not None and not self.watch.stopped:
+                before()
             if self.watch.stopped:
-                outcome.status = 128 + (self.watch.signal or 15)
+                status = 128 + (self.watch.signal or 15)
             else:
-                log.info("running %s", " ".join(options.command))
-                outcome.status = self.forwarder.run(options.command, child_env, self._stop_end, uploads.start)
-                log.info("command exited with status %d", outcome.status)
+                log.info("running %s", " ".join(self.options.command))
+                status = self.forwarder.run(self.options.command, child_env, self._stop_end, on_stop)
+                log.info("command exited with status %d", status)
         finally:
             if publisher is not None:
                 publisher.stop()
@@ -156,11 +179,45 @@ class JobRunner:
         # they checkpoint while the upload runs, and the wrapper leaves only when they are gone
         group = self._group_waiter()
         try:
-            uploads.finish()
+            if uploads is not None:
+                uploads.finish()
         finally:
             if group is not None:
                 group.join()
-        return outcome
+        return status
+
+    def bounded_upload(self, work: Callable[[Deadline], T], outcome: JobOutcome, left: str) -> T | None:
+        """Run `work` (an upload that stops starting new pieces at the deadline it gets) within the upload's
+        bound: what remains of the stop's grace after a stop (a stop that comes meanwhile shortens it to
+        that), else --upload-timeout; called off on a stall. Its report, or None when it failed or was
+        abandoned (then `outcome.abandoned` is set and the log says `left`, what the remote holds of it)."""
+        options = self.options
+        budget = self._stop_end() - time.monotonic() if self.watch.stopped else options.upload_timeout
+        if budget <= 1:
+            log.warning("no time left to upload (%.0fs of the stop grace remain)", budget)
+            return None
+        # the transfer stops starting new entries a little before the hard bound
+        deadline = Deadline(budget * 0.85)
+        started = time.monotonic()
+        try:
+            finished, report = _bounded(
+                lambda: work(deadline),
+                budget,
+                self.watch,
+                self._stop_end,
+                control=deadline,
+                stall=options.upload_stall_seconds,
+                first_answer_stall=options.stall_seconds,
+                what="upload",
+            )
+        except Exception as exc:  # noqa: BLE001 - the training result matters more than the cache
+            log.warning("upload failed; entries stay local and go next time: %s", exc)
+            return None
+        if not finished or report is None:
+            outcome.abandoned = True
+            log.warning("upload abandoned after %.0fs; %s", time.monotonic() - started, left)
+            return None
+        return report
 
     def _stop_end(self) -> float:
         """Monotonic time by which the wrapper must have left after a stop (the grace minus a margin)."""
@@ -196,17 +253,7 @@ class JobRunner:
             child_env = dict(self.env)
         else:
             child_env = neuron.child_environment(self.env, root)
-        publisher = self._start_metrics()
-        try:
-            if self.watch.stopped:
-                return JobOutcome(status=128 + (self.watch.signal or 15))
-            return JobOutcome(status=self.forwarder.run(self.options.command, child_env, self._stop_end))
-        finally:
-            if publisher is not None:
-                publisher.stop()
-            group = self._group_waiter()
-            if group is not None:
-                group.join()
+        return JobOutcome(status=self.run_command(child_env))
 
     def _remote(self) -> RemoteCache | None:
         sdk = neuron.sdk_remote_cache(self.env)
@@ -444,40 +491,14 @@ class JobRunner:
         record: RegistryRecord | None,
         outcome: JobOutcome,
     ) -> None:
-        options = self.options
-        budget = self._stop_end() - time.monotonic() if self.watch.stopped else options.upload_timeout
-
-        def grace_end() -> float:
-            # a stop that arrives during a normal-end upload shortens it to the stop's grace
-            return self._stop_end()
-
-        if budget <= 1:
-            log.warning("no time left to upload (%.0fs of the stop grace remain)", budget)
-            return
-        # the transfer stops starting new entries a little before the hard bound
-        deadline = Deadline(budget * 0.85)
         records = [record] if record is not None else []
         started = time.monotonic()
-        try:
-            finished, report = _bounded(
-                lambda: sync.upload(remote, root, version, records=records, deadline=deadline),
-                budget,
-                self.watch,
-                grace_end,
-                control=deadline,
-                stall=options.upload_stall_seconds,
-                first_answer_stall=options.stall_seconds,
-                what="upload",
-            )
-        except Exception as exc:  # noqa: BLE001 - the training result matters more than the cache
-            log.warning("upload failed; entries stay local and go next time: %s", exc)
-            return
-        if not finished or report is None:
-            outcome.abandoned = True
-            log.warning(
-                "upload abandoned after %.0fs; unfinished entries are invisible remotely",
-                time.monotonic() - started,
-            )
+        report = self.bounded_upload(
+            lambda deadline: sync.upload(remote, root, version, records=records, deadline=deadline),
+            outcome,
+            "unfinished entries are invisible remotely",
+        )
+        if report is None:
             return
         outcome.published = sorted(set(outcome.published) | set(report.result.published))
         log.info(
@@ -490,15 +511,9 @@ class JobRunner:
         )
 
 
-class _StopUploads:
-    """The final upload, started as soon as a stop is seen rather than when the command exits.
-
-    A launcher that waits for its workers' checkpoints (torchrun) outlives the stop by as long as they take;
-    uploading only after it would leave the upload what remains of the grace. Started at the stop, the
-    upload takes the complete entries of that moment (an entry a compiler still writes holds its lock or
-    lacks its done marker, and is left alone) while the command checkpoints; once the command has exited, a
-    second pass takes the entries that were completed meanwhile, if the grace leaves time.
-    """
+class _StopUploads(StopUploads):
+    """The XLA flow's final upload (see `flow.StopUploads`): entries complete by their done marker and
+    lock, with the registry record of what this run compiled."""
 
     def __init__(
         self,
@@ -511,6 +526,7 @@ class _StopUploads:
         record: RegistryRecord | None,
         outcome: JobOutcome,
     ) -> None:
+        super().__init__(outcome)
         self.runner = runner
         self.remote = remote
         self.root = root
@@ -518,52 +534,17 @@ class _StopUploads:
         self.before = before
         self.registry_entries = registry_entries
         self.record = record
-        self.outcome = outcome
-        self._early: threading.Thread | None = None
-        #: The complete entries the early pass saw.
-        self._seen: set[str] = set()
-        self._abandoned_before = False
 
     @property
     def enabled(self) -> bool:
         return self.remote is not None and self.runner.options.upload
 
-    def start(self) -> None:
-        """On a stop while the command runs: upload what is complete now, in a thread."""
-        if not self.enabled or self._early is not None:
-            return
-        log.info("stopping: uploading the complete entries while the command finishes")
-        try:
-            self._seen = self._complete()
-        except OSError as exc:
-            # called while the command is waited for: nothing here may cost its exit status
-            log.warning("cannot read the local cache at the stop; uploading when the command exits: %s", exc)
-            return
-        self._abandoned_before = self.outcome.abandoned
-        self._early = threading.Thread(
-            target=self._pass, args=(self._seen,), name="neff-cache-stop-upload", daemon=True
-        )
-        self._early.start()
-
-    def finish(self) -> None:
-        """After the command: the whole upload, or what the early pass could not have seen."""
-        if not self.enabled:
-            return
-        if self._early is None:
-            self._pass(self._complete())
-            return
-        # the early pass is bounded by the stop's grace itself
-        self._early.join()
-        complete = self._complete()
-        early_abandoned = self.outcome.abandoned and not self._abandoned_before
-        if complete - self._seen and not early_abandoned:
-            log.info("%d entries completed during the stop: uploading them too", len(complete - self._seen))
-            self._pass(complete)
-
-    def _complete(self) -> set[str]:
+    def complete(self) -> set[str]:
         return {e.module for e in sync.shareable(self.root, self.version)}
 
-    def _pass(self, complete: set[str]) -> None:
+    def publish(self, complete: set[str] | None, taken: set[str]) -> None:
+        if complete is None:
+            complete = self.complete()
         assert self.remote is not None
         record = None
         if self.record is not None:

@@ -87,13 +87,18 @@ PACKS_DIR = "packs"
 PACK_SUFFIX = ".pack"
 INDEX_SUFFIX = ".json"
 INDEX_FORMAT = 1
-#: An upload's NEFFs go in packs of at most this size (a NEFF larger than this is a pack of its own).
-PACK_BYTES = 64 * 1024 * 1024
+#: An upload's NEFFs go in packs of at most this size (a NEFF larger than this is a pack of its own): two
+#: ranged reads of a pack, so a store that reads the whole object to serve a range (as moto does, and some
+#: S3-compatible stores) reads a byte at most twice; one PUT each (under the multipart threshold), and a
+#: deadline that cuts an upload loses at most this much of it.
+PACK_BYTES = 16 * 1024 * 1024
 #: A restore fetches at most this many bytes of one pack in one ranged GET.
 RUN_BYTES = 8 * 1024 * 1024
 #: Bytes between two wanted entries of a pack that one GET still reads through rather than split.
 GAP_BYTES = 256 * 1024
 ATTEMPTS = 3
+#: LISTs of writer folders a lookup runs at once.
+LIST_WORKERS = 8
 _READ = 1024 * 1024
 
 
@@ -378,15 +383,22 @@ class S3PackStore:
         }
 
     def namespace_paths(self, prefix: str) -> dict[str, int]:
+        """One LIST per folder, all at once: the shared folder's while the writer folders are found, each
+        writer folder's as soon as its name comes (S3 lists no pattern, so a LIST per writer remains)."""
         from sagequeue.job.s3 import WRITERS_DIR
 
-        out = self.list_paths(prefix)
-        for item in self.cache._list(WRITERS_DIR + "/", delimiter="/"):
-            if "CommonPrefix" not in item:
-                continue
-            base, writer = writer_base(self.cache._relative(item["CommonPrefix"]) + prefix)
-            if writer is not None:
-                out.update(self.list_paths(base + prefix))
+        with ThreadPoolExecutor(max_workers=LIST_WORKERS, thread_name_prefix="tnx-list") as pool:
+            shared = pool.submit(self.list_paths, prefix)
+            folders = []
+            for item in self.cache._list(WRITERS_DIR + "/", delimiter="/"):
+                if "CommonPrefix" not in item:
+                    continue
+                base, writer = writer_base(self.cache._relative(item["CommonPrefix"]) + prefix)
+                if writer is not None:
+                    folders.append(pool.submit(self.list_paths, base + prefix))
+            out = shared.result()
+            for folder in folders:
+                out.update(folder.result())
         return out
 
     def writers(self, paths: Sequence[str]) -> dict[str, str | None]:
@@ -778,12 +790,15 @@ class _Run:
 
 def plan_runs(wanted: Sequence[tuple[str, IndexEntry]]) -> list[_Run]:
     """Group (pack path, entry) pairs into ranged reads: sorted by offset, a new read when the gap or the
-    read's size grows too large."""
+    read's size grows too large. The order: each pack's largest read, then each pack's second largest, and
+    so on (largest first within each round), so the parallel reads spread over the packs rather than queue
+    on one object, and the tail of the restore is the small reads."""
     by_pack: dict[str, list[IndexEntry]] = {}
     for pack_path, entry in wanted:
         by_pack.setdefault(pack_path, []).append(entry)
-    runs: list[_Run] = []
+    rounds: list[tuple[int, int, _Run]] = []
     for pack_path, entries in sorted(by_pack.items()):
+        runs: list[_Run] = []
         current: list[IndexEntry] = []
         for entry in sorted(entries, key=lambda e: e.offset):
             if current:
@@ -795,9 +810,10 @@ def plan_runs(wanted: Sequence[tuple[str, IndexEntry]]) -> list[_Run]:
             current.append(entry)
         if current:
             runs.append(_Run(pack_path, current))
-    # large reads first: the tail of the restore is then many small ones spread over the workers
-    runs.sort(key=lambda r: r.end - r.start, reverse=True)
-    return runs
+        runs.sort(key=lambda r: r.end - r.start, reverse=True)
+        rounds += [(turn, -(run.end - run.start), run) for turn, run in enumerate(runs)]
+    rounds.sort(key=lambda item: item[:2])
+    return [run for _, _, run in rounds]
 
 
 class _Installer:

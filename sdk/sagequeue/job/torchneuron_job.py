@@ -13,17 +13,18 @@
 from __future__ import annotations
 
 import logging
-import threading
 import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol, TypeVar
 
 from sagequeue.job import torchneuron
-from sagequeue.job.flow import CACHE_DIR_ENV, JobOptions, JobOutcome
-from sagequeue.job.process import SignalForwarder, StopWatch
+from sagequeue.job.flow import CACHE_DIR_ENV, JobOptions, JobOutcome, StopUploads
+from sagequeue.job.process import StopWatch
 from sagequeue.job.remote import Deadline, RemoteCache, Trust
 
 log = logging.getLogger("sagequeue.job")
+T = TypeVar("T")
 
 
 class JobRunner(Protocol):
@@ -32,16 +33,18 @@ class JobRunner(Protocol):
     options: JobOptions
     env: dict[str, str]
     watch: StopWatch
-    forwarder: SignalForwarder
     _trust: Trust
 
     def _remote(self) -> RemoteCache | None: ...
 
-    def _start_metrics(self) -> Any: ...
+    def run_command(
+        self,
+        child_env: Mapping[str, str],
+        uploads: StopUploads | None = None,
+        before: Callable[[], None] | None = None,
+    ) -> int: ...
 
-    def _stop_end(self) -> float: ...
-
-    def _group_waiter(self) -> threading.Thread | None: ...
+    def bounded_upload(self, work: Callable[[Deadline], T], outcome: JobOutcome, left: str) -> T | None: ...
 
 
 def run_job(runner: JobRunner) -> JobOutcome:
@@ -71,24 +74,7 @@ def run_job(runner: JobRunner) -> JobOutcome:
     store = torchneuron.pack_store(remote) if remote is not None else None
     if store is not None and namespace is not None and options.restore != "none":
         _restore(runner, store, root, namespace, outcome)
-    uploads = _Uploads(runner, store, root, namespace, outcome)
-    publisher = runner._start_metrics()
-    try:
-        if runner.watch.stopped:
-            outcome.status = 128 + (runner.watch.signal or 15)
-        else:
-            log.info("running %s", " ".join(options.command))
-            outcome.status = runner.forwarder.run(options.command, child_env, runner._stop_end, uploads.start)
-            log.info("command exited with status %d", outcome.status)
-    finally:
-        if publisher is not None:
-            publisher.stop()
-    group = runner._group_waiter()
-    try:
-        uploads.finish()
-    finally:
-        if group is not None:
-            group.join()
+    outcome.status = runner.run_command(child_env, _Uploads(runner, store, root, namespace, outcome))
     return outcome
 
 
@@ -150,8 +136,10 @@ def _restore(
     )
 
 
-class _Uploads:
-    """The final upload, started at a stop (the entries complete then) and finished after the command."""
+class _Uploads(StopUploads):
+    """The final upload (see `flow.StopUploads`): the complete `.neff` files the namespace lacks, in packs."""
+
+    thread_name = "tnx-stop-upload"
 
     def __init__(
         self,
@@ -161,63 +149,30 @@ class _Uploads:
         namespace: torchneuron.Namespace | None,
         outcome: JobOutcome,
     ) -> None:
+        super().__init__(outcome)
         self.runner = runner
         self.store = store
         self.root = root
         self.namespace = namespace
-        self.outcome = outcome
-        self._early: threading.Thread | None = None
-        self._seen: set[str] = set()
-        self._abandoned_before = False
 
     @property
     def enabled(self) -> bool:
         return self.store is not None and self.namespace is not None and self.runner.options.upload
 
-    def start(self) -> None:
-        if not self.enabled or self._early is not None:
-            return
-        log.info("stopping: uploading the complete entries while the command finishes")
-        try:
-            self._seen = set(torchneuron.local_entries(self.root))
-        except OSError as exc:
-            log.warning("cannot read the local cache at the stop; uploading when the command exits: %s", exc)
-            return
-        self._abandoned_before = self.outcome.abandoned
-        self._early = threading.Thread(
-            target=self._pass, args=(self._seen,), name="tnx-stop-upload", daemon=True
-        )
-        self._early.start()
+    def complete(self) -> set[str]:
+        return set(torchneuron.local_entries(self.root))
 
-    def finish(self) -> None:
-        if not self.enabled:
-            return
-        if self._early is None:
-            self._pass(None)
-            return
-        self._early.join()
-        complete = set(torchneuron.local_entries(self.root))
-        if complete - self._seen and not (self.outcome.abandoned and not self._abandoned_before):
-            log.info("%d entries completed during the stop: uploading them too", len(complete - self._seen))
-            self._pass(complete - self._seen)
-
-    def _pass(self, only: set[str] | None) -> None:
-        from sagequeue.job.flow import bounded as _bounded
-
+    def publish(self, complete: set[str] | None, taken: set[str]) -> None:
         assert self.store is not None
         assert self.namespace is not None
         runner = self.runner
         options = runner.options
-        budget = runner._stop_end() - time.monotonic() if runner.watch.stopped else options.upload_timeout
-        if budget <= 1:
-            log.warning("no time left to upload (%.0fs of the stop grace remain)", budget)
-            return
-        deadline = Deadline(budget * 0.85)
         store, root, namespace = self.store, self.root, self.namespace
+        only = None if complete is None else complete - taken
         started = time.monotonic()
         job = runner.env.get("TRAINING_JOB_NAME")
 
-        def work() -> Any:
+        def work(deadline: Deadline) -> torchneuron.UploadReport:
             return torchneuron.upload(
                 store,
                 root,
@@ -229,26 +184,8 @@ class _Uploads:
                 trust=runner._trust,
             )
 
-        try:
-            finished, report = _bounded(
-                work,
-                budget,
-                runner.watch,
-                runner._stop_end,
-                control=deadline,
-                stall=options.upload_stall_seconds,
-                first_answer_stall=options.stall_seconds,
-                what="upload",
-            )
-        except Exception as exc:  # noqa: BLE001 - the training result matters more than the cache
-            log.warning("upload failed; entries stay local and go next time: %s", exc)
-            return
-        if not finished or report is None:
-            self.outcome.abandoned = True
-            log.warning(
-                "upload abandoned after %.0fs; packs not finished are invisible remotely",
-                time.monotonic() - started,
-            )
+        report = runner.bounded_upload(work, self.outcome, "packs not finished are invisible remotely")
+        if report is None:
             return
         self.outcome.published = sorted(set(self.outcome.published) | set(report.published))
         log.info(

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -165,3 +168,19 @@ def run_cli(args: list[str], env: dict[str, str], timeout: float = 90) -> subpro
     return subprocess.run(
         [str(BIN / "sagequeue"), *args], env=env, capture_output=True, text=True, timeout=timeout, check=False
     )
+
+
+def stop_and_wait(job: subprocess.Popen[Any], timeout: float = 30) -> tuple[int, float]:
+    """Stop `job` as SageMaker does (SIGTERM): its exit status and the seconds it took to leave."""
+    stopped_at = time.monotonic()
+    job.send_signal(signal.SIGTERM)
+    status = job.wait(timeout=timeout)
+    return status, time.monotonic() - stopped_at
+
+
+def assert_no_more_traffic(proxy: Any) -> None:
+    """Nothing passes a `fault_proxy.FaultProxy` any more: a second to settle, then two watched."""
+    time.sleep(1.0)
+    sent = proxy.sent
+    time.sleep(2.0)
+    assert proxy.sent == sent

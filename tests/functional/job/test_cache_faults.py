@@ -11,7 +11,16 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import BIN, HUB_TOKEN, STANDINS, VERSION, Cache, make_cache
+from conftest import (
+    BIN,
+    HUB_TOKEN,
+    STANDINS,
+    VERSION,
+    Cache,
+    assert_no_more_traffic,
+    make_cache,
+    stop_and_wait,
+)
 from fault_proxy import FaultProxy
 from support.hub_server import HubServer
 
@@ -203,10 +212,7 @@ def test_a_stop_during_a_slow_restore_exits_within_the_grace_and_stops_downloadi
             assert not sync.staging_dir(root).is_relative_to(root)
             assert [p for p in root.rglob("*") if p.name.endswith((".part", ".ranges"))] == []
             # WHEN SageMaker stops the job
-            stopped_at = time.monotonic()
-            job.send_signal(signal.SIGTERM)
-            status = job.wait(timeout=30)
-            elapsed = time.monotonic() - stopped_at
+            status, elapsed = stop_and_wait(job)
         finally:
             job.kill()
         stderr = log.read_text()
@@ -215,10 +221,7 @@ def test_a_stop_during_a_slow_restore_exits_within_the_grace_and_stops_downloadi
         assert status == 128 + signal.SIGTERM, stderr
         assert not (tmp_path / "started").exists()
         # AND nothing downloads any more
-        time.sleep(1.0)
-        sent = proxy.sent
-        time.sleep(2.0)
-        assert proxy.sent == sent
+        assert_no_more_traffic(proxy)
 
 
 @pytest.mark.parametrize("kind", ["s3", "hub"])

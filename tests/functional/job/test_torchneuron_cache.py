@@ -13,7 +13,16 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import BIN, STANDINS, Cache, make_cache, run_cli, run_wrapper
+from conftest import (
+    BIN,
+    STANDINS,
+    Cache,
+    assert_no_more_traffic,
+    make_cache,
+    run_cli,
+    run_wrapper,
+    stop_and_wait,
+)
 from fault_proxy import FaultProxy
 from support.hub_server import DEFAULT_USER, HubServer
 
@@ -91,6 +100,85 @@ def test_a_fresh_host_restores_a_warm_cache_and_compiles_nothing(cache: Cache, t
     assert "restored 62 entries" in done.stderr
     # AND the upload after it found nothing new to publish
     assert "uploaded 0 entries" in done.stderr
+
+
+@pytest.mark.slow
+def test_two_thousand_eager_neffs_restore_within_1_2_times_a_raw_parallel_get(
+    base_env: dict[str, str], hub_server: HubServer, tmp_path: Path
+) -> None:
+    """Many small files restore as fast as few large ones: the 2,000 per-op NEFFs of an eager-mode job
+    restore on a fresh host within 1.2 times a raw parallel GET (16 at a time) of the same NEFFs stored one
+    object each, both in their own process, alternating three times so load moves both alike (medians).
+    bench/bench_neff_restore.py measures the same with real NEFF sizes beside `aws s3 sync`."""
+    import sys
+    from concurrent.futures import ThreadPoolExecutor
+
+    import boto3
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "bench"))
+    from bench_neff_restore import RAW_GET
+
+    cache = make_cache("s3", base_env, hub_server)
+    env = image(tmp_path, cache.env)
+    # GIVEN an eager-mode job that compiled and published 2,000 op NEFFs of 24 KB
+    first, done = train(cache, env, tmp_path / "host-a", "--ops", "2000", "--neff-bytes", "24576")
+    assert len(first["compiled"]) == 2000, done.stderr
+    assert "uploaded 2000 entries" in done.stderr
+    # AND the same NEFFs as one object each, the layout a per-file restore reads
+    neffs = sorted((tmp_path / "host-a").rglob("*.neff"))
+    bucket = cache.url[len("s3://") :].split("/")[0]
+    client = boto3.client("s3")
+    with ThreadPoolExecutor(16) as pool:
+        list(
+            pool.map(
+                lambda p: client.put_object(
+                    Bucket=bucket,
+                    Key=f"raw/{p.relative_to(tmp_path / 'host-a').as_posix()}",
+                    Body=p.read_bytes(),
+                ),
+                neffs,
+            )
+        )
+    total = sum(p.stat().st_size for p in neffs)
+    restore = ["cache", "--kind", "torchneuron", "restore", "--cache", cache.url, "--workers", "16"]
+    restore += [
+        "--torch-neuronx-version",
+        TNX,
+        "--compiler-version",
+        CC,
+        "--platform",
+        "trn2",
+        "--cores",
+        "32",
+    ]
+    times: dict[str, list[float]] = {"restore": [], "raw": []}
+    for attempt in range(3):
+        # WHEN a fresh host restores them, and a raw parallel GET fetches the same bytes
+        for tool in times:
+            dest = tmp_path / f"{tool}-{attempt}"
+            started = time.monotonic()
+            if tool == "restore":
+                ran = run_cli([*restore, "--cache-dir", str(dest)], env, timeout=300)
+            else:
+                ran = subprocess.run(
+                    [sys.executable, "-c", RAW_GET, bucket, "raw", str(dest), "16"],
+                    env=env,
+                    capture_output=True,
+                    text=True,
+                    timeout=300,
+                    check=False,
+                )
+            times[tool].append(time.monotonic() - started)
+            assert ran.returncode == 0, ran.stderr
+            assert sum(p.stat().st_size for p in dest.rglob("*.neff")) == total
+            if tool == "restore":
+                # THEN the restore made a few dozen requests where the per-file restore makes 2,000
+                assert "restored 2000 entries" in ran.stdout, ran.stdout
+                requests = int(ran.stdout.split(" requests)")[0].rsplit(", ", 1)[1])
+                assert requests <= 20, ran.stdout
+    # AND it took at most 1.2 times as long
+    medians = {tool: sorted(values)[1] for tool, values in times.items()}
+    assert medians["restore"] <= 1.2 * medians["raw"], times
 
 
 @pytest.mark.parametrize("change", ["torch-neuronx", "neuronx-cc", "platform", "cores", "nki"])
@@ -225,6 +313,60 @@ def test_a_stop_publishes_what_was_compiled_within_the_grace(cache: Cache, tmp_p
     assert "uploaded 40 entries" in stderr, stderr
     second, _ = train(cache, env, tmp_path / "host-b", "--ops", "40")
     assert second["compiled"] == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["s3", "hub"])
+def test_a_stop_during_a_slow_restore_exits_within_the_grace_and_stops_downloading(
+    kind: str, base_env: dict[str, str], hub_server: HubServer, tmp_path: Path
+) -> None:
+    """The XLA cache's fault case for this kind: SageMaker stops the job while the restore crawls."""
+    from sagequeue.job import sync
+
+    cache = make_cache(kind, base_env, hub_server)
+    env = image(tmp_path, cache.env)
+    # GIVEN the namespace holds 8 MB of NEFFs, 32 s at the proxy's rate
+    source = tmp_path / "source"
+    for i in range(4):
+        key = f"{i:02x}" * 16
+        path = source / key[:2] / key[2:4] / f"{key}.neff"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(os.urandom(2 * 1024 * 1024))
+    namespace = torchneuron.Namespace(TNX, CC, "trn2", "32")
+    assert len(torchneuron.upload(torchneuron.pack_store(cache.remote), source, namespace).published) == 4
+    upstream = env["AWS_ENDPOINT_URL"] if kind == "s3" else env["HF_ENDPOINT"]
+    root = tmp_path / "host"
+    report = tmp_path / "report.json"
+    log = tmp_path / "wrapper.log"
+    with FaultProxy(upstream, mode="slow", rate=256 * 1024) as proxy:
+        env["AWS_ENDPOINT_URL" if kind == "s3" else "HF_ENDPOINT"] = proxy.url
+        wrapper = ["run", "--no-progress", "--cache", cache.url, "--cache-dir", str(root), "--workers", "2"]
+        job = subprocess.Popen(
+            [str(BIN / "sagequeue-job"), *wrapper, "--grace", "6", "--", TRAIN, "--report", str(report)],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=log.open("w"),
+        )
+        try:
+            # AND the restore is downloading, into a staging directory outside the cache root
+            staging = sync.staging_dir(root)
+            deadline = time.monotonic() + 60
+            while sum(p.stat().st_size for p in staging.rglob("*.part") if p.is_file()) <= 512 * 1024:
+                assert time.monotonic() < deadline, log.read_text()
+                time.sleep(0.05)
+            assert not staging.is_relative_to(root)
+            # WHEN SageMaker stops the job
+            status, elapsed = stop_and_wait(job)
+        finally:
+            job.kill()
+        stderr = log.read_text()
+        # THEN the wrapper left within the grace, without starting the command
+        assert elapsed < 6, stderr
+        assert status == 128 + signal.SIGTERM, stderr
+        assert not report.exists()
+        # AND nothing downloads any more
+        assert_no_more_traffic(proxy)
+    assert list(root.rglob("*.neff")) == []
 
 
 @pytest.mark.slow

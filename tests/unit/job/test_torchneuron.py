@@ -326,3 +326,17 @@ def test_a_trust_list_restores_only_its_writers_packs_and_each_writer_publishes_
 def test_a_pack_reference_outside_a_writer_folder_is_refused(ref: str) -> None:
     with pytest.raises(ValueError, match="not a pack"):
         torchneuron.pack_paths(NS, ref)
+
+
+def test_plan_runs_spreads_the_first_reads_over_the_packs() -> None:
+    """Parallel reads start on different packs: a store that serves a range by reading its object (moto,
+    under a lock per object) would otherwise serve the first reads one after another."""
+    wanted = [
+        (f"pack-{p}", torchneuron.IndexEntry(f"p{p}-{i}", i * 4 * 1024 * 1024, 4 * 1024 * 1024, "0" * 64))
+        for p in range(3)
+        for i in range(8)
+    ]
+    runs = torchneuron.plan_runs(wanted)
+    assert len(runs) == 12
+    assert [r.pack_path for r in runs[:3]] == ["pack-0", "pack-1", "pack-2"]
+    assert sorted(e.name for r in runs for e in r.entries) == sorted(e.name for _, e in wanted)
