@@ -47,27 +47,29 @@ LAYER_LACKS = ("blinker",)
 #: shows up here, and must be worth its cold-start cost to be added.
 PROJECT = {
     "api": {
-        "config", "defaults", "domain", "errors", "events", "governance", "observability", "quotas", "retry",
-        "runtime", "sagemaker", "service", "service.access", "service.exemptions", "service.http",
-        "service.jobs", "service.submit", "service.teams", "store", "validation",
+        "checkpoint_marker", "checkpoints", "config", "defaults", "domain", "errors", "events",
+        "governance", "observability", "quotas", "retry", "runtime", "sagemaker", "service",
+        "service.access", "service.exemptions", "service.http", "service.jobs", "service.submit",
+        "service.teams", "store", "validation",
     },
     "scheduler": {
-        "config", "defaults", "domain", "errors", "events", "observability", "policy", "quotas", "retry",
-        "runtime", "sagemaker", "service", "service.schedule", "snapshot", "store",
+        "checkpoint_marker", "checkpoints", "config", "defaults", "domain", "errors", "events", "markers",
+        "observability", "policy", "quotas", "retry", "runtime", "sagemaker", "service",
+        "service.checkpoints", "service.schedule", "snapshot", "store",
     },
     "governance": {
-        "alarm_evaluation", "alarms", "config", "defaults", "domain", "errors", "events", "governance", "notify",
-        "observability", "retry", "runtime", "sagemaker", "service", "service.exemptions", "service.govern",
-        "store",
+        "alarm_evaluation", "alarms", "checkpoint_marker", "checkpoints", "config", "defaults", "domain",
+        "errors", "events", "governance", "notify", "observability", "retry", "runtime", "sagemaker",
+        "service", "service.exemptions", "service.govern", "store",
     },
     "idle_stop": {
-        "alarm_evaluation", "alarms", "config", "defaults", "domain", "errors", "events", "governance", "notify",
-        "observability", "retry", "runtime", "sagemaker", "service", "service.exemptions", "service.stop_idle",
-        "store",
+        "alarm_evaluation", "alarms", "checkpoint_marker", "checkpoints", "config", "defaults", "domain",
+        "errors", "events", "governance", "notify", "observability", "retry", "runtime", "sagemaker",
+        "service", "service.exemptions", "service.stop_idle", "store",
     },
     "notices": {
-        "config", "defaults", "domain", "errors", "events", "notify", "observability", "retry", "runtime",
-        "sagemaker", "service", "service.notices", "store",
+        "checkpoint_marker", "checkpoints", "config", "defaults", "domain", "errors", "events", "notify",
+        "observability", "retry", "runtime", "sagemaker", "service", "service.notices", "store",
     },
 }  # fmt: skip
 #: Modules that only some handlers need, and the handlers that may load them.
@@ -79,6 +81,9 @@ ONLY_FOR = {
     "sagequeue_core.service.teams": {"api"},
     "sagequeue_core.service.schedule": {"scheduler"},
     "sagequeue_core.policy": {"scheduler"},
+    # the checkpoint markers: only the scheduler reads them (docs/adr/0025)
+    "sagequeue_core.markers": {"scheduler"},
+    "sagequeue_core.service.checkpoints": {"scheduler"},
     # team quotas: the API sets and checks them, the scheduler applies them
     "sagequeue_core.quotas": {"api", "scheduler"},
     "sagequeue_core.service.govern": {"governance"},

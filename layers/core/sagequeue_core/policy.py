@@ -96,6 +96,11 @@ class RunningAttempt:
     #: accepted by SageMaker but waiting for capacity it does not have (EC2's, or its training plan's):
     #: nothing launched, so stopping it loses no work (docs/adr/0017)
     waiting_for_capacity: bool = False
+    #: when the attempt last wrote a checkpoint it can resume from (docs/adr/0023); None: none written yet,
+    #: or not known
+    last_checkpoint_at: datetime | None = None
+    #: seconds between its checkpoints as observed so far; None: fewer than two seen
+    checkpoint_interval_seconds: float | None = None
 
     @property
     def preemptible(self) -> bool:
@@ -189,6 +194,9 @@ class Preempt:
     #: would have had the lender's idle instance had nobody borrowed it): counted as a loan taken back, not
     #: in the borrower's preemption budget
     taken_back: bool = False
+    #: the training the stop throws away: seconds since the victim's last checkpoint (since its training
+    #: start without one, all of it when it does not resume from checkpoints); None: unknown
+    work_lost_seconds: float | None = None
 
 
 @dataclass(frozen=True)

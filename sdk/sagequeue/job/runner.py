@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from sagequeue.job import neuron, settings, sync, torchneuron
+from sagequeue.job import checkpoints, neuron, settings, sync, torchneuron
 from sagequeue.job.backends import open_remote
 from sagequeue.job.flow import (
     CACHE_DIR_ENV,
@@ -51,9 +51,10 @@ PRECOMPILE_ENV = "SAGEQUEUE_PRECOMPILE"
 #: SageMaker's output directories a script finds in its environment: a scratch directory stands in for each
 #: during the precompile run, so a script that writes where they point writes nothing that is kept.
 SAGEMAKER_OUTPUT_ENVS = ("SM_MODEL_DIR", "SM_OUTPUT_DATA_DIR", "SM_OUTPUT_DIR", "SM_CHECKPOINT_DIR")
-#: Where SageMaker keeps (and syncs to S3) the checkpoints a resumed job loads; watched during a precompile.
-CHECKPOINT_DIR_ENV = "SAGEQUEUE_CHECKPOINT_DIR"
-DEFAULT_CHECKPOINT_DIR = "/opt/ml/checkpoints"
+#: Where SageMaker keeps (and syncs to S3) the checkpoints a resumed job loads; watched during a precompile,
+#: and for checkpoint reports (sagequeue.job.checkpoints).
+CHECKPOINT_DIR_ENV = checkpoints.CHECKPOINT_DIR_ENV
+DEFAULT_CHECKPOINT_DIR = checkpoints.DEFAULT_CHECKPOINT_DIR
 _CORES_ENV = "NEURON_RT_NUM_CORES"
 
 
@@ -139,6 +140,7 @@ class JobRunner:
         child_env[CACHE_DIR_ENV] = str(root)
         uploads = _StopUploads(self, remote, root, version, before, registry_entries, record, outcome)
         publisher = self._start_metrics()
+        watcher = None
         try:
             if options.precompile_steps and not hit and not self.watch.stopped:
                 outcome.precompiled = True
@@ -146,10 +148,13 @@ class JobRunner:
             if self.watch.stopped:
                 outcome.status = 128 + (self.watch.signal or 15)
             else:
+                watcher = self._start_checkpoint_watch()
                 log.info("running %s", " ".join(options.command))
                 outcome.status = self.forwarder.run(options.command, child_env, self._stop_end, uploads.start)
                 log.info("command exited with status %d", outcome.status)
         finally:
+            if watcher is not None:
+                watcher.stop()
             if publisher is not None:
                 publisher.stop()
         # after a stop, the command's workers may outlive it (a launcher without a SIGTERM handler):
@@ -197,11 +202,15 @@ class JobRunner:
         else:
             child_env = neuron.child_environment(self.env, root)
         publisher = self._start_metrics()
+        watcher = None
         try:
             if self.watch.stopped:
                 return JobOutcome(status=128 + (self.watch.signal or 15))
+            watcher = self._start_checkpoint_watch()
             return JobOutcome(status=self.forwarder.run(self.options.command, child_env, self._stop_end))
         finally:
+            if watcher is not None:
+                watcher.stop()
             if publisher is not None:
                 publisher.stop()
             group = self._group_waiter()
@@ -403,6 +412,18 @@ class JobRunner:
         if status != 0:
             # the real run compiles whatever the precompile run could not
             log.warning("precompile run exited with status %d; training compiles the rest", status)
+
+    def _start_checkpoint_watch(self) -> checkpoints.CheckpointWatcher | None:
+        """Report the training's checkpoints to the scheduler (docs/adr/0025); never costs the training."""
+        try:
+            host: int | None = resolve_host(self.env).host_index
+        except HostIdentityError:
+            host = None  # one host, or not on SageMaker: the watcher still needs the training job's name
+        try:
+            return checkpoints.start_watch(self.env, host)
+        except OSError as exc:
+            log.warning("not reporting checkpoints: %s", exc)
+            return None
 
     def _start_metrics(self) -> Any:
         mode = self.options.metrics

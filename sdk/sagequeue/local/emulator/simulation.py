@@ -23,6 +23,11 @@ OUTCOME_ENV = "SAGEQUEUE_SIM_OUTCOME"
 UTILIZATION_ENV = "SAGEQUEUE_SIM_UTILIZATION"
 #: Seconds at the start of Training spent compiling (0% utilization), default `Timings.compile_seconds`.
 COMPILE_ENV = "SAGEQUEUE_SIM_COMPILE_SECONDS"
+#: Seconds of Training between the checkpoints the job writes; unset: it writes none. Each one puts the job
+#: image's marker (sagequeue_core.checkpoint_marker) under CheckpointConfig.S3Uri, as SageMaker's sync does.
+CHECKPOINT_ENV = "SAGEQUEUE_SIM_CHECKPOINT_SECONDS"
+#: The training job the job's markers name; unset: its own. A job that lies: it reports for another.
+CHECKPOINT_AS_ENV = "SAGEQUEUE_SIM_CHECKPOINT_AS"
 
 DEFAULT_UTILIZATION = 85.0
 MAX_INTERRUPTIONS = 100
@@ -77,6 +82,8 @@ class SimPlan:
     interruptions: int = 0
     utilization: float = DEFAULT_UTILIZATION
     compile_seconds: float = 0.0
+    checkpoint_seconds: float | None = None  # Training seconds between checkpoints; None: none
+    checkpoint_as: str | None = None  # the training job its markers name; None: its own
 
     @property
     def reported_utilization(self) -> float:
@@ -92,6 +99,12 @@ class SimPlan:
             timings.compile_seconds
             if compile_value in (None, "")
             else _non_negative(compile_value, COMPILE_ENV)
+        )
+        checkpoint_value = env.get(CHECKPOINT_ENV)
+        checkpoint_seconds = (
+            None
+            if checkpoint_value in (None, "")
+            else _positive_number(checkpoint_value, CHECKPOINT_ENV, timings.default_duration_seconds)
         )
         outcome_text = str(env.get(OUTCOME_ENV) or Outcome.COMPLETED.value).strip()
         kind, _, argument = outcome_text.partition(":")
@@ -125,6 +138,8 @@ class SimPlan:
             interruptions=interruptions,
             utilization=utilization,
             compile_seconds=compile_seconds,
+            checkpoint_seconds=checkpoint_seconds,
+            checkpoint_as=str(env.get(CHECKPOINT_AS_ENV) or "") or None,
         )
 
 
