@@ -53,15 +53,23 @@ class CheckpointRecord:
     refused: str | None = None
 
     def next_read(self) -> datetime | None:
-        """When the marker is worth reading again; None: now."""
+        """When the marker is worth reading again; None: now. Before the next checkpoint is due: when it is
+        (at most CHECKPOINT_READ_MAX_SECONDS on); once due: every CHECKPOINT_READ_MIN_SECONDS, so a
+        preemption waiting for it learns it soon; when it is late by another interval (the job checkpoints
+        less often now, or has stopped): every CHECKPOINT_READ_MAX_SECONDS again."""
         if self.checked_at is None:
             return None
         soonest = self.checked_at + timedelta(seconds=CHECKPOINT_READ_MIN_SECONDS)
         if self.at is None or self.interval_seconds is None:
             return soonest
-        due = self.at + timedelta(seconds=self.interval_seconds)
+        interval = timedelta(seconds=self.interval_seconds)
+        due = self.at + interval
         latest = self.checked_at + timedelta(seconds=CHECKPOINT_READ_MAX_SECONDS)
-        return max(soonest, min(due, latest))
+        if self.checked_at < due:
+            return max(soonest, min(due, latest))
+        if self.checked_at < due + min(interval, timedelta(seconds=CHECKPOINT_READ_MAX_SECONDS)):
+            return soonest
+        return latest
 
     def to_dict(self) -> dict[str, Any]:
         return {

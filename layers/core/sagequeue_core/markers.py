@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from botocore.exceptions import ClientError
+from botocore.exceptions import BotoCoreError, ClientError
 
 from sagequeue_core.checkpoint_marker import MAX_MARKER_BYTES, CheckpointReport, marker_key
 
@@ -58,9 +58,13 @@ class MarkerReader:
             if code in _MISSING:
                 return MarkerRead()
             raise CheckpointReadError(f"s3://{bucket}/{key}: {code or exc}", code) from None
+        except BotoCoreError as exc:  # S3 unreachable or too slow: read again at the next due time
+            raise CheckpointReadError(f"s3://{bucket}/{key}: {exc}", type(exc).__name__) from None
         stream = answer["Body"]
         try:
             body = stream.read(_READ_LIMIT)
+        except BotoCoreError as exc:
+            raise CheckpointReadError(f"s3://{bucket}/{key}: {exc}", type(exc).__name__) from None
         finally:
             stream.close()
         return MarkerRead(body=body, etag=answer.get("ETag"))
