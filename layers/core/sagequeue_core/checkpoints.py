@@ -9,9 +9,10 @@ attempt, or this job's previous attempt, which SageMaker downloaded and synced b
 later than the read is taken as the read's time, one before the attempt began to train is not believed.
 
 Pure: no AWS (`sagequeue_core.markers` reads the marker from S3). The reads are bounded: one GetObject of one key (no listing), with the ETag of the last read so an
-unchanged marker costs a 304; an attempt is read at most once per `CHECKPOINT_READ_MIN_SECONDS`, not again
-before its next checkpoint is due (at most `CHECKPOINT_READ_MAX_SECONDS` later), and a pass reads at most
-`CHECKPOINT_READS_PER_PASS` attempts, the longest unread first.
+unchanged marker costs a 304; an attempt is read at most once per `CHECKPOINT_READ_MIN_SECONDS` (and that
+often only while a checkpoint is due), every `CHECKPOINT_READ_UNKNOWN_SECONDS` while its interval is not
+known, not again before its next checkpoint is due (at most `CHECKPOINT_READ_MAX_SECONDS` later), and a
+pass reads at most `CHECKPOINT_READS_PER_PASS` attempts, the longest unread first.
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ from sagequeue_core.checkpoint_marker import CheckpointReport
 CHECKPOINT_READ_MIN_SECONDS = 60
 #: ... and at least this often while it trains, even when its next checkpoint is not due yet.
 CHECKPOINT_READ_MAX_SECONDS = 600
+#: How often an attempt whose interval is not known yet (fewer than two checkpoints seen) is read: a first
+#: checkpoint seen late only makes the attempt look as if it would lose more than it would.
+CHECKPOINT_READ_UNKNOWN_SECONDS = 300
 #: Markers one pass reads at most; the rest wait for the next pass, longest unread first.
 CHECKPOINT_READS_PER_PASS = 25
 #: A marker may say its checkpoint was complete this long before SageMaker's TrainingStartTime (clocks of
@@ -59,9 +63,9 @@ class CheckpointRecord:
         less often now, or has stopped): every CHECKPOINT_READ_MAX_SECONDS again."""
         if self.checked_at is None:
             return None
-        soonest = self.checked_at + timedelta(seconds=CHECKPOINT_READ_MIN_SECONDS)
         if self.at is None or self.interval_seconds is None:
-            return soonest
+            return self.checked_at + timedelta(seconds=CHECKPOINT_READ_UNKNOWN_SECONDS)
+        soonest = self.checked_at + timedelta(seconds=CHECKPOINT_READ_MIN_SECONDS)
         interval = timedelta(seconds=self.interval_seconds)
         due = self.at + interval
         latest = self.checked_at + timedelta(seconds=CHECKPOINT_READ_MAX_SECONDS)
@@ -129,6 +133,7 @@ __all__ = [
     "CHECKPOINT_READS_PER_PASS",
     "CHECKPOINT_READ_MAX_SECONDS",
     "CHECKPOINT_READ_MIN_SECONDS",
+    "CHECKPOINT_READ_UNKNOWN_SECONDS",
     "CheckpointRecord",
     "believe",
 ]
