@@ -125,7 +125,8 @@ class SageMakerEmulator:
         )
         self._metrics = CloudWatchPublisher(cloudwatch_client) if cloudwatch_client is not None else None
         self._checkpoints = CheckpointSync(s3_client) if s3_client is not None else None
-        self.backend.metrics_enabled = self._metrics is not None
+        # the per-minute marks carry checkpoints too: kept when either has somewhere to go
+        self.backend.metrics_enabled = self._metrics is not None or self._checkpoints is not None
         self.backend.duplicate_events = duplicate_events
         self.backend.new_event_id = self._events.new_id
         if capacity:

@@ -333,7 +333,7 @@ class TrainingJob:
             self.compile_until = at + timedelta(seconds=self.plan.compile_seconds)
             self.metric_next = at + timedelta(seconds=METRIC_PERIOD_SECONDS)
             if self.plan.checkpoint_seconds is not None:
-                self.checkpoint_next = at + timedelta(seconds=self.plan.checkpoint_seconds)
+                self.checkpoint_next = at + timedelta(seconds=self._checkpoint_gap())
             remaining = max(0.0, self.plan.duration_seconds - self.trained_seconds)
             if self.interruptions_left > 0:
                 segment = self.plan.duration_seconds / (self.plan.interruptions + 1)
@@ -477,8 +477,7 @@ class TrainingJob:
 
     def _write_checkpoints(self, upto: datetime) -> None:
         """The checkpoints of the Training phase reached by `upto`, each with the job image's marker."""
-        interval = self.plan.checkpoint_seconds
-        if interval is None or self.checkpoint_next is None:
+        if self.plan.checkpoint_seconds is None or self.checkpoint_next is None:
             return
         while self.checkpoint_next <= upto:
             at = self.checkpoint_next
@@ -491,7 +490,12 @@ class TrainingJob:
             )
             self.checkpoints.append(report)
             self.pending_checkpoints.append(report)
-            self.checkpoint_next = at + timedelta(seconds=interval)
+            self.checkpoint_next = at + timedelta(seconds=self._checkpoint_gap())
+
+    def _checkpoint_gap(self) -> float:
+        """Seconds of Training until the next checkpoint: the plan's gaps in turn, the last repeating."""
+        gaps = self.plan.checkpoint_seconds or (math.inf,)
+        return gaps[min(len(self.checkpoints), len(gaps) - 1)]
 
     # --- internals -------------------------------------------------------------------------------------
 

@@ -23,8 +23,10 @@ OUTCOME_ENV = "SAGEQUEUE_SIM_OUTCOME"
 UTILIZATION_ENV = "SAGEQUEUE_SIM_UTILIZATION"
 #: Seconds at the start of Training spent compiling (0% utilization), default `Timings.compile_seconds`.
 COMPILE_ENV = "SAGEQUEUE_SIM_COMPILE_SECONDS"
-#: Seconds of Training between the checkpoints the job writes; unset: it writes none. Each one puts the job
-#: image's marker (sagequeue_core.checkpoint_marker) under CheckpointConfig.S3Uri, as SageMaker's sync does.
+#: Seconds of Training between the checkpoints the job writes; unset: it writes none. Comma-separated, the
+#: successive gaps, the last repeating ("600,600,900": an interval that drifts; "600,600,1e9": two, then no
+#: more). Each puts the job image's marker (sagequeue_core.checkpoint_marker) under CheckpointConfig.S3Uri,
+#: as SageMaker's sync does.
 CHECKPOINT_ENV = "SAGEQUEUE_SIM_CHECKPOINT_SECONDS"
 #: The training job the job's markers name; unset: its own. A job that lies: it reports for another.
 CHECKPOINT_AS_ENV = "SAGEQUEUE_SIM_CHECKPOINT_AS"
@@ -82,7 +84,8 @@ class SimPlan:
     interruptions: int = 0
     utilization: float = DEFAULT_UTILIZATION
     compile_seconds: float = 0.0
-    checkpoint_seconds: float | None = None  # Training seconds between checkpoints; None: none
+    #: Training seconds between successive checkpoints, the last repeating; None: it writes none
+    checkpoint_seconds: tuple[float, ...] | None = None
     checkpoint_as: str | None = None  # the training job its markers name; None: its own
 
     @property
@@ -104,7 +107,10 @@ class SimPlan:
         checkpoint_seconds = (
             None
             if checkpoint_value in (None, "")
-            else _positive_number(checkpoint_value, CHECKPOINT_ENV, timings.default_duration_seconds)
+            else tuple(
+                _positive_number(part.strip(), CHECKPOINT_ENV, timings.default_duration_seconds)
+                for part in str(checkpoint_value).split(",")
+            )
         )
         outcome_text = str(env.get(OUTCOME_ENV) or Outcome.COMPLETED.value).strip()
         kind, _, argument = outcome_text.partition(":")
