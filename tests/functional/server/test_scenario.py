@@ -87,7 +87,13 @@ def test_article_scenario_preempts_resumes_and_completes_every_job(world: QueueW
     assert [kind for kind, _ in published].count("JobFinished") == 4
     assert (
         "JobPreempted",
-        {"name": "job1", "training_job_name": "job1", "for_job": "job4", "taken_back": False},
+        {
+            "name": "job1",
+            "training_job_name": "job1",
+            "for_job": "job4",
+            "taken_back": False,
+            "work_lost_seconds": None,
+        },
     ) in published
 
     status, pools = world.api("GET", "/pools")
