@@ -12,7 +12,9 @@ checkpointing every 10-60 min) on 4 x ml.trn1.32xlarge and 2 x ml.trn2.48xlarge,
 After each table, reference runs of sagequeue's policy that say what holds a figure where a target is
 missed (other schedules, not bounds): the top priority's jobs alone on the pools, the whole trace with no
 minimum runtime before preemption, and the worst equal-priority gang class's gangs alone on the pools.
-The overload trace: the same generator, 350 jobs in 3 days (offered load printed, above 2), simulated 30
+"today's victims" is sagequeue's policy with the victim choice it had before docs/adr/0023 (victim order,
+stopped at once); after each table, the work lost to preemption with it and with the checkpoint-aware
+choice, split by what lost it. The overload trace: the same generator, 350 jobs in 3 days (offered load printed, above 2), simulated 30
 days past its last submission so that every scheduler can drain it. Each table is one run of every scheduler
 on one trace; the wall time of each and the peak memory of the whole run are printed.
 """
@@ -31,6 +33,8 @@ from sagequeue.sim.run import Variant
 from sagequeue.sim.sagemaker import Timings
 
 CAPACITY = {"ml.trn1.32xlarge": 4, "ml.trn2.48xlarge": 2}
+#: sagequeue's policy with the victim choice it had before docs/adr/0023
+TODAY = "today's victims"
 
 
 def offered_load(trace, capacity) -> float:  # type: ignore[no-untyped-def]
@@ -97,12 +101,58 @@ def _gang_excess_hours(result, trace, settings, horizon) -> tuple[float, int, fl
     return worst
 
 
+def print_work_lost(trace, results) -> None:  # type: ignore[no-untyped-def]
+    """Work lost to preemption with today's victim choice beside the checkpoint-aware one (docs/adr/0023),
+    with what lost it."""
+    by_label = {r.variant.label: r.summary for r in results}
+    before, after = by_label[TODAY], by_label["sagequeue"]
+    timings = Timings()
+    print("\nwork lost to preemption: today's victim choice -> by work lost, waiting for a due checkpoint")
+
+    def line(name: str, a: float, b: float, unit: str = "") -> None:
+        ratio = f"{b / a:.2f} x" if a else "-"
+        print(f"  {name:<44} {a:>8.1f}{unit} -> {b:>8.1f}{unit}  ({ratio})")
+
+    line("instance-hours", before["work_lost_instance_hours"], after["work_lost_instance_hours"])
+    line("share of all work (%)", 100 * before["work_lost_share"], 100 * after["work_lost_share"])
+    for kind in before["work_lost_by_kind_instance_hours"]:
+        line(
+            f"  of it: {kind}",
+            before["work_lost_by_kind_instance_hours"][kind],
+            after["work_lost_by_kind_instance_hours"][kind],
+        )
+    a, b = before["work_lost_per_stop_instance_hours"], after["work_lost_per_stop_instance_hours"]
+    print(
+        f"  {'per stop mean / p95 (instance-hours)':<44} {a['mean'] or 0:.2f} / {a['p95'] or 0:.2f} -> "
+        f"{b['mean'] or 0:.2f} / {b['p95'] or 0:.2f} ({a['n']} -> {b['n']} stops)"
+    )
+    by_result = {r.variant.label: r for r in results}
+    line(
+        "with stop/restart overhead, share of all work (%)",
+        100 * _work_lost_share(by_result[TODAY], trace, timings),
+        100 * _work_lost_share(by_result["sagequeue"], trace, timings),
+    )
+    halved = after["work_lost_instance_hours"] <= before["work_lost_instance_hours"] / 2
+    untouched = before["work_lost_by_kind_instance_hours"]["no checkpoint"]
+    print(
+        f"  down by half: {'PASS' if halved else 'FAIL'}"
+        + (
+            ""
+            if halved
+            else f" (jobs without checkpoints lose {untouched:.1f} of today's "
+            f"{before['work_lost_instance_hours']:.1f} instance-hours: no choice of checkpoint or time saves it)"
+        )
+    )
+
+
 def print_targets(trace, settings, results, horizon, *, overload: bool, alone_top: float) -> None:  # type: ignore[no-untyped-def]
     """Each target of docs/simulator.md, with every scheduler's figure beside sagequeue's and PASS or FAIL
     for sagequeue."""
     timings = Timings()
     by_label = {r.variant.label: r for r in results}
-    shown = [r for r in results if r.variant.label in ("fifo", "priority", "naive", "easy", "sagequeue")]
+    shown = [
+        r for r in results if r.variant.label in ("fifo", "priority", "naive", "easy", TODAY, "sagequeue")
+    ]
     easy = by_label["easy"]
     budget = settings.max_preemptions_per_job
     rows: list[tuple[str, list[str], bool]] = []
@@ -198,6 +248,14 @@ def run(
     variants.insert(-1, Variant("no loans", "sagequeue", settings.with_changes(lend_reserved_capacity=False)))
     # and without drains (no reservation for waiting alone): what holding capacity for wide jobs costs
     variants.insert(-1, Variant("no drains", "sagequeue", settings.with_changes(reserve_after_seconds=0)))
+    # and with victims chosen as before docs/adr/0023 (victim order, stopped at once): what choosing them by
+    # the work they lose and waiting for a due checkpoint saves
+    variants.insert(
+        -1,
+        Variant(
+            TODAY, "sagequeue", settings.with_changes(victims_by_work_lost=False, checkpoint_wait_seconds=0)
+        ),
+    )
     results = simulate(trace, variants, horizon_seconds=horizon, timeline=False)
     print(
         f"\n### {title}, seed {seed}: {len(trace.jobs)} jobs, offered load {offered_load(trace, CAPACITY):.2f}"
@@ -255,6 +313,7 @@ def run(
             f" {summary['gang_over_small_wait_same_priority']:.2f}; its gangs alone on the pools wait"
             f" {alone_wait / worst['small_mean_wait']:.2f} x its small jobs' mean wait"
         )
+    print_work_lost(trace, results)
     print_targets(trace, settings, results, horizon, overload=overload, alone_top=ratio)
     walls = ", ".join(f"{r.variant.label} {r.wall_seconds:.1f} s" for r in results)
     print(f"\nwall time: {time.perf_counter() - began:.1f} s ({walls})")

@@ -85,7 +85,7 @@ def test_article_scenario_step_by_step() -> None:
         )
     )
     # THEN the least important running job is preempted for it, and nothing starts yet
-    assert second.actions == [Preempt("job1", "job1", for_job="job4")]
+    assert second.actions == [Preempt("job1", "job1", for_job="job4", work_lost_seconds=7 * 60)]
 
     # WHEN job1 has stopped and is queued again (keeping its submission time)
     third = plan(
@@ -139,7 +139,7 @@ def test_min_runtime_protects_young_jobs_and_holds_capacity() -> None:
     later = plan(
         Snapshot(now=at(11), capacity=snap.capacity, queued=snap.queued, running=snap.running), settings
     )
-    assert later.preemptions == [Preempt("young", "young", for_job="big")]
+    assert later.preemptions == [Preempt("young", "young", for_job="big", work_lost_seconds=11 * 60)]
 
 
 def test_lower_priority_job_backfills_when_the_head_can_never_fit() -> None:
@@ -165,7 +165,7 @@ def test_fewest_victims_then_least_important() -> None:
             ],
         )
     )
-    assert result.preemptions == [Preempt("wide", "wide", for_job="urgent")]
+    assert result.preemptions == [Preempt("wide", "wide", for_job="urgent", work_lost_seconds=3600)]
 
 
 def test_victims_never_exceed_the_deficit() -> None:
@@ -178,7 +178,7 @@ def test_victims_never_exceed_the_deficit() -> None:
             running=[running("a", 1), running("b", 2)],
         )
     )
-    assert result.preemptions == [Preempt("a", "a", for_job="urgent")]
+    assert result.preemptions == [Preempt("a", "a", for_job="urgent", work_lost_seconds=3600)]
 
 
 def test_stopping_capacity_is_promised_once() -> None:
@@ -191,7 +191,7 @@ def test_stopping_capacity_is_promised_once() -> None:
             running=[running("victim", 1, stopping=True), running("other", 2)],
         )
     )
-    assert result.preemptions == [Preempt("other", "other", for_job="second")]
+    assert result.preemptions == [Preempt("other", "other", for_job="second", work_lost_seconds=3600)]
     assert "stopping" in result.waiting["first"]
 
 

@@ -98,6 +98,11 @@ def snapshots(draw: st.DrawFn) -> tuple[Snapshot, PolicySettings]:
                 on_loan_for=lender,
                 loans_taken_back=draw(st.integers(0, 4)),
                 max_runtime_seconds=draw(st.sampled_from([None, 3600, 86400])),
+                # what it reported of its checkpoints (docs/adr/0023): some are due soon, some long ago
+                last_checkpoint_at=None
+                if draw(st.integers(0, 2)) == 0
+                else now - timedelta(seconds=draw(st.sampled_from([30, 200, 280, 1500, 1750, 6000]))),
+                checkpoint_interval_seconds=draw(st.sampled_from([None, 300.0, 1800.0])),
             )
         )
     warm: list[WarmPool] = []
@@ -111,6 +116,7 @@ def snapshots(draw: st.DrawFn) -> tuple[Snapshot, PolicySettings]:
         reserve_after_seconds=draw(st.sampled_from([0, 1, 1800])),
         lend_reserved_capacity=draw(st.integers(0, 3)) > 0,
         top_priority=draw(st.sampled_from([0, 0, 4])),
+        checkpoint_wait_seconds=draw(st.sampled_from([0, 300, 3600])),
     )
     return Snapshot(
         now=now, capacity=capacity, queued=queued, running=running, warm_pools=warm

@@ -329,6 +329,9 @@ class Settings:
     top_priority: int = setting(0, _integer(ge=0, le=1000))
     #: How far past MaxPreemptionsPerJob a top-priority job may preempt a victim (a multiple, at least 1).
     top_priority_budget_factor: int = setting(2, _integer(ge=1, le=10))
+    #: The longest a job that preempts waits for a victim's due checkpoint before stopping it, so the victim
+    #: loses nothing (docs/adr/0023); 0 stops victims at once.
+    checkpoint_wait_seconds: int = setting(300, _integer(ge=0, le=3600))
     #: Keep-alive set on a start when a queued job would reuse its instances next (0 disables it).
     default_keep_alive_seconds: int = setting(600, _integer(ge=0, le=21_600))
     #: Attempts per job before capacity or internal failures fail it for good.

@@ -14,7 +14,10 @@ carries the actions out. One pass, in named phases:
              attempts, then warm pools nobody at least as important wants (released), then the fewest
              lower-priority attempts that have trained long enough and are within their preemption
              budget (preempted). The cover is minimal: each kind is used only for what the cheaper ones
-             leave, and the victims are the fewest that cover the rest.
+             leave, and the victims are the fewest that cover the rest; of those, the ones that lose the
+             least training since their last checkpoint (docs/adr/0023). A victim whose next checkpoint
+             is due within `checkpoint_wait_seconds` is stopped once it wrote it, or at the bound; its
+             instances are held for the job meanwhile.
 4. reserve - a job that preempts or releases for itself, or that has waited at the head of its pool for
              `reserve_after_seconds`, holds a reservation. The plan returns it and the service stores it
              with the job, so it outlives the pass: in every later pass the job claims, before any job of
@@ -25,7 +28,8 @@ carries the actions out. One pass, in named phases:
 Invariants (tested with hypothesis in tests/unit/test_policy_properties.py): capacity is never exceeded by
 the actions; reserved capacity never goes to a job of lower or equal priority; nothing is preempted for
 equal or lower priority, before its minimum training time or beyond its preemption budget; the victims are
-a minimal cover of the deficit; every workload with finite arrivals drains.
+a minimal cover of the deficit; every workload with finite arrivals drains. Of victims by work lost and waits
+for a checkpoint: tests/unit/test_policy_checkpoints.py.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ import itertools
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from sagequeue_core.domain import Reservation, ReservationKind, ResourceKey, never_fits
@@ -43,6 +47,11 @@ from sagequeue_core.quotas import TeamLedger, TeamQuota, fair_share_factors, fai
 #: Above this many preemption candidates in a pool, the exact fewest-victims search gives way to a
 #: greedy cover that is then pruned to a minimal one (the search is combinatorial).
 EXACT_VICTIM_SEARCH_LIMIT = 14
+#: SageMaker's stop: SIGTERM, then up to this long before the instances are back.
+STOP_GRACE_SECONDS = 120
+#: The top priority's target (docs/simulator.md): its p95 wait within this factor of a stop grace plus a
+#: provisioning. A top-priority preemptor waits for a victim's checkpoint only within the margin it leaves.
+TOP_PRIORITY_WAIT_FACTOR = 1.1
 
 
 # --- Snapshot ------------------------------------------------------------------------------------------------
@@ -165,6 +174,12 @@ class PolicySettings:
     top_priority_budget_factor: int = 2
     #: creation to Training, as the pass estimates it when it projects when running work ends (EASY backfill)
     provisioning_seconds: int = 600
+    #: the longest a preemptor waits for a victim's checkpoint that is due before stopping it (docs/adr/0023);
+    #: 0: victims are stopped at once
+    checkpoint_wait_seconds: int = 300
+    #: choose victims by the training they would lose (docs/adr/0023); False: in victim_order alone, as
+    #: before it (what the simulator compares with)
+    victims_by_work_lost: bool = True
 
     def is_top(self, priority: int) -> bool:
         return 0 < self.top_priority <= priority
@@ -222,6 +237,12 @@ class Plan:
     held: dict[str, dict[str, int]] = field(default_factory=dict)
     #: the reservations waiting jobs hold after this pass; a queued job absent here holds none
     reservations: dict[str, Reservation] = field(default_factory=dict)
+    #: victims whose due checkpoint this pass waits for (docs/adr/0023): training job name -> the time a pass
+    #: stops it at the latest, checkpoint or not. Its instances are held for its preemptor meanwhile.
+    checkpoint_waits: dict[str, datetime] = field(default_factory=dict)
+    #: the earliest time a pass decides otherwise with nothing else changed (a checkpoint due, a wait's end);
+    #: None: no such time. The service's timer passes come every minute; the simulator wakes for it.
+    wake_at: datetime | None = None
 
     @property
     def starts(self) -> list[Start]:
@@ -547,7 +568,13 @@ class _Pass:
                 for a in self._candidates(job, remaining)
                 if self._ripe(a, job) and a.training_job_name not in lent
             ]
-            victims = minimal_cover(ready, remaining, first=lent, key=self._reclaim_first(job))
+            victims = minimal_cover(
+                ready,
+                remaining,
+                first=lent,
+                key=self._reclaim_first(job),
+                cost=self._stop_cost(job) if self.settings.victims_by_work_lost else None,
+            )
             if victims is None:
                 cover.short = remaining
             else:
@@ -605,7 +632,9 @@ class _Pass:
                 self._reserve(job, job.reservation.kind, self._claim(job))
             return False
         ready = [a for a in self._candidates(job, short) if self._ripe(a, job)]
-        victims = minimal_cover(ready, short)
+        victims = minimal_cover(
+            ready, short, cost=self._priced_loss if self.settings.victims_by_work_lost else None
+        )
         if victims is not None:
             self._stop(victims, job)  # no claim on free capacity: that is other teams' while these stop
             self.result.waiting[job.name] = (
@@ -700,6 +729,7 @@ class _Pass:
                     victim.training_job_name,
                     for_job=job.name,
                     taken_back=self._takes_back(victim, job),
+                    work_lost_seconds=work_lost_seconds(victim, self.snapshot.now),
                 )
             )
 
@@ -908,10 +938,22 @@ class _Pass:
 
     def _commit(self, job: QueuedJob, cover: _Cover) -> dict[str, int]:
         """Carry out a cover for `job`: promise the returning instances, release the warm pools, preempt
-        the victims, and hold the free capacity, all for it. Returns what it now holds, per pool."""
+        the victims (or, for a victim whose checkpoint is due, wait for it: `_checkpoint_wait`), and hold
+        the free capacity, all for it. Returns what it now holds, per pool."""
         self.returning.subtract(cover.returning)
         self._release(job, cover.releases)
-        self._stop(cover.victims, job)
+        waits = {v.training_job_name: self._checkpoint_wait(job, v) for v in cover.victims}
+        self._stop([v for v in cover.victims if waits[v.training_job_name] is None], job)
+        for victim in cover.victims:
+            until = waits[victim.training_job_name]
+            if until is not None:
+                # not stopped in this pass; its instances are the job's as a victim's are
+                self.victims.add(victim.training_job_name)
+                self.result.checkpoint_waits[victim.training_job_name] = until
+                due = self._checkpoint_due(victim)
+                wake = due if due is not None and due > self.snapshot.now else until
+                wake = min(wake, until)
+                self.result.wake_at = wake if self.result.wake_at is None else min(self.result.wake_at, wake)
         held = self._claim(job)
         promised: Counter[str] = Counter(held)
         promised.update(cover.returning)
@@ -930,6 +972,18 @@ class _Pass:
             self.result.actions.append(ReleaseWarmPool(warm.training_job_name, for_job=job.name))
 
     def _waiting_reason(self, job: QueuedJob, cover: _Cover) -> str:
+        waits = [v for v in cover.victims if v.training_job_name in self.result.checkpoint_waits]
+        if waits:
+            stopped = [v.training_job_name for v in cover.victims if v not in waits]
+            return (
+                "waiting for the checkpoint of "
+                + ", ".join(
+                    f"{v.training_job_name} (stopped by "
+                    f"{self.result.checkpoint_waits[v.training_job_name]:%Y-%m-%dT%H:%M:%SZ})"
+                    for v in waits
+                )
+                + (" and for preempted jobs to stop: " + ", ".join(stopped) if stopped else "")
+            )
         if cover.victims:
             return "waiting for preempted jobs to stop: " + ", ".join(
                 v.training_job_name for v in cover.victims
@@ -937,6 +991,79 @@ class _Pass:
         if cover.returning:
             return "waiting for stopping jobs to release their instances"
         return "waiting for released warm pools to end"
+
+    # checkpoints (docs/adr/0023)
+    def _lost(self, attempt: RunningAttempt) -> float:
+        return work_lost_seconds(attempt, self.snapshot.now)
+
+    def _priced_loss(self, attempt: RunningAttempt) -> float:
+        """The loss the victim choice counts: `work_lost_seconds`, except for a job that resumes from
+        checkpoints and has told nothing of them (no checkpoint in this attempt, no interval): an image
+        that does not report, or none written yet, the pass cannot tell which. It is priced at half its
+        training in the attempt, as if it had checkpointed halfway, so it still goes before a job without
+        checkpoints that trained as long, as the victim order had it before checkpoints were reported."""
+        lost = self._lost(attempt)
+        if not attempt.checkpointed or attempt.checkpoint_interval_seconds:
+            return lost
+        started = attempt.training_started_at
+        if attempt.last_checkpoint_at is not None and (
+            started is None or attempt.last_checkpoint_at > started
+        ):
+            return lost
+        return lost / 2
+
+    def _checkpoint_due(self, attempt: RunningAttempt) -> datetime | None:
+        """When the attempt's next checkpoint is due: its interval after its last checkpoint in this
+        attempt, or after its training start when it wrote none yet (it resumed from its last); None: its
+        interval is not known, or it does not train yet."""
+        if not attempt.checkpoint_interval_seconds or attempt.training_started_at is None:
+            return None
+        last = attempt.last_checkpoint_at
+        if last is None or last < attempt.training_started_at:
+            last = attempt.training_started_at
+        return last + timedelta(seconds=attempt.checkpoint_interval_seconds)
+
+    def _checkpoint_wait(self, job: QueuedJob, victim: RunningAttempt) -> datetime | None:
+        """The time until which the pass waits for `victim`'s due checkpoint before stopping it for `job`;
+        None: stop it now.
+
+        It waits when the checkpoint is due before the wait's end, the wait saves more training than it
+        idles (the victim is past the middle of its interval), and the victim is no loan (a loan ends at
+        once, its lender was promised that). The wait ends `checkpoint_wait_seconds` after the job's
+        reservation began (this pass, for a job without one), so a checkpoint that does not come within the
+        bound holds the job no longer, however many passes see it due; a top-priority job waits only within
+        the margin its target leaves (`TOP_PRIORITY_WAIT_FACTOR`), counted from when it began to wait."""
+        bound = self.settings.checkpoint_wait_seconds
+        due = self._checkpoint_due(victim)
+        if bound <= 0 or due is None or not victim.checkpointed or self._takes_back(victim, job):
+            return None
+        now = self.snapshot.now
+        since = job.reservation.since if job.reservation is not None else now
+        until = since + timedelta(seconds=bound)
+        if self.settings.is_top(job.priority):
+            margin = (TOP_PRIORITY_WAIT_FACTOR - 1) * (
+                STOP_GRACE_SECONDS + self.settings.provisioning_seconds
+            )
+            until = min(until, job.waiting_since + timedelta(seconds=margin))
+        if now >= until or due > until:
+            return None
+        if self._lost(victim) <= max((due - now).total_seconds(), 0.0):
+            return None
+        return until
+
+    def _stop_cost(self, job: QueuedJob) -> Callable[[RunningAttempt], float]:
+        """What stopping a candidate for `job` costs, per instance: the training it loses now, or, where the
+        pass would wait for its due checkpoint, the wait (its instances idle that long for nothing)."""
+
+        def cost(attempt: RunningAttempt) -> float:
+            lost = self._priced_loss(attempt)
+            if self._checkpoint_wait(job, attempt) is None:
+                return lost
+            due = self._checkpoint_due(attempt)
+            assert due is not None  # a wait needs a due checkpoint
+            return min(lost, max((due - self.snapshot.now).total_seconds(), 0.0))
+
+        return cost
 
     def _ran_long_enough(self, attempt: RunningAttempt) -> bool:
         if attempt.waiting_for_capacity:
@@ -1060,14 +1187,32 @@ def covers(attempts: Iterable[RunningAttempt], deficit: Mapping[str, int]) -> bo
     return all(need <= 0 for need in remaining.values())
 
 
+def work_lost_seconds(attempt: RunningAttempt, now: datetime) -> float:
+    """The training a stop at `now` throws away, in seconds (docs/adr/0023): since the attempt's last
+    checkpoint; since its training start when it wrote none in this attempt, or when it does not resume
+    from checkpoints; nothing while it is still provisioning or waiting for capacity."""
+    if attempt.waiting_for_capacity or attempt.training_started_at is None:
+        return 0.0
+    since = attempt.training_started_at
+    if attempt.checkpointed and attempt.last_checkpoint_at is not None and attempt.last_checkpoint_at > since:
+        since = attempt.last_checkpoint_at
+    return max((now - since).total_seconds(), 0.0)
+
+
 def minimal_cover(
     candidates: Sequence[RunningAttempt],
     deficit: Mapping[str, int],
     first: Collection[str] = (),
     key: Callable[[RunningAttempt], tuple[Any, ...]] | None = None,
+    cost: Callable[[RunningAttempt], float] | None = None,
 ) -> list[RunningAttempt] | None:
     """The fewest candidates that together free `deficit`, preferring the cheapest to stop (`first`, the
-    names of attempts running on loan from the waiting job, then victim_order); None if none do.
+    names of attempts running on loan from the waiting job, then the least `cost`, then victim_order); None
+    if none do.
+
+    `cost`: what stopping one attempt costs, per instance (the work it loses, `work_lost_seconds`); a cover
+    costs the sum over its victims of cost times instances. Without it, covers of the fewest victims are
+    taken in victim_order.
 
     The result is always minimal: dropping any victim leaves the deficit uncovered, so no job is stopped
     that the waiting job does not need.
@@ -1080,20 +1225,42 @@ def minimal_cover(
     ordered = sorted(candidates, key=rank)
     if not covers(ordered, deficit):
         return None
+    weight = {a.training_job_name: cost(a) * sum(a.demand.values()) for a in ordered} if cost else {}
+
+    def expense(combo: Iterable[RunningAttempt]) -> tuple[int, float]:
+        chosen = list(combo)
+        return (
+            sum(a.training_job_name not in first for a in chosen),
+            sum(weight.get(a.training_job_name, 0.0) for a in chosen),
+        )
+
     if len(ordered) <= EXACT_VICTIM_SEARCH_LIMIT:
-        # Combinations come out in lexicographic order of `ordered`, so the first cover of the smallest size
-        # is also the one made of the cheapest jobs to stop.
+        # Combinations come out in lexicographic order of `ordered`, so of the covers of the smallest size
+        # that cost the least, the first is also the one made of the jobs first in victim_order.
         for size in range(1, len(ordered) + 1):
+            best: tuple[tuple[int, float], tuple[RunningAttempt, ...]] | None = None
             for combo in itertools.combinations(ordered, size):
                 if covers(combo, deficit):
-                    return list(combo)
+                    if not cost:
+                        return list(combo)
+                    spent = expense(combo)
+                    if best is None or spent < best[0]:
+                        best = (spent, combo)
+            if best is not None:
+                return list(best[1])
+
+    def greedy(attempt: RunningAttempt) -> tuple[Any, ...]:
+        # by cost per instance when there is one, the lent attempts still first
+        return (attempt.training_job_name not in first, cost(attempt) if cost else 0.0, order(attempt))
+
+    ordered = sorted(ordered, key=greedy)
     chosen: list[RunningAttempt] = []
     for attempt in ordered:
         chosen.append(attempt)
         if covers(chosen, deficit):
             break
     # prune: drop the most expensive victims the cover does not need
-    for attempt in sorted(chosen, key=rank, reverse=True):
+    for attempt in sorted(chosen, key=greedy, reverse=True):
         rest = [a for a in chosen if a is not attempt]
         if covers(rest, deficit):
             chosen = rest

@@ -47,6 +47,9 @@ class SchedulerSettings(Protocol):
     @property
     def top_priority_budget_factor(self) -> int: ...
 
+    @property
+    def checkpoint_wait_seconds(self) -> int: ...
+
 
 class HeldOutsideQueue(Protocol):
     """A training job started outside the queue on a managed pool (`store.ExternalAttempt`)."""
@@ -87,6 +90,7 @@ def policy_settings(settings: SchedulerSettings) -> PolicySettings:
         lend_reserved_capacity=settings.lend_reserved_capacity,
         top_priority=settings.top_priority,
         top_priority_budget_factor=settings.top_priority_budget_factor,
+        checkpoint_wait_seconds=settings.checkpoint_wait_seconds,
     )
 
 

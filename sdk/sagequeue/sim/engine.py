@@ -36,6 +36,8 @@ _NOT_THRESHOLDS = frozenset(
         "default_keep_alive_seconds",
         "timer_seconds",
         "fair_share_half_life_seconds",
+        # the policy says when a wait for a checkpoint ends (Plan.wake_at)
+        "checkpoint_wait_seconds",
     }
 )
 #: The account every simulated role lives in.
@@ -64,6 +66,12 @@ class SimSettings:
     top_priority: int = 0
     #: how far past the budget a top-priority job may preempt (a multiple)
     top_priority_budget_factor: int = 2
+    #: the longest a preemptor waits for a victim's due checkpoint (0: victims are stopped at once)
+    checkpoint_wait_seconds: int = 300
+    #: attempts report their checkpoints to the scheduler (docs/adr/0023); False: the policy learns none
+    checkpoint_reports: bool = True
+    #: choose victims by the training they would lose; False: by victim order alone, as before it
+    victims_by_work_lost: bool = True
     #: SageMaker's account limit per instance type (creates beyond it fail); None: the pool's capacity
     quota: Mapping[str, int] | None = None
     #: the scheduler's timer period
@@ -110,6 +118,9 @@ class JobRun:
     spec: TraceJob
     job: SimJob
     saved_work: float = 0.0  # training seconds kept by checkpoints (all of it, once completed)
+    #: the interval between the last two checkpoints its ended attempts wrote: what the job's checkpoint
+    #: prefix tells of it before its current attempt wrote two
+    checkpoint_interval: float | None = None
     attempt: Attempt | None = None
 
 
@@ -118,6 +129,8 @@ class Scheduler:
     ReleaseWarmPool) for the simulation to carry out as the service does."""
 
     name = "scheduler"
+    #: a pass that decided nothing waits for a checkpoint: the next timer pass must look again
+    awaiting_checkpoint: bool = False
 
     def decide(self, sim: Simulation) -> list[Start | Preempt | ReleaseWarmPool] | None:
         """The pass's actions; None when the scheduler knows, without deciding again, that the pass would
@@ -254,7 +267,7 @@ class Simulation:
             self.passes += 1
             self.carry_out(actions)
         self._last_pass = (self._version(), bool(actions))
-        self._wake = self._next_wake() if not actions else self.now
+        self._wake = self._next_wake() if not actions and not self.scheduler.awaiting_checkpoint else self.now
 
     @property
     def wake(self) -> float:
@@ -374,6 +387,7 @@ class Simulation:
                 keep_alive_seconds=keep_alive,
                 remaining_work=run.spec.duration_seconds - run.saved_work,
                 checkpoint_seconds=checkpoint,
+                checkpoint_drift=run.spec.checkpoint_drift or 0.0,
             )
         except ResourceLimitExceeded:
             # nothing was created: the job keeps its place and a later pass tries again
@@ -382,6 +396,7 @@ class Simulation:
         job.attempt = attempt_number
         job.training_job_name = name
         job.started_at = self.now_dt
+        job.training_started_at = None  # the attempt's own, as the service resets it at a start
         job.stop_reason = None
         job.not_before = None
         job.reused_warm_pool_of = attempt.reused
@@ -416,6 +431,9 @@ class Simulation:
         run = self.by_attempt[attempt.name]
         job = run.job
         kept = attempt.saved_work()
+        interval = attempt.checkpoints(self.now)[1]
+        if interval is not None:
+            run.checkpoint_interval = interval
         lost = attempt.trained - kept
         run.saved_work += kept
         was = job.state

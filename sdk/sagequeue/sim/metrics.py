@@ -28,7 +28,8 @@ Definitions (docs/simulator.md repeats them):
 - preemptions: stops of a job's attempt for another job, within the preemption budget; loans taken back,
   counted apart within a budget of the same size: stops of an attempt that ran on loan, for its lender or
   a job more important than the lender (Preempt.taken_back).
-- work lost: training time discarded by preemptions and loans taken back (since the last checkpoint), in instance-hours.
+- work lost: training time discarded by preemptions and loans taken back (since the last checkpoint), in
+  instance-hours, and as a share of all the trace's work; per stop: each stopped attempt's loss (mean, p95).
 - top-priority p95 wait ÷ (stop grace + provisioning): provisioning is creation to Training on a cold start.
 - makespan ÷ lower bound: (end of the last job - first submission) over the largest per-pool bound, that
   pool's instance-seconds of training over its capacity, or a job's submission plus provisioning and training.
@@ -73,7 +74,13 @@ class JobRecord:
     preemptions: int = 0
     loans_taken_back: int = 0
     work_lost: float = 0.0  # training seconds lost (per instance)
+    #: training seconds each stop of an attempt threw away (per instance): the time since its last
+    #: checkpoint, or since its training start without one
+    lost_per_stop: list[float] = field(default_factory=list)
+    lost_on_loans: float = 0.0  # of work_lost, what loans taken back lost
+    last_stop_taken_back: bool = False
     team: str | None = None
+    checkpointed: bool = True  # it resumes from checkpoints
 
 
 @dataclass
@@ -131,6 +138,7 @@ class Recorder:
             at,
             spec.duration_seconds,
             team=spec.team,
+            checkpointed=bool(spec.checkpoint_minutes),
         )
         self.has_teams = self.has_teams or spec.team is not None
         if self.first_submit is None:
@@ -146,7 +154,8 @@ class Recorder:
 
     def preempted(self, run: JobRun, at: float) -> None:
         record = self.jobs[run.spec.name]
-        if run.job.stop_reason is StopReason.TAKEN_BACK:
+        record.last_stop_taken_back = run.job.stop_reason is StopReason.TAKEN_BACK
+        if record.last_stop_taken_back:
             record.loans_taken_back += 1
         else:
             record.preemptions += 1
@@ -154,6 +163,10 @@ class Recorder:
     def ended(self, run: JobRun, attempt: Attempt, lost: float, at: float) -> None:
         record = self.jobs[run.spec.name]
         record.work_lost += lost
+        if attempt.outcome is Outcome.STOPPED:
+            record.lost_per_stop.append(lost)
+            if record.last_stop_taken_back:
+                record.lost_on_loans += lost
         if run.job.state.is_terminal:
             record.ended = at
             record.outcome = "completed" if attempt.outcome is Outcome.COMPLETED else "failed"
@@ -392,6 +405,22 @@ def summarize(
         "loans_taken_back_total": sum(j.loans_taken_back for j in jobs),
         "loans_taken_back_max_per_job": max((j.loans_taken_back for j in jobs), default=0),
         "work_lost_instance_hours": sum(j.work_lost * j.instances for j in jobs) / 3600,
+        "work_lost_share": _ratio(
+            sum(j.work_lost * j.instances for j in jobs), sum(j.duration * j.instances for j in jobs)
+        ),
+        # what lost it: preemptions of jobs without checkpoints (all they trained in the attempt), loans
+        # taken back, preemptions of jobs that resume from checkpoints
+        "work_lost_by_kind_instance_hours": {
+            "no checkpoint": sum(j.work_lost * j.instances for j in jobs if not j.checkpointed) / 3600,
+            "loans taken back": sum(j.lost_on_loans * j.instances for j in jobs if j.checkpointed) / 3600,
+            "checkpointed, preempted": sum(
+                (j.work_lost - j.lost_on_loans) * j.instances for j in jobs if j.checkpointed
+            )
+            / 3600,
+        },
+        "work_lost_per_stop_instance_hours": _stats(
+            [lost * j.instances / 3600 for j in jobs for lost in j.lost_per_stop]
+        ),
         "wait_by_priority": by_priority,
         "wait_gang": _wait_stats(gang),
         "wait_small": _wait_stats(small),
@@ -415,6 +444,15 @@ def summarize(
 
 def _wait_stats(values: Sequence[float]) -> dict[str, float | int | None]:
     return {"n": len(values), "mean": _mean(values), "p95": percentile(values, 95)}
+
+
+def _stats(values: Sequence[float]) -> dict[str, float | int | None]:
+    return {
+        "n": len(values),
+        "mean": _mean(values),
+        "p95": percentile(values, 95),
+        "max": max(values, default=None),
+    }
 
 
 def lower_bound(recorder: Recorder, provisioning_seconds: float) -> float | None:

@@ -36,6 +36,12 @@ def _wait(stat: Any) -> str:
     return f"{_hours(stat['mean'])} / {_hours(stat['p95'])}"
 
 
+def _per_stop(stat: Any) -> str:
+    if not stat or not stat.get("n"):
+        return "-"
+    return f"{float(stat['mean']):.2f} / {float(stat['p95']):.2f}"
+
+
 Row = tuple[str, Callable[[dict[str, Any]], str]]
 
 ROWS: list[Row] = [
@@ -63,6 +69,11 @@ ROWS: list[Row] = [
         lambda s: f"{_count(s['loans_taken_back_total'])} / {_count(s['loans_taken_back_max_per_job'])}",
     ),
     ("work lost (instance-hours)", lambda s: _count(s["work_lost_instance_hours"])),
+    ("work lost, share of all work", lambda s: _share(s["work_lost_share"])),
+    (
+        "work lost per stop mean / p95 (instance-h)",
+        lambda s: _per_stop(s["work_lost_per_stop_instance_hours"]),
+    ),
     ("wait gang (>=4) mean / p95", lambda s: _wait(s["wait_gang"])),
     ("wait small mean / p95", lambda s: _wait(s["wait_small"])),
     ("gang / small wait, same priority (worst)", lambda s: _ratio(s["gang_over_small_wait_same_priority"])),

@@ -10,9 +10,10 @@ after its instances launched leaves a warm pool when it had a keep-alive.
 
 from __future__ import annotations
 
+import bisect
 import zlib
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 
 from sagequeue_core.domain import ResourceKey
@@ -78,7 +79,10 @@ class Attempt:
     keep_alive_seconds: int
     created: float
     remaining_work: float  # training seconds to do in this attempt
-    checkpoint_seconds: float | None
+    checkpoint_seconds: float | None  # training seconds between checkpoints; None: it writes none
+    #: how far each interval may differ from the one before (a share): the interval drifts, within half
+    #: and twice `checkpoint_seconds`; 0: every interval is `checkpoint_seconds`
+    checkpoint_drift: float = 0.0
     reused: str | None = None  # the training job whose warm pool it reuses
     capacity_error: bool = False
     phase: Phase = Phase.STARTING
@@ -91,14 +95,56 @@ class Attempt:
     ended: float | None = None
     stop_requested: bool = False
     token: int = 0  # bumps on every re-schedule, so a superseded timed step is ignored
+    #: the attempt's checkpoints so far, as training seconds into the attempt (drawn as training goes on)
+    marks: list[float] = field(default_factory=list)
 
     def saved_work(self) -> float:
-        """Training seconds kept by checkpoints if the attempt ends now."""
+        """Training seconds kept by checkpoints if the attempt ends now: all of it once completed, else the
+        training up to its last checkpoint."""
         if self.outcome is Outcome.COMPLETED:
             return self.trained
+        return self.last_mark(self.trained) or 0.0
+
+    def trained_by(self, now: float) -> float:
+        """Training seconds done by `now` (counting the Training phase still under way)."""
+        if self.training_since is None:
+            return self.trained
+        return self.trained + max(now - self.training_since, 0.0)
+
+    def last_mark(self, trained: float) -> float | None:
+        """The last checkpoint written by `trained` training seconds into the attempt; None: none yet."""
+        self._draw_marks(trained)
+        done = bisect.bisect_right(self.marks, trained)
+        return self.marks[done - 1] if done else None
+
+    def checkpoints(self, now: float) -> tuple[float | None, float | None]:
+        """What the attempt has reported by `now` (docs/adr/0023): when it wrote its last checkpoint (a
+        simulated time) and the interval between its last two; None where it has not written that many."""
+        if self.first_training_at is None:
+            return None, None
+        trained = self.trained_by(now)
+        self._draw_marks(trained)
+        done = bisect.bisect_right(self.marks, trained)
+        if not done:
+            return None, None
+        # one Training phase per attempt: its training seconds map onto time from its first Training
+        last = self.first_training_at + self.marks[done - 1]
+        interval = self.marks[done - 1] - self.marks[done - 2] if done > 1 else None
+        return last, interval
+
+    def _draw_marks(self, trained: float) -> None:
         if not self.checkpoint_seconds:
-            return 0.0
-        return (self.trained // self.checkpoint_seconds) * self.checkpoint_seconds
+            return
+        base = self.checkpoint_seconds
+        while not self.marks or self.marks[-1] <= trained:
+            if not self.marks or not self.checkpoint_drift:
+                gap = base
+            else:
+                previous = self.marks[-1] - (self.marks[-2] if len(self.marks) > 1 else 0.0)
+                # the same attempt draws the same way under every policy
+                draw = zlib.crc32(f"{self.name}:{len(self.marks)}".encode()) / 0xFFFFFFFF
+                gap = min(max(previous * (1 + self.checkpoint_drift * (2 * draw - 1)), base / 2), 2 * base)
+            self.marks.append((self.marks[-1] if self.marks else 0.0) + gap)
 
 
 @dataclass(eq=False)
@@ -171,6 +217,7 @@ class ModelledSageMaker:
         keep_alive_seconds: int,
         remaining_work: float,
         checkpoint_seconds: float | None,
+        checkpoint_drift: float = 0.0,
     ) -> Attempt:
         warm = self._matching(key)
         if warm is None and self.held.get(pool, 0) + instances > self.limits.get(pool, 0):
@@ -187,6 +234,7 @@ class ModelledSageMaker:
             created=self.now,
             remaining_work=remaining_work,
             checkpoint_seconds=checkpoint_seconds,
+            checkpoint_drift=checkpoint_drift,
             phase_since=self.now,
         )
         self.attempts[name] = attempt

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 from sagequeue.sim.engine import Scheduler, SimJob
 from sagequeue_core.domain import JobState
-from sagequeue_core.policy import Preempt, ReleaseWarmPool, Snapshot, Start, plan
+from sagequeue_core.policy import Preempt, ReleaseWarmPool, RunningAttempt, Snapshot, Start, plan
 from sagequeue_core.quotas import NO_TEAM, UsageCounter
 from sagequeue_core.snapshot import build_snapshot, policy_settings
 
@@ -85,10 +85,20 @@ class SagequeuePolicy(Scheduler):
             team_quotas=sim.settings.team_quotas,
             team_usage=usage,
         )
+        if sim.settings.checkpoint_reports:
+            snapshot = dataclasses.replace(snapshot, running=[_reported(sim, a) for a in snapshot.running])
         timeless = dataclasses.replace(snapshot, now=_TIMELESS)
         if not sim.exact and self._idle and sim.now < sim.wake and timeless == self._last:
             return None
-        decided = plan(snapshot, policy_settings(sim.settings))
+        decided = plan(
+            snapshot,
+            dataclasses.replace(
+                policy_settings(sim.settings), victims_by_work_lost=sim.settings.victims_by_work_lost
+            ),
+        )
+        # a wait for a checkpoint ends with a checkpoint or at its bound: the timer's passes look again, as
+        # the service's do every minute
+        self.awaiting_checkpoint = bool(decided.checkpoint_waits)
         actions = list(decided.actions)
         # what the service stores with each waiting job: the reservation it holds after this pass
         for queued in snapshot.queued:
@@ -100,6 +110,23 @@ class SagequeuePolicy(Scheduler):
         self._last = timeless
         self._idle = not actions
         return actions
+
+
+def _reported(sim: Simulation, attempt: RunningAttempt) -> RunningAttempt:
+    """A live attempt with the checkpoints it has reported by now (docs/adr/0023): the time of its last,
+    the interval between its last two (of an earlier attempt, before this one wrote two)."""
+    run = sim.by_attempt.get(attempt.training_job_name)
+    if run is None or run.attempt is None:
+        return attempt
+    last, interval = run.attempt.checkpoints(sim.now)
+    interval = interval if interval is not None else run.checkpoint_interval
+    if last is None and interval is None:
+        return attempt
+    return dataclasses.replace(
+        attempt,
+        last_checkpoint_at=sim.at(last) if last is not None else None,
+        checkpoint_interval_seconds=interval,
+    )
 
 
 class _HeadOfLine(Scheduler):

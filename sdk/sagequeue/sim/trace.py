@@ -36,6 +36,7 @@ COLUMNS = (
     "family",
     "checkpoint_minutes",
     "team",
+    "checkpoint_drift",
 )
 _REQUIRED = ("submit", "priority", "instance_type", "instance_count", "duration_seconds")
 
@@ -55,6 +56,8 @@ class TraceJob:
     `family`: jobs of one family with the same instance type and count share a warm-pool resource key (a
     sweep); None gives the job a key of its own. `checkpoint_minutes`: training time between checkpoints;
     None (or 0) means the job keeps no checkpoints and a preemption loses all its work.
+    `checkpoint_drift`: how far each interval between checkpoints may differ from the one before, as a
+    share (0.2: up to 20 % longer or shorter, within half and twice `checkpoint_minutes`); None: none.
     """
 
     name: str
@@ -67,6 +70,7 @@ class TraceJob:
     family: str | None = None
     checkpoint_minutes: float | None = None
     team: str | None = None  # whose quota the job draws on (SimSettings.team_quotas)
+    checkpoint_drift: float | None = None
 
     @property
     def gang(self) -> bool:
@@ -85,6 +89,7 @@ class TraceJob:
             "family": self.family,
             "checkpoint_minutes": self.checkpoint_minutes,
             **({"team": self.team} if self.team else {}),
+            **({"checkpoint_drift": self.checkpoint_drift} if self.checkpoint_drift else {}),
         }
 
 
@@ -218,6 +223,7 @@ def _fields(job: TraceJob) -> dict[str, Any]:
         "family": job.family,
         "checkpoint_minutes": job.checkpoint_minutes,
         "team": job.team,
+        "checkpoint_drift": job.checkpoint_drift,
     }
 
 
@@ -255,6 +261,10 @@ def _row(
     minutes = None if checkpoint in (None, "") else _number(checkpoint, "checkpoint_minutes", where)
     if minutes is not None and minutes < 0:
         raise TraceError(f"{where}: checkpoint_minutes must not be negative, got {minutes:g}")
+    drift_value = row.get("checkpoint_drift")
+    drift = None if drift_value in (None, "") else _number(drift_value, "checkpoint_drift", where)
+    if drift is not None and not 0 <= drift < 1:
+        raise TraceError(f"{where}: checkpoint_drift must be at least 0 and below 1, got {drift:g}")
     family = row.get("family")
     team = row.get("team")
     if team not in (None, ""):
@@ -273,6 +283,7 @@ def _row(
         family=str(family) if family not in (None, "") else None,
         checkpoint_minutes=minutes or None,
         team=team or None,
+        checkpoint_drift=(drift or None) if minutes else None,
     )
     return job, absolute, offset
 

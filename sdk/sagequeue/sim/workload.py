@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import random
+import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -49,6 +50,10 @@ class WorkloadSpec:
     #: share of jobs that keep checkpoints, and how often
     checkpoint_share: float = 0.7
     checkpoint_minutes: Sequence[float] = (10.0, 30.0, 60.0)
+    #: share of checkpointing jobs whose interval drifts, and how far each interval may differ from the
+    #: one before; drawn from the job's name, not from the seed's stream, so a seed keeps its jobs
+    checkpoint_drift_share: float = 0.3
+    checkpoint_drift: float = 0.25
     #: relative arrival rate by hour of a weekday (UTC) and on a weekend day
     weekday_rate: Sequence[float] = (
         (0.1,) * 7
@@ -139,6 +144,7 @@ def _group(
                     keep_alive_seconds=keep_alive,
                     family=family,
                     checkpoint_minutes=template.checkpoint_minutes,
+                    checkpoint_drift=_drift(spec, f"{family}-{index + 1}", template.checkpoint_minutes),
                 )
             )
             moment += rng.uniform(30, 600)
@@ -171,7 +177,17 @@ def _job(
         keep_alive_seconds=0,
         family=family,
         checkpoint_minutes=checkpoint,
+        checkpoint_drift=_drift(spec, name, checkpoint),
     )
+
+
+def _drift(spec: WorkloadSpec, name: str, checkpoint: float | None) -> float | None:
+    """The drift of a job's checkpoint interval, or None: from a hash of its name, so that adding drift
+    left the seed's random stream, and so every other field of the seed's jobs, as it was."""
+    if not checkpoint or spec.checkpoint_drift_share <= 0:
+        return None
+    draw = zlib.crc32(f"checkpoint-drift:{name}".encode()) / 0xFFFFFFFF
+    return spec.checkpoint_drift if draw < spec.checkpoint_drift_share else None
 
 
 def _duration(spec: WorkloadSpec, rng: random.Random) -> float:

@@ -108,6 +108,7 @@ def test_policy_settings_from_the_scheduler_settings() -> None:
         lend_reserved_capacity: bool = False
         top_priority: int = 9
         top_priority_budget_factor: int = 3
+        checkpoint_wait_seconds: int = 120
 
     assert policy_settings(Settings()) == PolicySettings(
         min_runtime_before_preemption_seconds=123,
@@ -117,6 +118,7 @@ def test_policy_settings_from_the_scheduler_settings() -> None:
         lend_reserved_capacity=False,
         top_priority=9,
         top_priority_budget_factor=3,
+        checkpoint_wait_seconds=120,
     )
 
 
