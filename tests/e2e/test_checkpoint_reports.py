@@ -74,7 +74,7 @@ def submit(
     name: str,
     *,
     priority: int,
-    every: int | None = None,
+    every: int | str | None = None,
     lie_as: str | None = None,
     who: str = "user",
     checkpoint: bool = True,
@@ -102,14 +102,11 @@ def job(s: Scenario, name: str) -> Any:
 
 
 def training_for(s: Scenario, name: str) -> float:
-    job = s.stack.client("admin").job(name)
-    started = job.raw.get("training_started_at")
-    assert started, job.raw
+    """Seconds the job's current attempt has been in SageMaker's Training phase (0 before it)."""
     from sagequeue_core.domain import parse_time
 
-    at = parse_time(started)
-    assert at is not None
-    return (s.stack.now() - at).total_seconds()
+    at = parse_time(job(s, name).raw.get("training_started_at"))
+    return 0.0 if at is None else (s.stack.now() - at).total_seconds()
 
 
 def cli(s: Scenario, home: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -182,3 +179,86 @@ def test_a_job_cannot_report_another_jobs_checkpoint(scenario: Callable[..., Sce
     preempted = s.events.of_type(EventType.JOB_PREEMPTED)  # type: ignore[attr-defined]
     assert [e["name"] for e in preempted] == ["hostile"]
     assert job(s, "victim").preemptions == 0
+
+
+def preempted_at(s: Scenario, name: str) -> float:
+    """Seconds into its training the job's (first) attempt was preempted, by the job's history."""
+    history = job(s, name).history
+    at = next(h.at for h in history if h.state == "preempting")
+    return (at - started_training(s, name)).total_seconds()
+
+
+def started_training(s: Scenario, name: str) -> Any:
+    found = getattr(s, "trained_from", {})
+    return found[name]
+
+
+def note_training(s: Scenario, *names: str) -> None:
+    """Keep when each job's current attempt began to train (a requeue forgets it)."""
+    from sagequeue_core.domain import parse_time
+
+    s.trained_from = {n: parse_time(job(s, n).raw["training_started_at"]) for n in names}  # type: ignore[attr-defined]
+
+
+def test_the_victim_with_the_freshest_checkpoint_is_chosen(scenario: Callable[..., Scenario]) -> None:
+    # GIVEN three equal-priority jobs filling the pool, started in this order: one checkpointing every 10
+    # minutes, one that never checkpoints, one every 25 minutes (started last: today's choice)
+    s = scenario(3, checkpoint_wait_seconds=0)
+    submit(s, "c-fresh", priority=5, every=600)
+    submit(s, "b-never", priority=5)
+    submit(s, "a-stale", priority=5, every=1500)
+    s.advance_until(lambda: all(st == "running" for st in states(s).values()), limit=1800)
+    # WHEN a more important job needs one instance 32 minutes into their training (c-fresh checkpointed at
+    # 30 minutes, a-stale at 25, b-never not at all)
+    s.advance_until(lambda: training_for(s, "a-stale") >= 32 * 60, limit=3600)
+    submit(s, "urgent", priority=9)
+    s.advance_until(lambda: states(s)["urgent"] in ("starting", "running"), limit=1800)
+    # THEN the job stopped is the one with the freshest checkpoint, and it loses minutes, not half an hour
+    preempted = s.events.of_type(EventType.JOB_PREEMPTED)  # type: ignore[attr-defined]
+    assert [e["name"] for e in preempted] == ["c-fresh"]
+    assert preempted[0]["work_lost_seconds"] <= 4 * 60
+    assert [job(s, n).preemptions for n in ("b-never", "a-stale")] == [0, 0]
+
+
+def test_a_preemption_waits_for_a_checkpoint_due_within_the_bound(scenario: Callable[..., Scenario]) -> None:
+    # GIVEN a job checkpointing every 20 minutes holding the whole pool
+    s = scenario(1, checkpoint_wait_seconds=300)
+    submit(s, "victim", priority=5, every=1200)
+    s.advance_until(lambda: states(s)["victim"] == "running", limit=1800)
+    # WHEN a more important job arrives 56 minutes into its training: its next checkpoint is due in 4
+    s.advance_until(lambda: training_for(s, "victim") >= 56 * 60, limit=5400)
+    note_training(s, "victim")
+    submit(s, "urgent", priority=9)
+    assert "waiting for the checkpoint of victim" in (job(s, "urgent").reason or "")
+    s.advance_until(lambda: states(s)["urgent"] in ("starting", "running"), limit=1800)
+    # THEN the victim is stopped once it has written that checkpoint, within a pass of it, and loses
+    # (nearly) nothing
+    stopped = preempted_at(s, "victim")
+    assert 60 * 60 <= stopped <= 62 * 60, stopped
+    preempted = s.events.of_type(EventType.JOB_PREEMPTED)  # type: ignore[attr-defined]
+    assert [e["name"] for e in preempted] == ["victim"]
+    assert preempted[0]["work_lost_seconds"] <= 120
+
+
+def test_a_checkpoint_that_does_not_come_within_the_bound_holds_the_preemptor_no_longer(
+    scenario: Callable[..., Scenario],
+) -> None:
+    # GIVEN a job that checkpointed at 20 and 40 minutes and then writes no more (its interval drifted
+    # beyond any bound)
+    s = scenario(1, checkpoint_wait_seconds=300)
+    submit(s, "victim", priority=5, every="1200,1200,1e9")
+    s.advance_until(lambda: states(s)["victim"] == "running", limit=1800)
+    # WHEN a more important job arrives 56 minutes into its training, the next checkpoint due in 4
+    s.advance_until(lambda: training_for(s, "victim") >= 56 * 60, limit=5400)
+    note_training(s, "victim")
+    waits_from = training_for(s, "victim")
+    submit(s, "urgent", priority=9)
+    assert "waiting for the checkpoint of victim" in (job(s, "urgent").reason or "")
+    s.advance_until(lambda: states(s)["urgent"] in ("starting", "running"), limit=1800)
+    # THEN the victim is stopped at the bound (5 minutes after the job began to wait, plus at most a pass),
+    # not later, and loses what it trained since its 40-minute checkpoint
+    stopped = preempted_at(s, "victim")
+    assert waits_from + 300 <= stopped <= waits_from + 300 + 90, (waits_from, stopped)
+    preempted = s.events.of_type(EventType.JOB_PREEMPTED)  # type: ignore[attr-defined]
+    assert [e["name"] for e in preempted] == ["victim"]
+    assert abs(preempted[0]["work_lost_seconds"] - (stopped - 40 * 60)) <= 60
