@@ -171,6 +171,13 @@ class Job:
     seconds_trained: int = 0
     raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
+    @property
+    def last_checkpoint_at(self) -> datetime | None:
+        """When the live attempt's last checkpoint was complete (the API's `checkpoint.at`); None: none
+        seen yet, no live attempt, or a server that does not report checkpoints."""
+        checkpoint = self.raw.get("checkpoint")
+        return _parse_time(checkpoint.get("at")) if isinstance(checkpoint, Mapping) else None
+
     @classmethod
     def from_api(cls, data: Mapping[str, Any]) -> Job:
         if not isinstance(data, Mapping) or not data.get("name"):

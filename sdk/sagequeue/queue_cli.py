@@ -243,6 +243,33 @@ def ran(job: Job, now: datetime) -> float | None:
     return _span(job.started_at, job.ended_at or now)
 
 
+def checkpoint_age(job: Job, now: datetime) -> str:
+    """How long ago the live attempt's last checkpoint was complete ("4m ago"); '-' when none is known."""
+    at = job.last_checkpoint_at
+    if at is None:
+        return "-"
+    seconds = max((now - at).total_seconds(), 0)
+    if seconds < 60:
+        return f"{int(seconds)}s ago"
+    if seconds < 3600:
+        return f"{int(seconds // 60)}m ago"
+    return f"{_duration(seconds)} ago"
+
+
+def _checkpoint_line(job: Job, now: datetime) -> str | None:
+    """`show`'s last checkpoint: its age, step and the attempt's interval; None when none is known."""
+    checkpoint = job.raw.get("checkpoint")
+    if job.last_checkpoint_at is None or not isinstance(checkpoint, Mapping):
+        return None
+    parts = [checkpoint_age(job, now)]
+    if checkpoint.get("step") is not None:
+        parts.append(f"step {checkpoint['step']}")
+    interval = checkpoint.get("interval_seconds")
+    if isinstance(interval, int | float):
+        parts.append(f"every {_duration(interval)}")
+    return f"{parts[0]} ({', '.join(parts[1:])})" if len(parts) > 1 else parts[0]
+
+
 #: `SAGEQUEUE_TABLES`: `rich` or `plain` tables whatever the output is; unset: rich on a terminal.
 TABLES_VARIABLE = "SAGEQUEUE_TABLES"
 
@@ -334,6 +361,7 @@ COLUMNS: dict[str, tuple[str, Callable[[Job, datetime, dict[str, Any]], Any]]] =
     "position": ("POSITION", lambda j, now, starts: j.position),
     "waited": ("WAITED", lambda j, now, starts: _duration(waited(j, now))),
     "ran": ("RAN", lambda j, now, starts: _duration(ran(j, now))),
+    "checkpoint": ("CKPT", lambda j, now, starts: checkpoint_age(j, now)),
     "start": ("START", lambda j, now, starts: _start_cell(starts.get(j.name), j, now)),
     "owner": ("OWNER", lambda j, now, starts: j.owner),
     "user": ("USER", lambda j, now, starts: user_name(j.owner)),
@@ -342,7 +370,18 @@ COLUMNS: dict[str, tuple[str, Callable[[Job, datetime, dict[str, Any]], Any]]] =
     "submitted": ("SUBMITTED", lambda j, now, starts: _when(j.submitted_at)),
     "reason": ("REASON", lambda j, now, starts: j.reason),
 }
-DEFAULT_COLUMNS = ("name", "state", "priority", "attempt", "pool", "position", "waited", "ran", "reason")
+DEFAULT_COLUMNS = (
+    "name",
+    "state",
+    "priority",
+    "attempt",
+    "pool",
+    "position",
+    "waited",
+    "ran",
+    "checkpoint",
+    "reason",
+)
 
 
 def _columns(spec: str | None, with_start: bool) -> list[str]:
@@ -936,6 +975,7 @@ def show(target: Target, as_json: bool, name: str) -> None:
         ("ended", _when(job.ended_at)),
         ("waited", _duration(waited(job, now))),
         ("ran", _duration(ran(job, now))),
+        ("checkpoint", _checkpoint_line(job, now)),
         ("preemptions", job.preemptions),
         ("retries", job.retries),
         ("attempts ended", job.attempts_ended),

@@ -161,6 +161,7 @@ def test_submit_ls_show_and_the_queue_table(
         "POSITION",
         "WAITED",
         "RAN",
+        "CKPT",
         "REASON",
     ]
     rows = [line.split() for line in lines[1:]]

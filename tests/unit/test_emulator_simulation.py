@@ -88,3 +88,14 @@ def test_the_compile_phase_comes_from_the_timings_or_the_environment() -> None:
     for bad in ("-1", "soon", "nan"):
         with pytest.raises(ValidationError, match="SAGEQUEUE_SIM_COMPILE_SECONDS"):
             plan(SAGEQUEUE_SIM_COMPILE_SECONDS=bad)
+
+
+def test_checkpoints_are_read_as_successive_gaps_the_last_repeating() -> None:
+    assert plan().checkpoint_seconds is None
+    assert plan(SAGEQUEUE_SIM_CHECKPOINT_SECONDS="300").checkpoint_seconds == (300.0,)
+    drifting = plan(SAGEQUEUE_SIM_CHECKPOINT_SECONDS="600, 600,900", SAGEQUEUE_SIM_CHECKPOINT_AS="other")
+    assert (drifting.checkpoint_seconds, drifting.checkpoint_as) == ((600.0, 600.0, 900.0), "other")
+    with pytest.raises(ValidationError, match="SAGEQUEUE_SIM_CHECKPOINT_SECONDS"):
+        plan(SAGEQUEUE_SIM_CHECKPOINT_SECONDS="600,soon")
+    with pytest.raises(ValidationError, match="SAGEQUEUE_SIM_CHECKPOINT_SECONDS"):
+        plan(SAGEQUEUE_SIM_CHECKPOINT_SECONDS="0")

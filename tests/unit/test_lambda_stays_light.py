@@ -47,32 +47,34 @@ LAYER_LACKS = ("blinker",)
 #: shows up here, and must be worth its cold-start cost to be added.
 PROJECT = {
     "api": {
-        "config", "defaults", "domain", "errors", "events", "forecasts", "governance", "observability", "quotas",
-        "retry", "runtime", "sagemaker", "service", "service.access", "service.exemptions", "service.forecasts",
-        "service.http", "service.jobs", "service.submit", "service.teams", "store", "validation",
+        "checkpoint_marker", "checkpoints", "config", "defaults", "domain", "errors", "events", "forecasts",
+        "governance", "observability", "quotas", "retry", "runtime", "sagemaker", "service", "service.access",
+        "service.exemptions", "service.forecasts", "service.http", "service.jobs", "service.submit",
+        "service.teams", "store", "validation",
     },
     "scheduler": {
-        "config", "defaults", "domain", "errors", "events", "observability", "policy", "quotas", "retry",
-        "runtime", "sagemaker", "service", "service.schedule", "snapshot", "store",
+        "checkpoint_marker", "checkpoints", "config", "defaults", "domain", "errors", "events", "markers",
+        "observability", "policy", "quotas", "retry", "runtime", "sagemaker", "service",
+        "service.checkpoints", "service.schedule", "snapshot", "store",
     },
     "governance": {
-        "alarm_evaluation", "alarms", "config", "defaults", "domain", "errors", "events", "governance", "notify",
-        "observability", "retry", "runtime", "sagemaker", "service", "service.exemptions", "service.govern",
-        "store",
+        "alarm_evaluation", "alarms", "checkpoint_marker", "checkpoints", "config", "defaults", "domain",
+        "errors", "events", "governance", "notify", "observability", "retry", "runtime", "sagemaker",
+        "service", "service.exemptions", "service.govern", "store",
     },
     "idle_stop": {
-        "alarm_evaluation", "alarms", "config", "defaults", "domain", "errors", "events", "governance", "notify",
-        "observability", "retry", "runtime", "sagemaker", "service", "service.exemptions", "service.stop_idle",
-        "store",
+        "alarm_evaluation", "alarms", "checkpoint_marker", "checkpoints", "config", "defaults", "domain",
+        "errors", "events", "governance", "notify", "observability", "retry", "runtime", "sagemaker",
+        "service", "service.exemptions", "service.stop_idle", "store",
     },
     "notices": {
-        "config", "defaults", "domain", "errors", "events", "notify", "observability", "retry", "runtime",
-        "sagemaker", "service", "service.notices", "store",
+        "checkpoint_marker", "checkpoints", "config", "defaults", "domain", "errors", "events", "notify",
+        "observability", "retry", "runtime", "sagemaker", "service", "service.notices", "store",
     },
     # the policy, run forward; the API's reads of jobs and pools load when it runs, not at the cold start
     "forecast": {
-        "config", "defaults", "domain", "errors", "events", "forecasts", "observability", "policy", "quotas",
-        "retry", "runtime", "sagemaker", "snapshot", "store",
+        "checkpoint_marker", "checkpoints", "config", "defaults", "domain", "errors", "events", "forecasts",
+        "observability", "policy", "quotas", "retry", "runtime", "sagemaker", "snapshot", "store",
     },
 }  # fmt: skip
 #: The SDK's modules a handler may load, exactly, from the layer that carries them (template.yaml:
@@ -102,6 +104,9 @@ ONLY_FOR = {
     # stored forecasts: the forecast function writes them, the API reads and scores them
     "sagequeue_core.forecasts": {"api", "forecast"},
     "sagequeue.forecast.stored": {"forecast"},
+    # the checkpoint markers: only the scheduler reads them (docs/adr/0025)
+    "sagequeue_core.markers": {"scheduler"},
+    "sagequeue_core.service.checkpoints": {"scheduler"},
     "sagequeue_core.service.govern": {"governance"},
     "sagequeue_core.service.stop_idle": {"idle_stop"},
     "sagequeue_core.alarms": {"governance", "idle_stop"},

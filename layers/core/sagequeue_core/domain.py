@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
+from sagequeue_core.checkpoints import CheckpointRecord
 from sagequeue_core.defaults import (
     JOB_TAG,
     PRIORITY_TAG,
@@ -574,6 +575,9 @@ class Job:
     #: random, kept in the table and never returned by the API: seals the job's attempts (SEAL_TAG); set
     #: when its first attempt is recorded
     attempt_secret: str | None = None
+    #: what the scheduler last read of the current attempt's checkpoint marker (docs/adr/0025); None before
+    #: the first read of the attempt, and again when a new attempt starts
+    checkpoint: CheckpointRecord | None = None
     version: int = 0  # optimistic-locking counter, owned by the store
     history: list[dict[str, Any]] = field(default_factory=list)  # [{at, state, attempt, reason}]
 
@@ -612,6 +616,14 @@ class Job:
         condition = self.request.get("StoppingCondition")
         value = condition.get("MaxRuntimeInSeconds") if isinstance(condition, Mapping) else None
         return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+    @property
+    def last_checkpoint(self) -> CheckpointRecord | None:
+        """The current attempt's checkpoint record, if it has seen one; None: none written yet, or not known."""
+        record = self.checkpoint
+        if record is None or record.at is None or record.training_job_name != self.training_job_name:
+            return None
+        return record
 
     def next_attempt_name(self) -> str:
         return attempt_name(self.name, self.attempt + 1)
@@ -701,6 +713,19 @@ class Job:
             "capacity_wait": self.capacity_wait.to_dict() if self.capacity_wait else None,
             "capacity_requeues": self.capacity_requeues,
             "max_runtime_seconds": self.max_runtime_seconds,
+            "checkpoint": self._checkpoint_api(),
+        }
+
+    def _checkpoint_api(self) -> dict[str, Any] | None:
+        """The live attempt's last checkpoint (docs/adr/0025); None when it has none or is not live."""
+        record = self.last_checkpoint
+        if record is None or not self.state.is_live:
+            return None
+        return {
+            "at": _iso(record.at),
+            "step": record.step,
+            "count": record.count,
+            "interval_seconds": record.interval_seconds,
         }
 
 

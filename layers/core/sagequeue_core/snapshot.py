@@ -161,6 +161,8 @@ def build_snapshot(
                 loans_taken_back=job.loans_taken_back,
                 max_runtime_seconds=job.max_runtime_seconds or SAGEMAKER_DEFAULT_MAX_RUNTIME_SECONDS,
                 waiting_for_capacity=job.capacity_wait is not None and job.state is JobState.STARTING,
+                last_checkpoint_at=_last_checkpoint_at(job),
+                checkpoint_interval_seconds=_checkpoint_interval(job),
             )
             for job in live
         ]
@@ -181,6 +183,20 @@ def build_snapshot(
         team_quotas=tuple(team_quotas),
         team_usage=dict(team_usage or {}),
     )
+
+
+def _last_checkpoint_at(job: Job) -> datetime | None:
+    """The current attempt's last checkpoint, as read from its marker (docs/adr/0025); None: none yet."""
+    record = job.last_checkpoint
+    return record.at if record is not None else None
+
+
+def _checkpoint_interval(job: Job) -> float | None:
+    """Seconds between the current attempt's checkpoints; None until it has written two."""
+    record = job.checkpoint
+    if record is None or record.training_job_name != job.training_job_name:
+        return None
+    return record.interval_seconds
 
 
 __all__ = [

@@ -52,6 +52,7 @@ from pynamodb.models import Model
 from pynamodb.transactions import TransactWrite
 
 from sagequeue_core import observability
+from sagequeue_core.checkpoints import CheckpointRecord
 from sagequeue_core.defaults import QUOTA_MEMORY_SECONDS
 from sagequeue_core.domain import (
     PRIORITY_MAX,
@@ -253,6 +254,7 @@ def _model_classes(table_name: str, host: str | None, region: str | None) -> Any
         capacity_wait = UnicodeAttribute(null=True)  # JSON {kind, since}
         capacity_requeues = NumberAttribute(null=True)
         attempt_secret = UnicodeAttribute(null=True)
+        checkpoint = UnicodeAttribute(null=True)  # JSON CheckpointRecord of the current attempt
         history = UnicodeAttribute(null=True)  # JSON list
         # index keys
         queued_pool = UnicodeAttribute(null=True)
@@ -476,6 +478,35 @@ class Repository:
                 for job, reason, reservation in pending:
                     job.reason = reason
                     job.reservation = reservation
+                    written.append(job.name)
+                pending = []
+        return written
+
+    def note_checkpoints(self, records: Sequence[tuple[Job, CheckpointRecord]]) -> list[str]:
+        """Set each live job's checkpoint record (docs/adr/0025), many per request; the names written.
+
+        Like `note_waiting`: written only on the job as it was read (its version), without moving the
+        version, so a read of a marker never makes a concurrent change of the job stale; a job changed since
+        keeps its old record, and the next pass reads the marker again.
+        """
+        written: list[str] = []
+        for start in range(0, len(records), TRANSACTION_ITEMS):
+            pending = list(records[start : start + TRANSACTION_ITEMS])
+            while pending:
+                try:
+                    with self._transaction() as tx:
+                        for job, record in pending:
+                            tx.update(
+                                self._item(_job_pk(job.name), _JOB_SK),
+                                actions=[self._item.checkpoint.set(json.dumps(record.to_dict()))],
+                                condition=self._item.version == job.version,
+                                add_version_condition=False,
+                            )
+                except TransactWriteError as exc:
+                    pending = _without_lost_races(pending, exc)
+                    continue
+                for job, record in pending:
+                    job.checkpoint = record
                     written.append(job.name)
                 pending = []
         return written
@@ -1024,6 +1055,7 @@ class Repository:
             capacity_wait=json.dumps(job.capacity_wait.to_dict()) if job.capacity_wait else None,
             capacity_requeues=job.capacity_requeues or None,
             attempt_secret=job.attempt_secret,
+            checkpoint=json.dumps(job.checkpoint.to_dict()) if job.checkpoint else None,
             history=json.dumps(_bounded_history(job.history), separators=(",", ":")),
             queued_pool=job.pool if queued else None,
             queue_order=queue_order(job.priority, job.submitted_at, job.name) if queued else None,
@@ -1071,6 +1103,7 @@ class Repository:
             else None,
             capacity_requeues=int(item.capacity_requeues or 0),
             attempt_secret=item.attempt_secret,
+            checkpoint=CheckpointRecord.from_dict(json.loads(item.checkpoint)) if item.checkpoint else None,
             version=int(item.version or 0),
             history=json.loads(item.history or "[]"),
         )

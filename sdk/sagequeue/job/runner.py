@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sagequeue.job import neuron, settings, sync, torchneuron
+from sagequeue.job import checkpoints, neuron, settings, sync, torchneuron
 from sagequeue.job.backends import open_remote
 from sagequeue.job.flow import (
     CACHE_DIR_ENV,
@@ -52,9 +52,10 @@ PRECOMPILE_ENV = "SAGEQUEUE_PRECOMPILE"
 #: SageMaker's output directories a script finds in its environment: a scratch directory stands in for each
 #: during the precompile run, so a script that writes where they point writes nothing that is kept.
 SAGEMAKER_OUTPUT_ENVS = ("SM_MODEL_DIR", "SM_OUTPUT_DATA_DIR", "SM_OUTPUT_DIR", "SM_CHECKPOINT_DIR")
-#: Where SageMaker keeps (and syncs to S3) the checkpoints a resumed job loads; watched during a precompile.
-CHECKPOINT_DIR_ENV = "SAGEQUEUE_CHECKPOINT_DIR"
-DEFAULT_CHECKPOINT_DIR = "/opt/ml/checkpoints"
+#: Where SageMaker keeps (and syncs to S3) the checkpoints a resumed job loads; watched during a precompile,
+#: and for checkpoint reports (sagequeue.job.checkpoints).
+CHECKPOINT_DIR_ENV = checkpoints.CHECKPOINT_DIR_ENV
+DEFAULT_CHECKPOINT_DIR = checkpoints.DEFAULT_CHECKPOINT_DIR
 _CORES_ENV = "NEURON_RT_NUM_CORES"
 T = TypeVar("T")
 
@@ -163,16 +164,20 @@ class JobRunner:
         stop) gets until the end of the grace."""
         publisher = self._start_metrics()
         on_stop = uploads.start if uploads is not None else None
+        watcher = None
         try:
             if before is not None and not self.watch.stopped:
                 before()
             if self.watch.stopped:
                 status = 128 + (self.watch.signal or 15)
             else:
+                watcher = self._start_checkpoint_watch()
                 log.info("running %s", " ".join(self.options.command))
                 status = self.forwarder.run(self.options.command, child_env, self._stop_end, on_stop)
                 log.info("command exited with status %d", status)
         finally:
+            if watcher is not None:
+                watcher.stop()
             if publisher is not None:
                 publisher.stop()
         # after a stop, the command's workers may outlive it (a launcher without a SIGTERM handler):
@@ -450,6 +455,18 @@ class JobRunner:
         if status != 0:
             # the real run compiles whatever the precompile run could not
             log.warning("precompile run exited with status %d; training compiles the rest", status)
+
+    def _start_checkpoint_watch(self) -> checkpoints.CheckpointWatcher | None:
+        """Report the training's checkpoints to the scheduler (docs/adr/0025); never costs the training."""
+        try:
+            host: int | None = resolve_host(self.env).host_index
+        except HostIdentityError:
+            host = None  # one host, or not on SageMaker: the watcher still needs the training job's name
+        try:
+            return checkpoints.start_watch(self.env, host)
+        except OSError as exc:
+            log.warning("not reporting checkpoints: %s", exc)
+            return None
 
     def _start_metrics(self) -> Any:
         mode = self.options.metrics

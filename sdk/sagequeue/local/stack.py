@@ -411,6 +411,7 @@ class LocalStack:
             clock=self.clock,
             events_client=self.aws_client("events"),
             cloudwatch_client=self.aws_client("cloudwatch"),
+            s3_client=self.aws_client("s3"),
             **emulator_options,
         ).start()
         for pool, instances in pools.items():

@@ -380,7 +380,11 @@ def make_world(
         Settings.build(**values),
         clock=clock,
         endpoints={
-            **({"dynamodb": moto_endpoint, "events": moto_endpoint} if moto_endpoint else {}),
+            **(
+                {"dynamodb": moto_endpoint, "events": moto_endpoint, "s3": moto_endpoint}
+                if moto_endpoint
+                else {}
+            ),
             "sagemaker": emulator.endpoint_url,
         },
         region=region,

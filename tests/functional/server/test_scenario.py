@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from conftest import SUBMITTER_ROLE, TRN1, QueueWorld
 
 
@@ -85,10 +87,20 @@ def test_article_scenario_preempts_resumes_and_completes_every_job(world: QueueW
         "JobFinished",
     ]
     assert [kind for kind, _ in published].count("JobFinished") == 4
-    assert (
-        "JobPreempted",
-        {"name": "job1", "training_job_name": "job1", "for_job": "job4", "taken_back": False},
-    ) in published
+    preempted = [detail for kind, detail in published if kind == "JobPreempted"]
+    assert [{k: v for k, v in d.items() if k != "work_lost_seconds"} for d in preempted] == [
+        {"name": "job1", "training_job_name": "job1", "for_job": "job4", "taken_back": False}
+    ]
+    # job1 reported no checkpoint: the stop threw away everything it trained (from when SageMaker says it
+    # entered the Training phase to the preemption the history records)
+    described = world.sagemaker().describe_training_job(TrainingJobName="job1")
+    trained_from = next(
+        t["StartTime"] for t in described["SecondaryStatusTransitions"] if t["Status"] == "Training"
+    )
+    stopped_at = next(h["at"] for h in world.job("job1")["history"] if h["state"] == "preempting")
+    assert preempted[0]["work_lost_seconds"] == round(
+        (datetime.fromisoformat(stopped_at) - trained_from).total_seconds()
+    )
 
     status, pools = world.api("GET", "/pools")
     assert status == 200

@@ -81,10 +81,10 @@ def test_the_table_is_ordered_by_priority_then_submission_with_short_durations()
     ]
     lines = jobs_table(jobs, NOW).splitlines()
     assert [line.split() for line in lines] == [
-        ["NAME", "STATE", "PRIORITY", "ATTEMPT", "POOL", "POSITION", "WAITED", "RAN", "REASON"],
-        ["high", "running", "300", "1", "ml.trn1.32xlarge", "-", "1h00m", "1d02h", "-"],
-        ["early-low", "queued", "1", "0", "ml.trn1.32xlarge", "-", "2m00s", "-", "-"],
-        ["late-low", "queued", "1", "0", "ml.trn1.32xlarge", "-", "40s", "-", "-"],
+        ["NAME", "STATE", "PRIORITY", "ATTEMPT", "POOL", "POSITION", "WAITED", "RAN", "CKPT", "REASON"],
+        ["high", "running", "300", "1", "ml.trn1.32xlarge", "-", "1h00m", "1d02h", "-", "-"],
+        ["early-low", "queued", "1", "0", "ml.trn1.32xlarge", "-", "2m00s", "-", "-", "-"],
+        ["late-low", "queued", "1", "0", "ml.trn1.32xlarge", "-", "40s", "-", "-", "-"],
     ]
     # columns line up: every row starts its POOL column at the same place
     assert len({line.index("ml.trn1") for line in lines[1:]}) == 1
@@ -107,6 +107,7 @@ def test_a_terminal_gets_a_rich_table_of_the_same_cells_and_a_pipe_the_plain_one
         "2m00s",
         "-",
         "-",
+        "-",
     ]
     monkeypatch.setenv("SAGEQUEUE_TABLES", "rich")
     monkeypatch.setenv("COLUMNS", "160")  # rich's width when stdout is no terminal (a pytest-xdist worker)
@@ -114,7 +115,7 @@ def test_a_terminal_gets_a_rich_table_of_the_same_cells_and_a_pipe_the_plain_one
     assert "\x1b[1m" in styled  # bold headings
     cells = [line.split() for line in re.sub(r"\x1b\[[0-9;]*m", "", styled).splitlines() if line.strip()]
     assert cells[0] == plain.splitlines()[0].split()
-    assert ["early", "queued", "5", "0", "ml.trn1.32xlarge", "-", "2m00s", "-", "-"] in cells
+    assert ["early", "queued", "5", "0", "ml.trn1.32xlarge", "-", "2m00s", "-", "-", "-"] in cells
     monkeypatch.setenv("SAGEQUEUE_TABLES", "fancy")
     with pytest.raises(click.ClickException, match="SAGEQUEUE_TABLES='fancy': use rich or plain"):
         jobs_table(jobs, NOW)

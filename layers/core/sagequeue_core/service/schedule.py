@@ -91,6 +91,7 @@ from sagequeue_core.policy import Action, Preempt, ReleaseWarmPool, Snapshot, St
 from sagequeue_core.quotas import NO_TEAM, TeamLedger, TeamQuota, UsageCounter, team_label
 from sagequeue_core.runtime import Dependencies
 from sagequeue_core.sagemaker import FailureKind, classify_failure
+from sagequeue_core.service.checkpoints import read_checkpoints
 from sagequeue_core.snapshot import build_snapshot, policy_settings
 from sagequeue_core.store import ExternalAttempt, PoolStatus, TrackedWarmPool
 
@@ -1011,6 +1012,7 @@ def run_pass(deps: Dependencies) -> PassReport:
         pool_gauge(QUEUE_DEPTH, status.pool.instance_type, status.queued)
     live = {job.name: job for job in deps.store.live_jobs()}
     _add_unindexed_starts(deps, pool_statuses, live, now)
+    read_checkpoints(deps, live.values())
     externals = deps.store.external_attempts()
     warm_pools = []
     for warm in deps.store.warm_pools():
@@ -1530,6 +1532,7 @@ def _record_start(
     job.keep_alive_seconds = keep_alive_seconds
     job.on_loan_for = on_loan_for
     job.training_started_at = None  # the minimum runtime counts from this attempt's own training
+    job.checkpoint = None  # and its work lost from there until its own first checkpoint (docs/adr/0025)
     job.reason = None  # why it waited no longer applies
     if reason is None and warm_pool:
         reason = f"on warm pool of {warm_pool}"
@@ -1639,7 +1642,11 @@ def _preempt(deps: Dependencies, action: Preempt, report: PassReport) -> None:
             reason = (
                 f"loan of {job.on_loan_for}'s capacity ended for {action.for_job}, more important than it"
             )
+        if action.work_lost_seconds is not None:
+            reason += f"; loses {_duration(action.work_lost_seconds)} of training since its last checkpoint"
         job.transition(JobState.PREEMPTING, deps.now(), reason=reason)
+        if action.work_lost_seconds is not None:
+            job.history[-1]["work_lost_seconds"] = round(action.work_lost_seconds)
         deps.store.save_job(job, was=was)
         return "preempting"
 
@@ -1661,8 +1668,22 @@ def _preempt(deps: Dependencies, action: Preempt, report: PassReport) -> None:
             "for_job": action.for_job,
             # a loan ended for its lender or a job more important than it: counted in loans_taken_back
             "taken_back": action.taken_back,
+            # seconds trained since the victim's last checkpoint, which the stop throws away; None: unknown
+            "work_lost_seconds": None
+            if action.work_lost_seconds is None
+            else round(action.work_lost_seconds),
         },
     )
+
+
+def _duration(seconds: float) -> str:
+    """`42s`, `17m`, `3h05m`: how long, for people."""
+    whole = max(round(seconds), 0)
+    if whole < 60:
+        return f"{whole}s"
+    if whole < 3600:
+        return f"{whole // 60}m"
+    return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
 
 
 def _release(deps: Dependencies, action: ReleaseWarmPool, report: PassReport) -> bool:

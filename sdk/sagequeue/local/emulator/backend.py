@@ -32,6 +32,7 @@ from sagequeue.local.emulator.events import state_change_event
 from sagequeue.local.emulator.metrics import namespace_of, utilization_data
 from sagequeue.local.emulator.model import TrainingJob, WarmPoolState
 from sagequeue.local.emulator.simulation import SimPlan, Timings
+from sagequeue_core.checkpoint_marker import CheckpointReport
 
 LIST_DEFAULT_MAX_RESULTS = 10
 LIST_MAX_RESULTS = 100
@@ -46,14 +47,17 @@ class Outputs:
     metric_data: list[dict[str, Any]] = field(default_factory=list)
     #: When each event's change happened (parallel to `events`; an event's `time` is only to the second).
     event_times: list[datetime] = field(default_factory=list)
+    #: Checkpoint markers jobs wrote, with the CheckpointConfig.S3Uri SageMaker syncs each to.
+    checkpoints: list[tuple[str, CheckpointReport]] = field(default_factory=list)
 
     def extend(self, other: Outputs) -> None:
         self.events.extend(other.events)
         self.metric_data.extend(other.metric_data)
         self.event_times.extend(other.event_times)
+        self.checkpoints.extend(other.checkpoints)
 
     def __bool__(self) -> bool:
-        return bool(self.events or self.metric_data)
+        return bool(self.events or self.metric_data or self.checkpoints)
 
 
 class SageMakerBackend:
@@ -357,6 +361,11 @@ class SageMakerBackend:
             outputs.event_times.append(at)
 
     def _drain_metrics(self, job: TrainingJob, outputs: Outputs) -> None:
+        if job.pending_checkpoints:
+            uri = (job.request.get("CheckpointConfig") or {}).get("S3Uri")
+            if uri:  # without a CheckpointConfig SageMaker syncs nothing: the markers stay on the instance
+                outputs.checkpoints.extend((uri, report) for report in job.pending_checkpoints)
+            job.pending_checkpoints.clear()
         if not job.pending_metrics:
             return
         if self.metrics_enabled:

@@ -23,7 +23,7 @@ from sagequeue.local.emulator.backend import Outputs, SageMakerBackend
 from sagequeue.local.emulator.delivery import DeliveryQueue, EventDelivery, log_line
 from sagequeue.local.emulator.errors import ERRORS_BY_CODE, SageMakerError, UnknownOperation
 from sagequeue.local.emulator.events import EventBridgeForwarder
-from sagequeue.local.emulator.metrics import CloudWatchPublisher
+from sagequeue.local.emulator.metrics import CheckpointSync, CloudWatchPublisher
 from sagequeue.local.emulator.profiles import AWS_STOP_GRACE_SECONDS, Kinder
 from sagequeue.local.emulator.server import CONTENT_TYPE, ServerThread, answer, encode
 from sagequeue.local.emulator.simulation import Timings
@@ -75,6 +75,7 @@ class SageMakerEmulator:
         events_client: Any = None,
         event_bus_name: str = "default",
         cloudwatch_client: Any = None,
+        s3_client: Any = None,
         region: str = "us-east-1",
         account_id: str = "123456789012",
         host: str = "127.0.0.1",
@@ -123,7 +124,9 @@ class SageMakerEmulator:
             EventBridgeForwarder(events_client, event_bus_name) if events_client is not None else None
         )
         self._metrics = CloudWatchPublisher(cloudwatch_client) if cloudwatch_client is not None else None
-        self.backend.metrics_enabled = self._metrics is not None
+        self._checkpoints = CheckpointSync(s3_client) if s3_client is not None else None
+        # the per-minute marks carry checkpoints too: kept when either has somewhere to go
+        self.backend.metrics_enabled = self._metrics is not None or self._checkpoints is not None
         self.backend.duplicate_events = duplicate_events
         self.backend.new_event_id = self._events.new_id
         if capacity:
@@ -418,6 +421,8 @@ class SageMakerEmulator:
         so the seeded draws happen in the order the changes did)."""
         if outputs.metric_data:
             self._outbox.append(Outputs(metric_data=outputs.metric_data))
+        if outputs.checkpoints:
+            self._outbox.append(Outputs(checkpoints=outputs.checkpoints))
         for event, changed_at in zip(outputs.events, outputs.event_times, strict=True):
             self._events.add(event, changed_at)
 
@@ -454,6 +459,9 @@ class SageMakerEmulator:
         if outputs.metric_data and self._metrics is not None:
             publisher = self._metrics
             steps.append(("CloudWatch", lambda: publisher.put(outputs.metric_data)))
+        if outputs.checkpoints and self._checkpoints is not None:
+            sync = self._checkpoints
+            steps.append(("S3", lambda: sync.put(outputs.checkpoints)))
         for what, step in steps:
             try:
                 step()

@@ -1,4 +1,5 @@
-"""NeuronCore utilization, one datum per host per simulated minute, as the job image publishes it.
+"""NeuronCore utilization, one datum per host per simulated minute, as the job image publishes it, and the
+job image's checkpoint markers, put where SageMaker syncs them.
 
 Namespace, metric name and Host dimension come from sagequeue_core.defaults, the constants the job image
 and the idle alarm also use, so an alarm built for real jobs fires on emulated ones. Like the job image, a
@@ -12,6 +13,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
+from botocore.exceptions import ClientError
+
+from sagequeue_core.checkpoint_marker import CheckpointReport, marker_key
 from sagequeue_core.defaults import (
     HOST_DIMENSION,
     METRIC_NAMESPACE_ENV,
@@ -77,3 +81,22 @@ class CloudWatchPublisher:
                 self._client.put_metric_data(
                     Namespace=namespace, MetricData=batch[start : start + PUT_METRIC_DATA_BATCH]
                 )
+
+
+class CheckpointSync:
+    """Puts the checkpoint markers jobs write under their CheckpointConfig.S3Uri, as SageMaker's checkpoint
+    sync does (S3, moto's in the embedded stack); a bucket that does not exist yet is created."""
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+
+    def put(self, written: Sequence[tuple[str, CheckpointReport]]) -> None:
+        for uri, report in written:
+            bucket, key = marker_key(uri)
+            try:
+                self._client.put_object(Bucket=bucket, Key=key, Body=report.to_marker())
+            except ClientError as exc:
+                if exc.response.get("Error", {}).get("Code") != "NoSuchBucket":
+                    raise
+                self._client.create_bucket(Bucket=bucket)
+                self._client.put_object(Bucket=bucket, Key=key, Body=report.to_marker())

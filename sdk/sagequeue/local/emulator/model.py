@@ -18,6 +18,7 @@ from typing import Any
 from sagequeue.local.emulator.errors import ValidationError
 from sagequeue.local.emulator.simulation import CAPACITY_FAILURE_REASON, Outcome, SimPlan, Timings
 from sagequeue.local.emulator.validation import DEFAULT_MAX_RUNTIME_SECONDS
+from sagequeue_core.checkpoint_marker import CheckpointReport
 from sagequeue_core.defaults import METRIC_PERIOD_SECONDS
 from sagequeue_core.domain import ResourceKey, demand_of
 
@@ -165,6 +166,9 @@ class TrainingJob:
     reused_from: str | None = None
     metric_next: datetime | None = None
     pending_metrics: list[datetime] = field(default_factory=list)
+    checkpoint_next: datetime | None = None  # when the running Training phase writes its next checkpoint
+    checkpoints: list[CheckpointReport] = field(default_factory=list)  # written, in order
+    pending_checkpoints: list[CheckpointReport] = field(default_factory=list)  # written, not synced yet
     created_with_pool: bool = False  # KeepAlivePeriodInSeconds > 0 at create, or a reused pool
     compile_until: datetime | None = None  # NeuronCores idle while the graph compiles, up to this mark
     deleted: bool = False  # DeleteTrainingJob: kept only so that list cursors keep their places
@@ -328,6 +332,8 @@ class TrainingJob:
             self.training_phase_start = at
             self.compile_until = at + timedelta(seconds=self.plan.compile_seconds)
             self.metric_next = at + timedelta(seconds=METRIC_PERIOD_SECONDS)
+            if self.plan.checkpoint_seconds is not None:
+                self.checkpoint_next = at + timedelta(seconds=self._checkpoint_gap())
             remaining = max(0.0, self.plan.duration_seconds - self.trained_seconds)
             if self.interruptions_left > 0:
                 segment = self.plan.duration_seconds / (self.plan.interruptions + 1)
@@ -467,6 +473,29 @@ class TrainingJob:
         while self.metric_next <= upto:
             self.pending_metrics.append(self.metric_next)
             self.metric_next += timedelta(seconds=METRIC_PERIOD_SECONDS)
+        self._write_checkpoints(upto)
+
+    def _write_checkpoints(self, upto: datetime) -> None:
+        """The checkpoints of the Training phase reached by `upto`, each with the job image's marker."""
+        if self.plan.checkpoint_seconds is None or self.checkpoint_next is None:
+            return
+        while self.checkpoint_next <= upto:
+            at = self.checkpoint_next
+            previous = self.checkpoints[-1] if self.checkpoints else None
+            step = int(self.trained_seconds + _seconds(at - (self.training_phase_start or at)))
+            report = (
+                previous.following(at, step, "script")
+                if previous is not None
+                else CheckpointReport(self.plan.checkpoint_as or self.name, at, step)
+            )
+            self.checkpoints.append(report)
+            self.pending_checkpoints.append(report)
+            self.checkpoint_next = at + timedelta(seconds=self._checkpoint_gap())
+
+    def _checkpoint_gap(self) -> float:
+        """Seconds of Training until the next checkpoint: the plan's gaps in turn, the last repeating."""
+        gaps = self.plan.checkpoint_seconds or (math.inf,)
+        return gaps[min(len(self.checkpoints), len(gaps) - 1)]
 
     # --- internals -------------------------------------------------------------------------------------
 
@@ -494,6 +523,7 @@ class TrainingJob:
             self.trained_seconds += _seconds(at - self.training_phase_start)
             self.training_phase_start = None
             self.metric_next = None
+            self.checkpoint_next = None
 
     def _end_segment(self, at: datetime) -> None:
         if self.segment_start is not None:

@@ -23,6 +23,13 @@ OUTCOME_ENV = "SAGEQUEUE_SIM_OUTCOME"
 UTILIZATION_ENV = "SAGEQUEUE_SIM_UTILIZATION"
 #: Seconds at the start of Training spent compiling (0% utilization), default `Timings.compile_seconds`.
 COMPILE_ENV = "SAGEQUEUE_SIM_COMPILE_SECONDS"
+#: Seconds of Training between the checkpoints the job writes; unset: it writes none. Comma-separated, the
+#: successive gaps, the last repeating ("600,600,900": an interval that drifts; "600,600,1e9": two, then no
+#: more). Each puts the job image's marker (sagequeue_core.checkpoint_marker) under CheckpointConfig.S3Uri,
+#: as SageMaker's sync does.
+CHECKPOINT_ENV = "SAGEQUEUE_SIM_CHECKPOINT_SECONDS"
+#: The training job the job's markers name; unset: its own. A job that lies: it reports for another.
+CHECKPOINT_AS_ENV = "SAGEQUEUE_SIM_CHECKPOINT_AS"
 
 DEFAULT_UTILIZATION = 85.0
 MAX_INTERRUPTIONS = 100
@@ -77,6 +84,9 @@ class SimPlan:
     interruptions: int = 0
     utilization: float = DEFAULT_UTILIZATION
     compile_seconds: float = 0.0
+    #: Training seconds between successive checkpoints, the last repeating; None: it writes none
+    checkpoint_seconds: tuple[float, ...] | None = None
+    checkpoint_as: str | None = None  # the training job its markers name; None: its own
 
     @property
     def reported_utilization(self) -> float:
@@ -92,6 +102,15 @@ class SimPlan:
             timings.compile_seconds
             if compile_value in (None, "")
             else _non_negative(compile_value, COMPILE_ENV)
+        )
+        checkpoint_value = env.get(CHECKPOINT_ENV)
+        checkpoint_seconds = (
+            None
+            if checkpoint_value in (None, "")
+            else tuple(
+                _positive_number(part.strip(), CHECKPOINT_ENV, timings.default_duration_seconds)
+                for part in str(checkpoint_value).split(",")
+            )
         )
         outcome_text = str(env.get(OUTCOME_ENV) or Outcome.COMPLETED.value).strip()
         kind, _, argument = outcome_text.partition(":")
@@ -125,6 +144,8 @@ class SimPlan:
             interruptions=interruptions,
             utilization=utilization,
             compile_seconds=compile_seconds,
+            checkpoint_seconds=checkpoint_seconds,
+            checkpoint_as=str(env.get(CHECKPOINT_AS_ENV) or "") or None,
         )
 
 
