@@ -17,6 +17,7 @@ Pure: no I/O, no clock; `now` is the state's.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import heapq
 import itertools
@@ -39,6 +40,7 @@ from sagequeue.forecast.model import (
     Work,
 )
 from sagequeue_core.policy import (
+    Plan,
     Preempt,
     QueuedJob,
     ReleaseWarmPool,
@@ -186,6 +188,9 @@ class _Live:
 class _Run:
     """One sample: the queue run forward with drawn run times and arrivals."""
 
+    #: plan every narrow pass wide too and fail on a difference (tests)
+    check_narrow = False
+
     def __init__(
         self,
         state: QueueState,
@@ -205,7 +210,27 @@ class _Run:
         self.now = 0.0
         self.events: list[tuple[float, int, Callable[[], None]]] = []
         self.seq = itertools.count()
-        self.queued: dict[str, QueuedJob] = {j.name: j for j in state.queued}
+        self.queued: dict[str, QueuedJob] = {}
+        #: each pool's queued jobs in queue order (its `queue_order` key and name), kept as jobs come and go
+        self.order: dict[str, list[tuple[tuple[int, datetime, str], str]]] = {}
+        #: queued jobs holding a reservation: a pass clears the reservations of jobs it no longer reads
+        self.reserved: set[str] = set()
+        self.limits = {
+            pool: min(capacity, state.quota.get(pool, capacity)) for pool, capacity in state.capacity.items()
+        }
+        #: narrow passes (`ForecastSettings.narrow_lookahead`) need pools that are planned apart: no team
+        #: quotas, no job across pools
+        self.narrow = (
+            0 < settings.narrow_lookahead < min(settings.queue_lookahead, settings.pass_lookahead)
+            and not state.team_quotas
+            and all(len(j.demand) == 1 for j in state.queued)
+            and all(len(a.demand) == 1 for a in state.running)
+        )
+        #: passes planned narrow, and those planned wide after all (`_pass`)
+        self.narrow_passes = 0
+        self.wide_passes = 0
+        for job in state.queued:
+            self._enqueue(job)
         self.work: dict[str, Work] = {}
         self.total: dict[str, float] = {}
         self.live: dict[str, _Live] = {}  # by training job name
@@ -323,7 +348,7 @@ class _Run:
             team=template.team,
         )
         work = Work(traits=template.traits, keep_alive_seconds=template.keep_alive_seconds)
-        self.queued[name] = job
+        self._enqueue(job)
         self.work[name] = work
         self.total[name] = self._draw_total(work, 0.0)
 
@@ -342,7 +367,7 @@ class _Run:
         else:
             job = dataclasses.replace(job, preemptions=job.preemptions + 1)
         job = dataclasses.replace(job, queued_since=self.dt(self.now), reservation=None, not_before=None)
-        self.queued[job.name] = job
+        self._enqueue(job)
         self.work[job.name] = dataclasses.replace(live.work, trained_seconds=max(kept, 0.0))
         self.total[job.name] = live.total
 
@@ -356,53 +381,158 @@ class _Run:
                 WarmPool(live.attempt.training_job_name, key, lent_by=lent_by), self.now + live.keep_alive
             )
 
+    # the queue
+    def _enqueue(self, job: QueuedJob) -> None:
+        self.queued[job.name] = job
+        if job.reservation is not None:
+            self.reserved.add(job.name)
+        for pool in job.demand:
+            bisect.insort(self.order.setdefault(pool, []), (queue_order(job), job.name))
+
+    def _dequeue(self, name: str) -> QueuedJob | None:
+        job = self.queued.pop(name, None)
+        if job is None:
+            return None
+        self.reserved.discard(name)
+        entry = (queue_order(job), name)
+        for pool in job.demand:
+            jobs = self.order[pool]
+            del jobs[bisect.bisect_left(jobs, entry)]
+        return job
+
     # the pass
-    def _window(self) -> list[QueuedJob]:
-        by_pool: dict[str, list[QueuedJob]] = {}
-        for job in self.queued.values():
-            pool = next(iter(job.demand))
-            by_pool.setdefault(pool, []).append(job)
-        window: list[QueuedJob] = []
-        lookahead = min(self.settings.queue_lookahead, self.settings.pass_lookahead)
+    def _window(self, lookahead: int) -> dict[str, list[QueuedJob]]:
+        """Each pool's jobs a pass reads: the first `lookahead` in queue order that can fit (and, with team
+        quotas, each team's first `lookahead`), as the service's lookahead window reads them."""
+        window: dict[str, list[QueuedJob]] = {}
         teams_by_pool: dict[str, set[str]] = {}
         for quota in self.state.team_quotas:
             teams_by_pool.setdefault(quota.pool, set()).add(quota.team)
-        for pool, jobs in by_pool.items():
+        for pool, entries in self.order.items():
+            if not entries:
+                continue
             capacity = self.state.capacity.get(pool, 0)
-            jobs.sort(key=queue_order)
-            if capacity:
-                jobs = [j for j in jobs if j.demand.get(pool, 0) <= capacity]
-            head = jobs[:lookahead]
-            window.extend(head)
             teams = teams_by_pool.get(pool)
-            if teams:
-                seen = {j.name for j in head}
-                taken: Counter[str] = Counter()
-                for job in jobs:
-                    if job.team in teams and taken[job.team or ""] < lookahead:
+            head: list[QueuedJob] = []
+            extra: list[QueuedJob] = []
+            taken: Counter[str] = Counter()
+            for _, name in entries:
+                job = self.queued[name]
+                if next(iter(job.demand)) != pool:
+                    continue  # a job across pools is read in its first pool's window
+                if capacity and job.demand.get(pool, 0) > capacity:
+                    continue
+                if len(head) < lookahead:
+                    head.append(job)
+                    if teams and job.team in teams:
                         taken[job.team or ""] += 1
-                        if job.name not in seen:
-                            window.append(job)
+                elif teams and job.team in teams and taken[job.team or ""] < lookahead:
+                    taken[job.team or ""] += 1
+                    extra.append(job)
+                elif not teams:
+                    break
+            if head:
+                window[pool] = head + extra
         return window
 
-    def _snapshot(self) -> Snapshot:
+    def _snapshot(self, queued: Sequence[QueuedJob]) -> Snapshot:
         return Snapshot(
             now=self.dt(self.now),
             capacity=self.state.capacity,
             quota=self.state.quota,
-            queued=self._window(),
+            queued=queued,
             running=[live.attempt for live in self.live.values()],
             warm_pools=[warm for warm, _ in self.warm.values()],
             team_quotas=self.state.team_quotas,
             team_usage=self.state.team_usage,
         )
 
+    def _plan(self) -> Plan:
+        """The pass's plan. A narrow pass reads only the first `narrow_lookahead` jobs of each pool; it stands
+        for the wide one where nothing past them could act (`_narrow_holds`), else the pass reads all."""
+        lookahead = min(self.settings.queue_lookahead, self.settings.pass_lookahead)
+        by_pool = self._window(lookahead)
+        wide = [job for jobs in by_pool.values() for job in jobs]
+        self.window = wide
+        k = self.settings.narrow_lookahead
+        if self.narrow and any(len(jobs) > k for jobs in by_pool.values()):
+            heads = {pool: jobs[:k] for pool, jobs in by_pool.items()}
+            behind = {pool: jobs[k:] for pool, jobs in by_pool.items() if len(jobs) > k}
+            if self._narrow_may_hold(behind):
+                snapshot = self._snapshot([job for jobs in heads.values() for job in jobs])
+                decided = plan(snapshot, self.settings.policy)
+                if self._narrow_holds(decided, snapshot, heads, behind):
+                    self.narrow_passes += 1
+                    if self.check_narrow:
+                        self._compare(decided, plan(self._snapshot(wide), self.settings.policy))
+                    return decided
+        self.wide_passes += 1
+        return plan(self._snapshot(wide), self.settings.policy)
+
+    def _narrow_may_hold(self, behind: Mapping[str, list[QueuedJob]]) -> bool:
+        """Before a narrow pass: nothing a job behind the heads could take now. No warm pool in its pool
+        (it might reuse or release one), no stopping attempt (their instances are promised in order), no
+        loan it lent, no reservation of its own, no attempt it outranks (it might preempt or hold for one)."""
+        for pool, jobs in behind.items():
+            if any(warm.pool == pool for warm, _ in self.warm.values()):
+                return False
+            names = {job.name for job in jobs}
+            if any(job.reservation is not None for job in jobs):
+                return False
+            top = max(job.priority for job in jobs)
+            for live in self.live.values():
+                attempt = live.attempt
+                if pool not in attempt.demand:
+                    continue
+                if attempt.stopping or attempt.on_loan_for in names:
+                    return False
+                if attempt.job_name is not None and attempt.priority < top:
+                    return False
+        return True
+
+    def _narrow_holds(
+        self,
+        decided: Plan,
+        snapshot: Snapshot,
+        heads: Mapping[str, list[QueuedJob]],
+        behind: Mapping[str, list[QueuedJob]],
+    ) -> bool:
+        """After a narrow pass: in each pool, a job at the head still waits (so the pool is blocked and no
+        job behind it drains), no idle instance (free, or held by a reservation and lendable) is left that
+        a job behind fits in, and no job started shares its warm-pool key with one behind (its keep-alive
+        depends on who would reuse the pool)."""
+        started: dict[str, QueuedJob] = {}
+        names = {action.job_name for action in decided.actions if isinstance(action, Start)}
+        for jobs in heads.values():
+            for job in jobs:
+                if job.name in names:
+                    started[job.name] = job
+        now = snapshot.now
+        for pool, jobs in behind.items():
+            if not any(
+                job.name not in started and (job.not_before is None or job.not_before <= now)
+                for job in heads.get(pool, ())
+            ):
+                return False
+            used = sum(a.demand.get(pool, 0) for a in snapshot.running)
+            used += sum(job.demand.get(pool, 0) for job in started.values())
+            idle = self.limits.get(pool, 0) - used
+            if idle > 0 and min(job.demand[pool] for job in jobs) <= idle:
+                return False
+            keys = {job.resource_key for job in jobs if job.resource_key is not None}
+            if keys and any(job.resource_key in keys for job in started.values()):
+                return False
+        return True
+
+    @staticmethod
+    def _compare(narrow: Plan, wide: Plan) -> None:
+        if narrow.actions != wide.actions or narrow.reservations != wide.reservations:
+            raise AssertionError(f"a narrow pass planned {narrow.actions}, the wide one {wide.actions}")
+
     def _pass(self) -> None:
         if not self.queued:
             return
-        snapshot = self._snapshot()
-        self.window = snapshot.queued
-        decided = plan(snapshot, self.settings.policy)
+        decided = self._plan()
         for action in decided.actions:
             if isinstance(action, Start):
                 self._start(action)
@@ -410,13 +540,20 @@ class _Run:
                 self._preempt(action)
             elif isinstance(action, ReleaseWarmPool):
                 self.warm.pop(action.training_job_name, None)
-        for name, job in list(self.queued.items()):
+        for name in self.reserved | decided.reservations.keys():
+            job = self.queued.get(name)
+            if job is None:
+                continue
             reservation = decided.reservations.get(name)
             if reservation != job.reservation:
                 self.queued[name] = dataclasses.replace(job, reservation=reservation)
+                if reservation is None:
+                    self.reserved.discard(name)
+                else:
+                    self.reserved.add(name)
 
     def _start(self, action: Start) -> None:
-        job = self.queued.pop(action.job_name, None)
+        job = self._dequeue(action.job_name)
         if job is None:
             return
         if job.name in self.tracked and job.name not in self.started:

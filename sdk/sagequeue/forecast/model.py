@@ -106,6 +106,10 @@ class ForecastSettings:
     #: queued jobs per pool the forward run's passes read (at most the lookahead): a shallower window is
     #: faster but misses backfill from deep in the queue (docs/forecast.md measures what it changes)
     pass_lookahead: int = 50
+    #: a pass first reads this many jobs per pool, and reads the whole window only where a job behind them
+    #: could act (an idle instance it fits in, an attempt it outranks, a warm pool, a loan or reservation of
+    #: its own): the same plan at a fraction of the cost on a long queue; 0: always the whole window
+    narrow_lookahead: int = 8
     #: happenings this close together share one pass in the forward run (the scheduler's timer period)
     pass_every_seconds: float = 60.0
     timings: Timings = field(default_factory=Timings)
