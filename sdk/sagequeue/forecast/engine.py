@@ -132,6 +132,7 @@ class Arrivals:
         span = max((now - max(first, since)).total_seconds(), 0.0)
         # a first busy morning is not a daily rate: the rate is over a day at least
         self.rate = len(recent) / max(span, _DAY) if recent else 0.0
+        self.count = len(recent)
         # hour-of-day profile, weekdays and weekends apart, smoothed toward the flat rate
         counts: Counter[tuple[bool, int]] = Counter(self._bucket(s.at) for s in recent)
         exposure: Counter[tuple[bool, int]] = Counter()
@@ -157,13 +158,24 @@ class Arrivals:
     def rate_at(self, seconds: float) -> float:
         return self.profile[self._bucket(self.now + timedelta(seconds=seconds))]
 
-    def next_after(self, rng: random.Random, seconds: float) -> float:
-        """The next arrival after `seconds` (from now), by thinning; inf when nothing arrives."""
-        if self.peak <= 0 or not self.templates:
+    def scale(self, rng: random.Random, spread: float) -> float:
+        """A run's factor on the rate: the rate is known from `count` submissions only, and the load of the
+        coming hours differs from last week's by about `spread` (a coefficient of variation) besides. A
+        gamma draw of mean 1 and squared coefficient of variation 1/count + spread²: runs then differ in how
+        busy the coming day is, so a forecast's range widens the further its start lies ahead."""
+        if spread <= 0 or not self.count:
+            return 1.0
+        shape = 1.0 / (1.0 / self.count + spread * spread)
+        return rng.gammavariate(shape, 1.0 / shape)
+
+    def next_after(self, rng: random.Random, seconds: float, scale: float = 1.0) -> float:
+        """The next arrival after `seconds` (from now), by thinning, at `scale` times the rate; inf when
+        nothing arrives."""
+        if self.peak <= 0 or not self.templates or scale <= 0:
             return math.inf
         t = seconds
         for _ in range(10_000):
-            t += rng.expovariate(self.peak)
+            t += rng.expovariate(self.peak * scale)
             if rng.random() * self.peak < self.rate_at(t):
                 return t
         return math.inf
@@ -215,6 +227,8 @@ class _Run:
         self.order: dict[str, list[tuple[tuple[int, datetime, str], str]]] = {}
         #: queued jobs holding a reservation: a pass clears the reservations of jobs it no longer reads
         self.reserved: set[str] = set()
+        #: the times (from now) a queued job's wait crosses what the policy compares with (`_wake`)
+        self.thresholds: dict[str, tuple[float, float]] = {}
         self.limits = {
             pool: min(capacity, state.quota.get(pool, capacity)) for pool, capacity in state.capacity.items()
         }
@@ -248,8 +262,10 @@ class _Run:
             self._adopt(attempt)
         for retained in state.warm_pools:
             self._keep(retained.warm_pool, (retained.expires_at - state.now).total_seconds())
+        self.arrival_scale = 1.0
         if arrivals is not None:
-            first = arrivals.next_after(rng, 0.0)
+            self.arrival_scale = arrivals.scale(rng, settings.arrival_rate_spread)
+            first = arrivals.next_after(rng, 0.0, self.arrival_scale)
             if first <= settings.arrivals_ahead_seconds:
                 self._push(first, self._arrive)
 
@@ -331,7 +347,7 @@ class _Run:
     def _arrive(self) -> None:
         assert self.arrivals is not None
         template = self.rng.choice(self.arrivals.templates)
-        following = self.arrivals.next_after(self.rng, self.now)
+        following = self.arrivals.next_after(self.rng, self.now, self.arrival_scale)
         if following <= self.settings.arrivals_ahead_seconds:
             self._push(following, self._arrive)
         if template.priority < self.least:
@@ -384,6 +400,11 @@ class _Run:
     # the queue
     def _enqueue(self, job: QueuedJob) -> None:
         self.queued[job.name] = job
+        origin = self.state.now
+        self.thresholds[job.name] = (
+            (job.waiting_since - origin).total_seconds() + self.settings.policy.reserve_after_seconds,
+            (job.not_before - origin).total_seconds() if job.not_before else math.inf,
+        )
         if job.reservation is not None:
             self.reserved.add(job.name)
         for pool in job.demand:
@@ -599,11 +620,7 @@ class _Run:
         for job in self.window:
             if job.name not in self.queued:
                 continue
-            waiting = (job.waiting_since - self.state.now).total_seconds()
-            for at in (
-                waiting + policy.reserve_after_seconds,
-                (job.not_before - self.state.now).total_seconds() if job.not_before else math.inf,
-            ):
+            for at in self.thresholds[job.name]:
                 if at > self.now:
                     wake = min(wake, at)
         for live in self.live.values():
@@ -653,7 +670,12 @@ def forecast(
         if budget is not None and runs >= settings.min_samples and time.perf_counter() - began > budget:
             break  # a large queue: fewer runs, a rougher range, an answer in time
         rng = random.Random(f"{settings.seed}:{sample}")
-        started = _Run(state, settings, run_times, arrivals, rng, tracked).run()
+        drawn = run_times
+        if settings.resample_history and len(history.completed) > 1:
+            # the run-time distribution is known from the completed jobs only: each run draws from a
+            # resample of them (a bootstrap), so a short history widens the range as it should
+            drawn = RunTimes(rng.choices(history.completed, k=len(history.completed)))
+        started = _Run(state, settings, drawn, arrivals, rng, tracked).run()
         runs += 1
         for name in tracked:
             starts[name].append(started.get(name, math.inf))

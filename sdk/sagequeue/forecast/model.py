@@ -125,6 +125,11 @@ class ForecastSettings:
     #: how far ahead later arrivals are drawn: the last week says little about the load days from now, and a
     #: queue overloaded today is not overloaded forever
     arrivals_ahead_seconds: float = 86400.0
+    #: how much the coming day's submission rate differs from the last week's (a coefficient of variation):
+    #: each run draws its own rate (`Arrivals.scale`); 0: every run at last week's rate
+    arrival_rate_spread: float = 0.5
+    #: each run draws run times from a resample of the completed jobs (a bootstrap); False: from them all
+    resample_history: bool = True
     seed: int = 0
 
 
