@@ -310,7 +310,9 @@ def _busy_state(seed: int) -> tuple[QueueState, History]:
                 priority=rng.choice((1, 3, 5, 9)),
                 demand={(pool := rng.choice(list(pools))): 1},
                 traits=Traits(),
-                resource_key=rng.choice([k for k in keys if k.pool == pool and k.instance_count == 1] + [None]),
+                resource_key=rng.choice(
+                    [k for k in keys if k.pool == pool and k.instance_count == 1] + [None]
+                ),
                 keep_alive_seconds=rng.choice((0, 600)),
             )
             for _ in range(60)
@@ -349,7 +351,8 @@ def test_narrow_passes_plan_what_passes_of_the_whole_window_plan(monkeypatch) ->
             wide = dataclasses.replace(narrow, narrow_lookahead=0)
             assert forecast(state, seen, narrow).jobs == forecast(state, seen, wide).jobs, (seed, k)
     # both kinds happened: the check is not vacuous
-    assert counts["narrow"] > 100 and counts["wide"] > 100
+    assert counts["narrow"] > 100
+    assert counts["wide"] > 100
 
 
 def test_a_narrow_pass_reads_the_whole_window_where_a_job_behind_fits_in_idle_capacity() -> None:
