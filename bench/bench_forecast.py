@@ -4,7 +4,8 @@ beside the forecast as it was before its calibration (`BEFORE`); then how long a
 jobs takes, before and now, in the same run.
 
     python bench/bench_forecast.py [--seeds 1,2,3] [--samples 10] [--every 900] [--skip-overload]
-                                   [--upto-days D] [--skip-timing] [--oracle] [--no-before]
+                                   [--overload-only] [--upto-days D] [--skip-timing] [--skip-traces]
+                                   [--oracle] [--no-before]
 
 The traces are bench_schedule_quality.py's: the documented 21-day trace (`WorkloadSpec()`, seeds 1-3) and
 the overload trace (350 jobs in 3 days), on 4 x ml.trn1.32xlarge and 2 x ml.trn2.48xlarge with the stack's
@@ -163,7 +164,10 @@ def main() -> None:
     parser.add_argument("--every", type=float, default=900.0)
     parser.add_argument("--upto-days", type=float, default=None)
     parser.add_argument("--skip-overload", action="store_true")
-    parser.add_argument("--skip-traces", action="store_true")
+    parser.add_argument("--skip-traces", action="store_true", help="the 1,000-job timing alone")
+    parser.add_argument(
+        "--overload-only", action="store_true", help="of the traces, the overload trace alone"
+    )
     parser.add_argument(
         "--oracle",
         action="store_true",
@@ -178,7 +182,7 @@ def main() -> None:
         names = list(variants_of(args))
         print("| " + " | ".join(headers(names)) + " |")
         print("|" + "---|" * len(headers(names)), flush=True)
-        for seed in [int(s) for s in args.seeds.split(",") if s]:
+        for seed in [int(s) for s in args.seeds.split(",") if s] if not args.overload_only else []:
             one("21-day trace", WorkloadSpec(capacity=CAPACITY), seed, args, drain_days=7)
         if not args.skip_overload:
             seed = int(args.seeds.split(",")[0])

@@ -232,14 +232,23 @@ class _Run:
         self.limits = {
             pool: min(capacity, state.quota.get(pool, capacity)) for pool, capacity in state.capacity.items()
         }
-        #: narrow passes (`ForecastSettings.narrow_lookahead`) need pools that are planned apart: no team
-        #: quotas, no job across pools
-        self.narrow = (
-            0 < settings.narrow_lookahead < min(settings.queue_lookahead, settings.pass_lookahead)
+        #: pools are planned apart where nothing ties them: no team quotas, no job across pools. A pass then
+        #: plans only the pools where something happened since their last plan changed nothing (`dirty`):
+        #: the plan of the others would be the same as their last one
+        self.apart = (
+            settings.narrow_lookahead > 0
             and not state.team_quotas
             and all(len(j.demand) == 1 for j in state.queued)
             and all(len(a.demand) == 1 for a in state.running)
+            and (arrivals is None or all(len(t.demand) == 1 for t in arrivals.templates))
         )
+        #: narrow passes (`ForecastSettings.narrow_lookahead`) need pools planned apart
+        self.narrow = self.apart and settings.narrow_lookahead < min(
+            settings.queue_lookahead, settings.pass_lookahead
+        )
+        self.dirty: set[str] = set(state.capacity)
+        #: per pool, the next time the clock alone could make its plan differ (`_wake`)
+        self.wake_by_pool: dict[str, float] = {}
         #: passes planned narrow, and those planned wide after all (`_pass`)
         self.narrow_passes = 0
         self.wide_passes = 0
@@ -250,7 +259,9 @@ class _Run:
         self.live: dict[str, _Live] = {}  # by training job name
         self.warm: dict[str, tuple[WarmPool, float]] = {}
         self.started: dict[str, float] = {}
-        self.window: Sequence[QueuedJob] = ()
+        self.window: Mapping[str, list[QueuedJob]] = {}
+        self.windows: dict[str, list[QueuedJob]] = {}  # each pool's, while its queue is unchanged
+        self.planned: set[str] = set()
         self.arrived = 0
         #: arrivals less important than every tracked job go behind them all: they are not drawn
         self.least = min((j.priority for j in state.queued if j.name in tracked), default=0)
@@ -334,12 +345,14 @@ class _Run:
         if expires_in <= 0:
             return
         self.warm[warm.training_job_name] = (warm, expires_in)
+        self.dirty.add(warm.pool)
         name = warm.training_job_name
 
         def expire() -> None:
             held = self.warm.get(name)
             if held is not None and held[1] <= self.now:
                 del self.warm[name]
+                self.dirty.add(warm.pool)
 
         self._push(expires_in, expire)
 
@@ -389,6 +402,7 @@ class _Run:
 
     def _end(self, live: _Live) -> None:
         del self.live[live.attempt.training_job_name]
+        self.dirty.update(live.attempt.demand)
         key = live.job.resource_key
         launched = self.now >= live.training_at - self.timings.download_seconds
         if live.keep_alive > 0 and key is not None and launched:
@@ -400,6 +414,7 @@ class _Run:
     # the queue
     def _enqueue(self, job: QueuedJob) -> None:
         self.queued[job.name] = job
+        self.dirty.update(job.demand)
         origin = self.state.now
         self.thresholds[job.name] = (
             (job.waiting_since - origin).total_seconds() + self.settings.policy.reserve_after_seconds,
@@ -415,6 +430,7 @@ class _Run:
         if job is None:
             return None
         self.reserved.discard(name)
+        self.dirty.update(job.demand)
         entry = (queue_order(job), name)
         for pool in job.demand:
             jobs = self.order[pool]
@@ -422,14 +438,16 @@ class _Run:
         return job
 
     # the pass
-    def _window(self, lookahead: int) -> dict[str, list[QueuedJob]]:
-        """Each pool's jobs a pass reads: the first `lookahead` in queue order that can fit (and, with team
-        quotas, each team's first `lookahead`), as the service's lookahead window reads them."""
+    def _window(self, lookahead: int, pools: Iterable[str] | None = None) -> dict[str, list[QueuedJob]]:
+        """Each pool's jobs a pass reads (of `pools`; None: all): the first `lookahead` in queue order that
+        can fit (and, with team quotas, each team's first `lookahead`), as the service's lookahead window
+        reads them."""
         window: dict[str, list[QueuedJob]] = {}
         teams_by_pool: dict[str, set[str]] = {}
         for quota in self.state.team_quotas:
             teams_by_pool.setdefault(quota.pool, set()).add(quota.team)
-        for pool, entries in self.order.items():
+        for pool in self.order if pools is None else pools:
+            entries = self.order.get(pool)
             if not entries:
                 continue
             capacity = self.state.capacity.get(pool, 0)
@@ -456,14 +474,20 @@ class _Run:
                 window[pool] = head + extra
         return window
 
-    def _snapshot(self, queued: Sequence[QueuedJob]) -> Snapshot:
+    def _snapshot(self, queued: Sequence[QueuedJob], pools: set[str] | None = None) -> Snapshot:
+        """What a pass reads: `queued`, and what runs and waits warm in `pools` (None: everywhere)."""
+        running = [live.attempt for live in self.live.values()]
+        warm = [warm for warm, _ in self.warm.values()]
+        if pools is not None:
+            running = [a for a in running if next(iter(a.demand)) in pools]
+            warm = [w for w in warm if w.pool in pools]
         return Snapshot(
             now=self.dt(self.now),
             capacity=self.state.capacity,
             quota=self.state.quota,
             queued=queued,
-            running=[live.attempt for live in self.live.values()],
-            warm_pools=[warm for warm, _ in self.warm.values()],
+            running=running,
+            warm_pools=warm,
             team_quotas=self.state.team_quotas,
             team_usage=self.state.team_usage,
         )
@@ -472,23 +496,41 @@ class _Run:
         """The pass's plan. A narrow pass reads only the first `narrow_lookahead` jobs of each pool; it stands
         for the wide one where nothing past them could act (`_narrow_holds`), else the pass reads all."""
         lookahead = min(self.settings.queue_lookahead, self.settings.pass_lookahead)
-        by_pool = self._window(lookahead)
+        if self.apart:
+            # a pool's window changes only with its queue, which makes it dirty
+            for pool in self.dirty:
+                self.windows.pop(pool, None)
+            self.windows.update(self._window(lookahead, self.dirty))
+            everywhere = self.windows
+            by_pool = {pool: jobs for pool, jobs in everywhere.items() if pool in self.dirty}
+        else:
+            everywhere = by_pool = self._window(lookahead)
+        self.window = everywhere
+        # the pools whose reservations this pass decides (a job it does not read holds none after it)
+        self.planned = set(self.dirty) if self.apart else set(self.order)
+        self.dirty = set()
+        decided = self._plan_pools(by_pool)
+        if self.check_narrow:
+            self._compare(decided, everywhere)
+        return decided
+
+    def _plan_pools(self, by_pool: Mapping[str, list[QueuedJob]]) -> Plan:
+        if not by_pool:
+            return Plan()
         wide = [job for jobs in by_pool.values() for job in jobs]
-        self.window = wide
+        pools = set(by_pool) if self.apart else None
         k = self.settings.narrow_lookahead
         if self.narrow and any(len(jobs) > k for jobs in by_pool.values()):
             heads = {pool: jobs[:k] for pool, jobs in by_pool.items()}
             behind = {pool: jobs[k:] for pool, jobs in by_pool.items() if len(jobs) > k}
             if self._narrow_may_hold(behind):
-                snapshot = self._snapshot([job for jobs in heads.values() for job in jobs])
+                snapshot = self._snapshot([job for jobs in heads.values() for job in jobs], pools)
                 decided = plan(snapshot, self.settings.policy)
                 if self._narrow_holds(decided, snapshot, heads, behind):
                     self.narrow_passes += 1
-                    if self.check_narrow:
-                        self._compare(decided, plan(self._snapshot(wide), self.settings.policy))
                     return decided
         self.wide_passes += 1
-        return plan(self._snapshot(wide), self.settings.policy)
+        return plan(self._snapshot(wide, pools), self.settings.policy)
 
     def _narrow_may_hold(self, behind: Mapping[str, list[QueuedJob]]) -> bool:
         """Before a narrow pass: nothing a job behind the heads could take now. No warm pool in its pool
@@ -545,10 +587,22 @@ class _Run:
                 return False
         return True
 
-    @staticmethod
-    def _compare(narrow: Plan, wide: Plan) -> None:
-        if narrow.actions != wide.actions or narrow.reservations != wide.reservations:
-            raise AssertionError(f"a narrow pass planned {narrow.actions}, the wide one {wide.actions}")
+    def _compare(self, decided: Plan, everywhere: Mapping[str, list[QueuedJob]]) -> None:
+        """Tests: the pass as planned (narrow, in the pools that changed) against every pool's whole window
+        planned at once, where the pools not planned keep their reservations and do nothing."""
+        wide = plan(
+            self._snapshot([job for jobs in everywhere.values() for job in jobs]), self.settings.policy
+        )
+        expected = dict(decided.reservations)
+        for pool, jobs in everywhere.items():
+            if pool not in self.planned:
+                expected.update({j.name: j.reservation for j in jobs if j.reservation is not None})
+        if sorted(map(repr, decided.actions)) != sorted(map(repr, wide.actions)) or expected != dict(
+            wide.reservations
+        ):
+            raise AssertionError(
+                f"a pass planned {decided.actions}, every pool's whole window {wide.actions}"
+            )
 
     def _pass(self) -> None:
         if not self.queued:
@@ -560,13 +614,16 @@ class _Run:
             elif isinstance(action, Preempt):
                 self._preempt(action)
             elif isinstance(action, ReleaseWarmPool):
-                self.warm.pop(action.training_job_name, None)
+                released = self.warm.pop(action.training_job_name, None)
+                if released is not None:
+                    self.dirty.add(released[0].pool)
         for name in self.reserved | decided.reservations.keys():
             job = self.queued.get(name)
-            if job is None:
+            if job is None or not self.planned & job.demand.keys():
                 continue
             reservation = decided.reservations.get(name)
             if reservation != job.reservation:
+                self.dirty.update(job.demand)
                 self.queued[name] = dataclasses.replace(job, reservation=reservation)
                 if reservation is None:
                     self.reserved.discard(name)
@@ -610,24 +667,38 @@ class _Run:
         if live is None or live.attempt.stopping:
             return
         live.attempt = dataclasses.replace(live.attempt, stopping=True)
+        self.dirty.update(live.attempt.demand)
         live.taken_back = action.taken_back
         self._schedule(live, self.now + self.timings.stop_grace_seconds, self._stopped)
 
     def _wake(self) -> float:
         """The next time the clock alone could make a pass decide differently."""
-        wake = math.inf
         policy = self.settings.policy
-        for job in self.window:
-            if job.name not in self.queued:
+        # a pool neither planned nor changed since keeps its time (it lies ahead, or the pool would be dirty)
+        fresh = self.planned | self.dirty if self.apart else None
+        by_pool = (
+            {pool: at for pool, at in self.wake_by_pool.items() if pool not in fresh}
+            if fresh is not None
+            else {}
+        )
+        for pool, jobs in self.window.items():
+            if fresh is not None and pool not in fresh:
                 continue
-            for at in self.thresholds[job.name]:
-                if at > self.now:
-                    wake = min(wake, at)
+            for job in jobs:
+                if job.name not in self.queued:
+                    continue
+                for at in self.thresholds[job.name]:
+                    if self.now < at < by_pool.get(pool, math.inf):
+                        by_pool[pool] = at
         for live in self.live.values():
+            pool = next(iter(live.attempt.demand))
+            if fresh is not None and pool not in fresh:
+                continue
             at = live.training_at + policy.min_runtime_before_preemption_seconds
-            if at > self.now:
-                wake = min(wake, at)
-        return wake
+            if self.now < at < by_pool.get(pool, math.inf):
+                by_pool[pool] = at
+        self.wake_by_pool = by_pool
+        return min(by_pool.values(), default=math.inf)
 
     def run(self) -> dict[str, float]:
         horizon = self.settings.horizon_seconds
@@ -643,6 +714,7 @@ class _Run:
                 self.now = max(self.now, self.events[0][0])
                 _, _, step = heapq.heappop(self.events)
                 step()
+            self.dirty.update(pool for pool, at in self.wake_by_pool.items() if at <= self.now)
             self._pass()
         return self.started
 
