@@ -114,6 +114,12 @@ def one(title: str, spec: WorkloadSpec, seed: int, args: argparse.Namespace, dra
     scores = {name: score for name, (score, _) in scored.items()}
     result = row(f"{title}, seed {seed}", trace, scores, time.perf_counter() - began)
     print("| " + " | ".join(result) + " |", flush=True)
+    if len(scores) > 1:
+        walls = ", ".join(
+            f"{name} {statistics.mean(score.seconds) if score.seconds else 0:.2f} s"
+            for name, score in scores.items()
+        )
+        print(f"|   forecast wall time, mean: {walls} |", flush=True)
     return result
 
 
