@@ -108,7 +108,8 @@ class ForecastSettings:
     pass_lookahead: int = 50
     #: a pass first reads this many jobs per pool, and reads the whole window only where a job behind them
     #: could act (an idle instance it fits in, an attempt it outranks, a warm pool, a loan or reservation of
-    #: its own): the same plan at a fraction of the cost on a long queue; 0: always the whole window
+    #: its own), and plans only the pools where something changed: the same plans at a fraction of the cost
+    #: on a long queue (engine.py); 0: every pass reads the whole window of every pool
     narrow_lookahead: int = 8
     #: happenings this close together share one pass in the forward run (the scheduler's timer period)
     pass_every_seconds: float = 60.0
