@@ -8,6 +8,9 @@ lookahead window of each pool) whenever an attempt ends or stops, a warm pool ex
 the clock crosses a time the policy compares with (a minimum runtime reached, a wait long enough to
 reserve, a backoff over); starts take SageMaker's provisioning time, stops its grace period, ended attempts
 with a keep-alive leave warm pools. Each waiting job's start in each run gives its P10, P50 and P90.
+A pass plans only the pools where something changed, and reads a pool's whole window only where a job
+behind its first few could act; the plans are those of passes reading every pool's whole window
+(`ForecastSettings.narrow_lookahead`, docs/adr/0022).
 
 Runs share their seeds across calls, so two forecasts of the same state that differ only by a change to one
 job (`counterfactuals`) differ by that change, not by luck (common random numbers).
