@@ -8,6 +8,9 @@ lookahead window of each pool) whenever an attempt ends or stops, a warm pool ex
 the clock crosses a time the policy compares with (a minimum runtime reached, a wait long enough to
 reserve, a backoff over); starts take SageMaker's provisioning time, stops its grace period, ended attempts
 with a keep-alive leave warm pools. Each waiting job's start in each run gives its P10, P50 and P90.
+A pass plans only the pools where something changed, and reads a pool's whole window only where a job
+behind its first few could act; the plans are those of passes reading every pool's whole window
+(`ForecastSettings.narrow_lookahead`, docs/adr/0022).
 
 Runs share their seeds across calls, so two forecasts of the same state that differ only by a change to one
 job (`counterfactuals`) differ by that change, not by luck (common random numbers).
@@ -17,6 +20,7 @@ Pure: no I/O, no clock; `now` is the state's.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import heapq
 import itertools
@@ -39,6 +43,7 @@ from sagequeue.forecast.model import (
     Work,
 )
 from sagequeue_core.policy import (
+    Plan,
     Preempt,
     QueuedJob,
     ReleaseWarmPool,
@@ -130,6 +135,7 @@ class Arrivals:
         span = max((now - max(first, since)).total_seconds(), 0.0)
         # a first busy morning is not a daily rate: the rate is over a day at least
         self.rate = len(recent) / max(span, _DAY) if recent else 0.0
+        self.count = len(recent)
         # hour-of-day profile, weekdays and weekends apart, smoothed toward the flat rate
         counts: Counter[tuple[bool, int]] = Counter(self._bucket(s.at) for s in recent)
         exposure: Counter[tuple[bool, int]] = Counter()
@@ -155,13 +161,24 @@ class Arrivals:
     def rate_at(self, seconds: float) -> float:
         return self.profile[self._bucket(self.now + timedelta(seconds=seconds))]
 
-    def next_after(self, rng: random.Random, seconds: float) -> float:
-        """The next arrival after `seconds` (from now), by thinning; inf when nothing arrives."""
-        if self.peak <= 0 or not self.templates:
+    def scale(self, rng: random.Random, spread: float) -> float:
+        """A run's factor on the rate: the rate is known from `count` submissions only, and the load of the
+        coming hours differs from last week's by about `spread` (a coefficient of variation) besides. A
+        gamma draw of mean 1 and squared coefficient of variation 1/count + spread²: runs then differ in how
+        busy the coming day is, so a forecast's range widens the further its start lies ahead."""
+        if spread <= 0 or not self.count:
+            return 1.0
+        shape = 1.0 / (1.0 / self.count + spread * spread)
+        return rng.gammavariate(shape, 1.0 / shape)
+
+    def next_after(self, rng: random.Random, seconds: float, scale: float = 1.0) -> float:
+        """The next arrival after `seconds` (from now), by thinning, at `scale` times the rate; inf when
+        nothing arrives."""
+        if self.peak <= 0 or not self.templates or scale <= 0:
             return math.inf
         t = seconds
         for _ in range(10_000):
-            t += rng.expovariate(self.peak)
+            t += rng.expovariate(self.peak * scale)
             if rng.random() * self.peak < self.rate_at(t):
                 return t
         return math.inf
@@ -186,6 +203,9 @@ class _Live:
 class _Run:
     """One sample: the queue run forward with drawn run times and arrivals."""
 
+    #: plan every narrow pass wide too and fail on a difference (tests)
+    check_narrow = False
+
     def __init__(
         self,
         state: QueueState,
@@ -205,13 +225,46 @@ class _Run:
         self.now = 0.0
         self.events: list[tuple[float, int, Callable[[], None]]] = []
         self.seq = itertools.count()
-        self.queued: dict[str, QueuedJob] = {j.name: j for j in state.queued}
+        self.queued: dict[str, QueuedJob] = {}
+        #: each pool's queued jobs in queue order (its `queue_order` key and name), kept as jobs come and go
+        self.order: dict[str, list[tuple[tuple[int, datetime, str], str]]] = {}
+        #: queued jobs holding a reservation: a pass clears the reservations of jobs it no longer reads
+        self.reserved: set[str] = set()
+        #: the times (from now) a queued job's wait crosses what the policy compares with (`_wake`)
+        self.thresholds: dict[str, tuple[float, float]] = {}
+        self.limits = {
+            pool: min(capacity, state.quota.get(pool, capacity)) for pool, capacity in state.capacity.items()
+        }
+        #: pools are planned apart where nothing ties them: no team quotas, no job across pools. A pass then
+        #: plans only the pools where something happened since their last plan changed nothing (`dirty`):
+        #: the plan of the others would be the same as their last one
+        self.apart = (
+            settings.narrow_lookahead > 0
+            and not state.team_quotas
+            and all(len(j.demand) == 1 for j in state.queued)
+            and all(len(a.demand) == 1 for a in state.running)
+            and (arrivals is None or all(len(t.demand) == 1 for t in arrivals.templates))
+        )
+        #: narrow passes (`ForecastSettings.narrow_lookahead`) need pools planned apart
+        self.narrow = self.apart and settings.narrow_lookahead < min(
+            settings.queue_lookahead, settings.pass_lookahead
+        )
+        self.dirty: set[str] = set(state.capacity)
+        #: per pool, the next time the clock alone could make its plan differ (`_wake`)
+        self.wake_by_pool: dict[str, float] = {}
+        #: passes planned narrow, and those planned wide after all (`_pass`)
+        self.narrow_passes = 0
+        self.wide_passes = 0
+        for job in state.queued:
+            self._enqueue(job)
         self.work: dict[str, Work] = {}
         self.total: dict[str, float] = {}
         self.live: dict[str, _Live] = {}  # by training job name
         self.warm: dict[str, tuple[WarmPool, float]] = {}
         self.started: dict[str, float] = {}
-        self.window: Sequence[QueuedJob] = ()
+        self.window: Mapping[str, list[QueuedJob]] = {}
+        self.windows: dict[str, list[QueuedJob]] = {}  # each pool's, while its queue is unchanged
+        self.planned: set[str] = set()
         self.arrived = 0
         #: arrivals less important than every tracked job go behind them all: they are not drawn
         self.least = min((j.priority for j in state.queued if j.name in tracked), default=0)
@@ -223,8 +276,10 @@ class _Run:
             self._adopt(attempt)
         for retained in state.warm_pools:
             self._keep(retained.warm_pool, (retained.expires_at - state.now).total_seconds())
+        self.arrival_scale = 1.0
         if arrivals is not None:
-            first = arrivals.next_after(rng, 0.0)
+            self.arrival_scale = arrivals.scale(rng, settings.arrival_rate_spread)
+            first = arrivals.next_after(rng, 0.0, self.arrival_scale)
             if first <= settings.arrivals_ahead_seconds:
                 self._push(first, self._arrive)
 
@@ -293,12 +348,14 @@ class _Run:
         if expires_in <= 0:
             return
         self.warm[warm.training_job_name] = (warm, expires_in)
+        self.dirty.add(warm.pool)
         name = warm.training_job_name
 
         def expire() -> None:
             held = self.warm.get(name)
             if held is not None and held[1] <= self.now:
                 del self.warm[name]
+                self.dirty.add(warm.pool)
 
         self._push(expires_in, expire)
 
@@ -306,7 +363,7 @@ class _Run:
     def _arrive(self) -> None:
         assert self.arrivals is not None
         template = self.rng.choice(self.arrivals.templates)
-        following = self.arrivals.next_after(self.rng, self.now)
+        following = self.arrivals.next_after(self.rng, self.now, self.arrival_scale)
         if following <= self.settings.arrivals_ahead_seconds:
             self._push(following, self._arrive)
         if template.priority < self.least:
@@ -323,7 +380,7 @@ class _Run:
             team=template.team,
         )
         work = Work(traits=template.traits, keep_alive_seconds=template.keep_alive_seconds)
-        self.queued[name] = job
+        self._enqueue(job)
         self.work[name] = work
         self.total[name] = self._draw_total(work, 0.0)
 
@@ -342,12 +399,13 @@ class _Run:
         else:
             job = dataclasses.replace(job, preemptions=job.preemptions + 1)
         job = dataclasses.replace(job, queued_since=self.dt(self.now), reservation=None, not_before=None)
-        self.queued[job.name] = job
+        self._enqueue(job)
         self.work[job.name] = dataclasses.replace(live.work, trained_seconds=max(kept, 0.0))
         self.total[job.name] = live.total
 
     def _end(self, live: _Live) -> None:
         del self.live[live.attempt.training_job_name]
+        self.dirty.update(live.attempt.demand)
         key = live.job.resource_key
         launched = self.now >= live.training_at - self.timings.download_seconds
         if live.keep_alive > 0 and key is not None and launched:
@@ -356,67 +414,227 @@ class _Run:
                 WarmPool(live.attempt.training_job_name, key, lent_by=lent_by), self.now + live.keep_alive
             )
 
+    # the queue
+    def _enqueue(self, job: QueuedJob) -> None:
+        self.queued[job.name] = job
+        self.dirty.update(job.demand)
+        origin = self.state.now
+        self.thresholds[job.name] = (
+            (job.waiting_since - origin).total_seconds() + self.settings.policy.reserve_after_seconds,
+            (job.not_before - origin).total_seconds() if job.not_before else math.inf,
+        )
+        if job.reservation is not None:
+            self.reserved.add(job.name)
+        for pool in job.demand:
+            bisect.insort(self.order.setdefault(pool, []), (queue_order(job), job.name))
+
+    def _dequeue(self, name: str) -> QueuedJob | None:
+        job = self.queued.pop(name, None)
+        if job is None:
+            return None
+        self.reserved.discard(name)
+        self.dirty.update(job.demand)
+        entry = (queue_order(job), name)
+        for pool in job.demand:
+            jobs = self.order[pool]
+            del jobs[bisect.bisect_left(jobs, entry)]
+        return job
+
     # the pass
-    def _window(self) -> list[QueuedJob]:
-        by_pool: dict[str, list[QueuedJob]] = {}
-        for job in self.queued.values():
-            pool = next(iter(job.demand))
-            by_pool.setdefault(pool, []).append(job)
-        window: list[QueuedJob] = []
-        lookahead = min(self.settings.queue_lookahead, self.settings.pass_lookahead)
+    def _window(self, lookahead: int, pools: Iterable[str] | None = None) -> dict[str, list[QueuedJob]]:
+        """Each pool's jobs a pass reads (of `pools`; None: all): the first `lookahead` in queue order that
+        can fit (and, with team quotas, each team's first `lookahead`), as the service's lookahead window
+        reads them."""
+        window: dict[str, list[QueuedJob]] = {}
         teams_by_pool: dict[str, set[str]] = {}
         for quota in self.state.team_quotas:
             teams_by_pool.setdefault(quota.pool, set()).add(quota.team)
-        for pool, jobs in by_pool.items():
+        for pool in self.order if pools is None else pools:
+            entries = self.order.get(pool)
+            if not entries:
+                continue
             capacity = self.state.capacity.get(pool, 0)
-            jobs.sort(key=queue_order)
-            if capacity:
-                jobs = [j for j in jobs if j.demand.get(pool, 0) <= capacity]
-            head = jobs[:lookahead]
-            window.extend(head)
             teams = teams_by_pool.get(pool)
-            if teams:
-                seen = {j.name for j in head}
-                taken: Counter[str] = Counter()
-                for job in jobs:
-                    if job.team in teams and taken[job.team or ""] < lookahead:
+            head: list[QueuedJob] = []
+            extra: list[QueuedJob] = []
+            taken: Counter[str] = Counter()
+            for _, name in entries:
+                job = self.queued[name]
+                if next(iter(job.demand)) != pool:
+                    continue  # a job across pools is read in its first pool's window
+                if capacity and job.demand.get(pool, 0) > capacity:
+                    continue
+                if len(head) < lookahead:
+                    head.append(job)
+                    if teams and job.team in teams:
                         taken[job.team or ""] += 1
-                        if job.name not in seen:
-                            window.append(job)
+                elif teams and job.team in teams and taken[job.team or ""] < lookahead:
+                    taken[job.team or ""] += 1
+                    extra.append(job)
+                elif not teams:
+                    break
+            if head:
+                window[pool] = head + extra
         return window
 
-    def _snapshot(self) -> Snapshot:
+    def _snapshot(self, queued: Sequence[QueuedJob], pools: set[str] | None = None) -> Snapshot:
+        """What a pass reads: `queued`, and what runs and waits warm in `pools` (None: everywhere)."""
+        running = [live.attempt for live in self.live.values()]
+        warm = [warm for warm, _ in self.warm.values()]
+        if pools is not None:
+            running = [a for a in running if next(iter(a.demand)) in pools]
+            warm = [w for w in warm if w.pool in pools]
         return Snapshot(
             now=self.dt(self.now),
             capacity=self.state.capacity,
             quota=self.state.quota,
-            queued=self._window(),
-            running=[live.attempt for live in self.live.values()],
-            warm_pools=[warm for warm, _ in self.warm.values()],
+            queued=queued,
+            running=running,
+            warm_pools=warm,
             team_quotas=self.state.team_quotas,
             team_usage=self.state.team_usage,
         )
 
+    def _plan(self) -> Plan:
+        """The pass's plan. A narrow pass reads only the first `narrow_lookahead` jobs of each pool; it stands
+        for the wide one where nothing past them could act (`_narrow_holds`), else the pass reads all."""
+        lookahead = min(self.settings.queue_lookahead, self.settings.pass_lookahead)
+        if self.apart:
+            # a pool's window changes only with its queue, which makes it dirty
+            for pool in self.dirty:
+                self.windows.pop(pool, None)
+            self.windows.update(self._window(lookahead, self.dirty))
+            everywhere = self.windows
+            by_pool = {pool: jobs for pool, jobs in everywhere.items() if pool in self.dirty}
+        else:
+            everywhere = by_pool = self._window(lookahead)
+        self.window = everywhere
+        # the pools whose reservations this pass decides (a job it does not read holds none after it)
+        self.planned = set(self.dirty) if self.apart else set(self.order)
+        self.dirty = set()
+        decided = self._plan_pools(by_pool)
+        if self.check_narrow:
+            self._compare(decided, everywhere)
+        return decided
+
+    def _plan_pools(self, by_pool: Mapping[str, list[QueuedJob]]) -> Plan:
+        if not by_pool:
+            return Plan()
+        wide = [job for jobs in by_pool.values() for job in jobs]
+        pools = set(by_pool) if self.apart else None
+        k = self.settings.narrow_lookahead
+        if self.narrow and any(len(jobs) > k for jobs in by_pool.values()):
+            heads = {pool: jobs[:k] for pool, jobs in by_pool.items()}
+            behind = {pool: jobs[k:] for pool, jobs in by_pool.items() if len(jobs) > k}
+            if self._narrow_may_hold(behind):
+                snapshot = self._snapshot([job for jobs in heads.values() for job in jobs], pools)
+                decided = plan(snapshot, self.settings.policy)
+                if self._narrow_holds(decided, snapshot, heads, behind):
+                    self.narrow_passes += 1
+                    return decided
+        self.wide_passes += 1
+        return plan(self._snapshot(wide, pools), self.settings.policy)
+
+    def _narrow_may_hold(self, behind: Mapping[str, list[QueuedJob]]) -> bool:
+        """Before a narrow pass: nothing a job behind the heads could take now. No warm pool in its pool
+        (it might reuse or release one), no stopping attempt (their instances are promised in order), no
+        loan it lent, no reservation of its own, no attempt it outranks (it might preempt or hold for one)."""
+        for pool, jobs in behind.items():
+            if any(warm.pool == pool for warm, _ in self.warm.values()):
+                return False
+            names = {job.name for job in jobs}
+            if any(job.reservation is not None for job in jobs):
+                return False
+            top = max(job.priority for job in jobs)
+            for live in self.live.values():
+                attempt = live.attempt
+                if pool not in attempt.demand:
+                    continue
+                if attempt.stopping or attempt.on_loan_for in names:
+                    return False
+                if attempt.job_name is not None and attempt.priority < top:
+                    return False
+        return True
+
+    def _narrow_holds(
+        self,
+        decided: Plan,
+        snapshot: Snapshot,
+        heads: Mapping[str, list[QueuedJob]],
+        behind: Mapping[str, list[QueuedJob]],
+    ) -> bool:
+        """After a narrow pass: in each pool, a job at the head still waits (so the pool is blocked and no
+        job behind it drains), no idle instance (free, or held by a reservation and lendable) is left that
+        a job behind fits in, and no job started shares its warm-pool key with one behind (its keep-alive
+        depends on who would reuse the pool)."""
+        started: dict[str, QueuedJob] = {}
+        names = {action.job_name for action in decided.actions if isinstance(action, Start)}
+        for jobs in heads.values():
+            for job in jobs:
+                if job.name in names:
+                    started[job.name] = job
+        now = snapshot.now
+        for pool, jobs in behind.items():
+            if not any(
+                job.name not in started and (job.not_before is None or job.not_before <= now)
+                for job in heads.get(pool, ())
+            ):
+                return False
+            used = sum(a.demand.get(pool, 0) for a in snapshot.running)
+            used += sum(job.demand.get(pool, 0) for job in started.values())
+            idle = self.limits.get(pool, 0) - used
+            if idle > 0 and min(job.demand[pool] for job in jobs) <= idle:
+                return False
+            keys = {job.resource_key for job in jobs if job.resource_key is not None}
+            if keys and any(job.resource_key in keys for job in started.values()):
+                return False
+        return True
+
+    def _compare(self, decided: Plan, everywhere: Mapping[str, list[QueuedJob]]) -> None:
+        """Tests: the pass as planned (narrow, in the pools that changed) against every pool's whole window
+        planned at once, where the pools not planned keep their reservations and do nothing."""
+        wide = plan(
+            self._snapshot([job for jobs in everywhere.values() for job in jobs]), self.settings.policy
+        )
+        expected = dict(decided.reservations)
+        for pool, jobs in everywhere.items():
+            if pool not in self.planned:
+                expected.update({j.name: j.reservation for j in jobs if j.reservation is not None})
+        if sorted(map(repr, decided.actions)) != sorted(map(repr, wide.actions)) or expected != dict(
+            wide.reservations
+        ):
+            raise AssertionError(
+                f"a pass planned {decided.actions}, every pool's whole window {wide.actions}"
+            )
+
     def _pass(self) -> None:
         if not self.queued:
             return
-        snapshot = self._snapshot()
-        self.window = snapshot.queued
-        decided = plan(snapshot, self.settings.policy)
+        decided = self._plan()
         for action in decided.actions:
             if isinstance(action, Start):
                 self._start(action)
             elif isinstance(action, Preempt):
                 self._preempt(action)
             elif isinstance(action, ReleaseWarmPool):
-                self.warm.pop(action.training_job_name, None)
-        for name, job in list(self.queued.items()):
+                released = self.warm.pop(action.training_job_name, None)
+                if released is not None:
+                    self.dirty.add(released[0].pool)
+        for name in self.reserved | decided.reservations.keys():
+            job = self.queued.get(name)
+            if job is None or not self.planned & job.demand.keys():
+                continue
             reservation = decided.reservations.get(name)
             if reservation != job.reservation:
+                self.dirty.update(job.demand)
                 self.queued[name] = dataclasses.replace(job, reservation=reservation)
+                if reservation is None:
+                    self.reserved.discard(name)
+                else:
+                    self.reserved.add(name)
 
     def _start(self, action: Start) -> None:
-        job = self.queued.pop(action.job_name, None)
+        job = self._dequeue(action.job_name)
         if job is None:
             return
         if job.name in self.tracked and job.name not in self.started:
@@ -452,28 +670,38 @@ class _Run:
         if live is None or live.attempt.stopping:
             return
         live.attempt = dataclasses.replace(live.attempt, stopping=True)
+        self.dirty.update(live.attempt.demand)
         live.taken_back = action.taken_back
         self._schedule(live, self.now + self.timings.stop_grace_seconds, self._stopped)
 
     def _wake(self) -> float:
         """The next time the clock alone could make a pass decide differently."""
-        wake = math.inf
         policy = self.settings.policy
-        for job in self.window:
-            if job.name not in self.queued:
+        # a pool neither planned nor changed since keeps its time (it lies ahead, or the pool would be dirty)
+        fresh = self.planned | self.dirty if self.apart else None
+        by_pool = (
+            {pool: at for pool, at in self.wake_by_pool.items() if pool not in fresh}
+            if fresh is not None
+            else {}
+        )
+        for pool, jobs in self.window.items():
+            if fresh is not None and pool not in fresh:
                 continue
-            waiting = (job.waiting_since - self.state.now).total_seconds()
-            for at in (
-                waiting + policy.reserve_after_seconds,
-                (job.not_before - self.state.now).total_seconds() if job.not_before else math.inf,
-            ):
-                if at > self.now:
-                    wake = min(wake, at)
+            for job in jobs:
+                if job.name not in self.queued:
+                    continue
+                for at in self.thresholds[job.name]:
+                    if self.now < at < by_pool.get(pool, math.inf):
+                        by_pool[pool] = at
         for live in self.live.values():
+            pool = next(iter(live.attempt.demand))
+            if fresh is not None and pool not in fresh:
+                continue
             at = live.training_at + policy.min_runtime_before_preemption_seconds
-            if at > self.now:
-                wake = min(wake, at)
-        return wake
+            if self.now < at < by_pool.get(pool, math.inf):
+                by_pool[pool] = at
+        self.wake_by_pool = by_pool
+        return min(by_pool.values(), default=math.inf)
 
     def run(self) -> dict[str, float]:
         horizon = self.settings.horizon_seconds
@@ -489,6 +717,7 @@ class _Run:
                 self.now = max(self.now, self.events[0][0])
                 _, _, step = heapq.heappop(self.events)
                 step()
+            self.dirty.update(pool for pool, at in self.wake_by_pool.items() if at <= self.now)
             self._pass()
         return self.started
 
@@ -516,7 +745,12 @@ def forecast(
         if budget is not None and runs >= settings.min_samples and time.perf_counter() - began > budget:
             break  # a large queue: fewer runs, a rougher range, an answer in time
         rng = random.Random(f"{settings.seed}:{sample}")
-        started = _Run(state, settings, run_times, arrivals, rng, tracked).run()
+        drawn = run_times
+        if settings.resample_history and len(history.completed) > 1:
+            # the run-time distribution is known from the completed jobs only: each run draws from a
+            # resample of them (a bootstrap), so a short history widens the range as it should
+            drawn = RunTimes(rng.choices(history.completed, k=len(history.completed)))
+        started = _Run(state, settings, drawn, arrivals, rng, tracked).run()
         runs += 1
         for name in tracked:
             starts[name].append(started.get(name, math.inf))

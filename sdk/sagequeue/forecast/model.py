@@ -106,6 +106,11 @@ class ForecastSettings:
     #: queued jobs per pool the forward run's passes read (at most the lookahead): a shallower window is
     #: faster but misses backfill from deep in the queue (docs/forecast.md measures what it changes)
     pass_lookahead: int = 50
+    #: a pass first reads this many jobs per pool, and reads the whole window only where a job behind them
+    #: could act (an idle instance it fits in, an attempt it outranks, a warm pool, a loan or reservation of
+    #: its own), and plans only the pools where something changed: the same plans at a fraction of the cost
+    #: on a long queue (engine.py); 0: every pass reads the whole window of every pool
+    narrow_lookahead: int = 8
     #: happenings this close together share one pass in the forward run (the scheduler's timer period)
     pass_every_seconds: float = 60.0
     timings: Timings = field(default_factory=Timings)
@@ -121,6 +126,11 @@ class ForecastSettings:
     #: how far ahead later arrivals are drawn: the last week says little about the load days from now, and a
     #: queue overloaded today is not overloaded forever
     arrivals_ahead_seconds: float = 86400.0
+    #: how much the coming day's submission rate differs from the last week's (a coefficient of variation):
+    #: each run draws its own rate (`Arrivals.scale`); 0: every run at last week's rate
+    arrival_rate_spread: float = 0.5
+    #: each run draws run times from a resample of the completed jobs (a bootstrap); False: from them all
+    resample_history: bool = True
     seed: int = 0
 
 

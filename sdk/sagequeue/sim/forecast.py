@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -221,10 +221,39 @@ def scored_run(
 ) -> tuple[Score, list[Made]]:
     """Run `trace` under sagequeue's policy, forecasting every waiting job every `every_seconds`, and score
     the forecasts against the starts that happened."""
+    scored = scored_runs(
+        trace,
+        settings,
+        timings,
+        every_seconds=every_seconds,
+        horizon_seconds=horizon_seconds,
+        progress=progress,
+        variants={"forecast": {"samples": samples, "oracle": oracle, **forecast_changes}},
+    )
+    return scored["forecast"]
+
+
+def scored_runs(
+    trace: Trace,
+    settings: SimSettings,
+    timings: Timings | None = None,
+    *,
+    every_seconds: float = 900.0,
+    horizon_seconds: float | None = None,
+    progress: bool = False,
+    variants: Mapping[str, Mapping[str, object]],
+) -> dict[str, tuple[Score, list[Made]]]:
+    """`scored_run` for several forecasts at once, side by side in one run of the trace: each variant is
+    a set of changes to the forecast's settings (`oracle: True` for the reference that knows training
+    times), forecast at the same moments from the same observations."""
     timings = timings or Timings()
-    made: list[Made] = []
-    wall: list[float] = []
-    fsettings = forecast_settings(settings, timings, samples=samples, **forecast_changes)
+    made: dict[str, list[Made]] = {name: [] for name in variants}
+    wall: dict[str, list[float]] = {name: [] for name in variants}
+    configured: dict[str, tuple[ForecastSettings, bool]] = {}
+    for name, changes in variants.items():
+        changes = dict(changes)
+        oracle = bool(changes.pop("oracle", False))
+        configured[name] = (forecast_settings(settings, timings, **changes), oracle)
     next_at = [every_seconds]
 
     def observe(now: float) -> None:
@@ -235,27 +264,30 @@ def scored_run(
         waiting = [j.name for pool in sim.queued.values() for j in pool.values()]
         if not waiting:
             return
-        began = time.perf_counter()
-        result = forecast(state_of(sim, oracle=oracle), history_of(sim), fsettings)
-        wall.append(time.perf_counter() - began)
         baseline = baseline_of(sim)
         origin = sim.now_dt
-        for name in waiting:
-            jf = result.jobs[name]
-            estimate = baseline.get(name)
-            made.append(
-                Made(
-                    job=name,
-                    made=now,
-                    p10=jf.p10,
-                    p50=jf.p50,
-                    p90=jf.p90,
-                    baseline=(estimate - origin).total_seconds() if estimate is not None else None,
-                    waiting=len(waiting),
+        history = history_of(sim)
+        for name, (fsettings, oracle) in configured.items():
+            began = time.perf_counter()
+            result = forecast(state_of(sim, oracle=oracle), history, fsettings)
+            wall[name].append(time.perf_counter() - began)
+            for job in waiting:
+                jf = result.jobs[job]
+                estimate = baseline.get(job)
+                made[name].append(
+                    Made(
+                        job=job,
+                        made=now,
+                        p10=jf.p10,
+                        p50=jf.p50,
+                        p90=jf.p90,
+                        baseline=(estimate - origin).total_seconds() if estimate is not None else None,
+                        waiting=len(waiting),
+                    )
                 )
-            )
         if progress:
-            print(f"  {now / 86400:.2f} d: {len(waiting)} waiting, {wall[-1]:.2f} s", flush=True)
+            took = ", ".join(f"{name} {wall[name][-1]:.2f} s" for name in configured)
+            print(f"  {now / 86400:.2f} d: {len(waiting)} waiting, {took}", flush=True)
 
     sim = Simulation(
         trace,
@@ -268,14 +300,17 @@ def scored_run(
     )
     sim.run()
     starts = {name: _starts(run.job.history, trace.start) for name, run in sim.runs.items()}
-    score = Score(seconds=wall)
-    for forecast_made in made:
-        actual = _next_start(starts.get(forecast_made.job, []), forecast_made.made)
-        if actual is None:
-            continue  # it never started within the run: nothing to compare with
-        forecast_made.actual = actual - forecast_made.made
-        score.add(forecast_made, forecast_made.actual)
-    return score, made
+    scored: dict[str, tuple[Score, list[Made]]] = {}
+    for name in variants:
+        score = Score(seconds=wall[name])
+        for forecast_made in made[name]:
+            actual = _next_start(starts.get(forecast_made.job, []), forecast_made.made)
+            if actual is None:
+                continue  # it never started within the run: nothing to compare with
+            forecast_made.actual = actual - forecast_made.made
+            score.add(forecast_made, forecast_made.actual)
+        scored[name] = (score, made[name])
+    return scored
 
 
 def _starts(history: Iterable[dict[str, object]], origin: datetime) -> list[float]:
@@ -291,4 +326,13 @@ def _next_start(starts: list[float], after: float) -> float | None:
     return next((s for s in starts if s >= after), None)
 
 
-__all__ = ["Made", "Score", "baseline_of", "forecast_settings", "history_of", "scored_run", "state_of"]
+__all__ = [
+    "Made",
+    "Score",
+    "baseline_of",
+    "forecast_settings",
+    "history_of",
+    "scored_run",
+    "scored_runs",
+    "state_of",
+]
