@@ -72,6 +72,38 @@ def test_a_marker_round_trips_and_names_its_attempt() -> None:
             "interval_seconds",
         ),
         (b" " * (MAX_MARKER_BYTES + 1), "bytes"),
+        # times and numbers at the edge of what Python can hold: refused, never an OverflowError that
+        # would end the pass for every job
+        (
+            json.dumps({"version": 1, "training_job_name": "j", "at": "0001-01-01T00:00:00+01:00"}).encode(),
+            "at",
+        ),
+        (
+            json.dumps({"version": 1, "training_job_name": "j", "at": "9999-12-31T23:59:59-01:00"}).encode(),
+            "at",
+        ),
+        (
+            json.dumps({"version": 1, "training_job_name": "j", "at": "1970-01-01T00:00:00Z"}).encode(),
+            "years",
+        ),
+        (
+            b'{"version":1,"training_job_name":"j","at":"2026-06-01T12:00:00Z","interval_seconds":1'
+            + b"0" * 400
+            + b"}",
+            "interval_seconds",
+        ),
+        (
+            json.dumps(
+                {"version": 1, "training_job_name": "j", "at": "2026-06-01T12:00:00Z", "step": 2**64}
+            ).encode(),
+            "step",
+        ),
+        (
+            json.dumps(
+                {"version": 1, "training_job_name": "j", "at": "2026-06-01T12:00:00Z", "count": 2**64}
+            ).encode(),
+            "count",
+        ),
     ],
 )
 def test_what_is_not_a_marker_is_refused_naming_the_problem(body: bytes, problem: str) -> None:

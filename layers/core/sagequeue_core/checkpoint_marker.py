@@ -24,6 +24,11 @@ MARKER_VERSION = 1
 MAX_MARKER_BYTES = 4096
 #: Longest interval between checkpoints a marker may state (a week): beyond it the value is not believed.
 MAX_INTERVAL_SECONDS = 7 * 86_400
+#: Largest step or count a marker may state (a signed 64-bit integer, what any training loop counts in).
+MAX_COUNTER = 2**63 - 1
+#: Years a marker's time may fall in: outside them it is not a checkpoint's time (and near datetime's own
+#: bounds, time arithmetic would overflow).
+MARKER_YEARS = (2000, 2999)
 
 
 class MarkerError(ValueError):
@@ -90,17 +95,22 @@ class CheckpointReport:
             raise MarkerError("the marker names no training job")
         at = _time(data.get("at"))
         step = data.get("step")
-        if step is not None and (not isinstance(step, int) or isinstance(step, bool) or step < 0):
-            raise MarkerError(f"step {step!r} is not a non-negative integer")
+        if step is not None and (
+            not isinstance(step, int) or isinstance(step, bool) or not 0 <= step <= MAX_COUNTER
+        ):
+            raise MarkerError(f"step {_short(step)} is not an integer within [0, {MAX_COUNTER}]")
         count = data.get("count", 1)
-        if not isinstance(count, int) or isinstance(count, bool) or count < 1:
-            raise MarkerError(f"count {count!r} is not a positive integer")
+        if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= MAX_COUNTER:
+            raise MarkerError(f"count {_short(count)} is not an integer within [1, {MAX_COUNTER}]")
         interval = data.get("interval_seconds")
         if interval is not None:
             if not isinstance(interval, int | float) or isinstance(interval, bool):
-                raise MarkerError(f"interval_seconds {interval!r} is not a number")
-            if not math.isfinite(interval) or not 0 < interval <= MAX_INTERVAL_SECONDS:
-                raise MarkerError(f"interval_seconds {interval!r} is not within (0, {MAX_INTERVAL_SECONDS}]")
+                raise MarkerError(f"interval_seconds {_short(interval)} is not a number")
+            # the range first: math.isfinite overflows on an integer too large for a float
+            if not 0 < interval <= MAX_INTERVAL_SECONDS or not math.isfinite(interval):
+                raise MarkerError(
+                    f"interval_seconds {_short(interval)} is not within (0, {MAX_INTERVAL_SECONDS}]"
+                )
         source = data.get("source", "script")
         return cls(
             training_job_name=name,
@@ -112,16 +122,27 @@ class CheckpointReport:
         )
 
 
+def _short(value: Any) -> str:
+    """A value for an error message, cut short: a marker's author chooses it."""
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:37]}..."
+
+
 def _time(value: Any) -> datetime:
     if not isinstance(value, str):
-        raise MarkerError(f"at {value!r} is not an ISO 8601 time")
+        raise MarkerError(f"at {_short(value)} is not an ISO 8601 time")
     try:
         parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        raise MarkerError(f"at {value!r} is not an ISO 8601 time") from None
-    if parsed.tzinfo is None:
-        raise MarkerError(f"at {value!r} has no time zone")
-    return parsed.astimezone(UTC)
+        if parsed.tzinfo is None:
+            raise MarkerError(f"at {_short(value)} has no time zone")
+        utc = parsed.astimezone(UTC)
+    except (ValueError, OverflowError) as exc:
+        if isinstance(exc, MarkerError):
+            raise
+        raise MarkerError(f"at {_short(value)} is not an ISO 8601 time within datetime's range") from None
+    if not MARKER_YEARS[0] <= utc.year <= MARKER_YEARS[1]:
+        raise MarkerError(f"at {_short(value)} is not within the years {MARKER_YEARS[0]}-{MARKER_YEARS[1]}")
+    return utc
 
 
 def marker_key(s3_uri: str) -> tuple[str, str]:

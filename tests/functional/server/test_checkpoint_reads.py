@@ -103,6 +103,33 @@ def test_a_marker_naming_another_attempt_changes_nothing(world: QueueWorld) -> N
     assert stored.refused == "the marker names training job victim"
 
 
+@pytest.mark.parametrize(
+    "at",
+    ["0001-01-01T00:00:00+01:00", "9999-12-31T23:59:59-01:00"],
+    ids=["before-datetime-min", "after-datetime-max"],
+)
+def test_a_marker_at_the_edge_of_time_stops_no_pass_for_anyone(world: QueueWorld, at: str) -> None:
+    # GIVEN two tenants' running jobs, the victim's checkpoint read
+    _running(world, "victim", "hostile")
+    _put_marker(world, "victim", CheckpointReport("victim", world.clock.now(), step=10))
+    world.run(60)
+    assert world.job("victim")["checkpoint"] is not None
+    # WHEN the hostile job's image writes a marker of its own whose time overflows when read
+    body = {"version": 1, "training_job_name": "hostile", "at": at, "step": 1}
+    bucket, key = marker_key(f"s3://{BUCKET}/checkpoints/hostile")
+    world.s3.put_object(Bucket=bucket, Key=key, Body=json.dumps(body).encode())  # type: ignore[attr-defined]
+    world.run(300)
+    # THEN passes go on for everyone: a job submitted after it starts on the capacity a job frees
+    world.submit("later", priority=9, duration=600)
+    world.run_until(lambda: world.state("later") == "running", limit=1800)
+    # AND the marker is refused, naming why, and the hostile job has no checkpoint
+    stored = world.deps.store.get_job("hostile").checkpoint
+    assert stored is not None
+    assert stored.refused is not None
+    assert "at" in stored.refused
+    assert world.job("hostile")["checkpoint"] is None
+
+
 def test_a_preemption_records_the_work_it_throws_away(world: QueueWorld) -> None:
     _running(world, "victim")
     job = world.deps.store.get_job("victim")

@@ -69,9 +69,20 @@ def read_checkpoints(deps: Dependencies, live: Iterable[Job]) -> list[str]:
                 )
             updates.append((job, _checked(record, now, etag=None, refused=str(exc))))
             continue
+        except Exception as exc:  # noqa: BLE001 - the marker's author chooses its bytes: one job's marker
+            # must never stop the pass for every job (nor be read first again in every pass)
+            refused = f"the marker could not be read: {type(exc).__name__}"
+            logger.exception("checkpoint marker not read", extra={"job": job.name, "s3_uri": uri})
+            updates.append((job, _checked(record, now, etag=None, refused=refused)))
+            continue
         checked = _checked(record, now, etag=read.etag, refused=record.refused if read.unchanged else None)
         if report is not None and job.training_started_at is not None:
-            checked = believe(checked, report, training_started_at=job.training_started_at, read_at=now)
+            try:
+                checked = believe(checked, report, training_started_at=job.training_started_at, read_at=now)
+            except Exception as exc:  # noqa: BLE001 - as above: one marker never stops the pass
+                logger.exception("checkpoint marker not believed", extra={"job": job.name})
+                updates.append((job, replace(checked, refused=f"the marker was not believed: {exc}")))
+                continue
             if (
                 checked.refused
                 and checked.refused != record.refused
