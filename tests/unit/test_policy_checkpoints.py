@@ -22,6 +22,7 @@ from sagequeue_core.policy import (
     plan,
     work_lost_seconds,
 )
+from sagequeue_core.quotas import TeamQuota
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 POOL = "ml.trn1.32xlarge"
@@ -133,6 +134,59 @@ def test_a_job_that_reports_nothing_still_goes_before_one_without_checkpoints() 
     assert [(p.training_job_name, p.work_lost_seconds) for p in result.preemptions] == [
         ("b-silent", 41 * 60.0)
     ]
+
+
+@given(
+    st.sampled_from(
+        [
+            {"checkpoint_minutes_ago": None, "interval_minutes": None},  # reports nothing
+            {"checkpoint_minutes_ago": None},  # an interval, but no checkpoint in the attempt
+            {"checkpoint_minutes_ago": 110},  # an old one
+            {"checkpoint_minutes_ago": 1, "interval_minutes": 7 * 24 * 60},  # fresh, but a 7-day interval
+        ]
+    ),
+    st.booleans(),
+)
+@settings(max_examples=8, deadline=None)
+def test_other_teams_borrowing_work_is_reclaimed_before_its_own_whatever_either_loses(
+    claim: dict[str, float | None], by_work_lost: bool
+) -> None:
+    # GIVEN a governed pool of 2: team a runs "a-low" (checkpointed a minute ago) within its quota of 2 and
+    # team b borrows the other instance with "b-borrow", which claims it would lose much (or is due late)
+    a_low = victim("a-low", 1, checkpoint_minutes_ago=1, team="a")
+    b_borrow = victim("b-borrow", 5, team="b", **claim)  # type: ignore[arg-type]
+    result = plan(
+        Snapshot(
+            now=NOW,
+            capacity={POOL: 2},
+            team_quotas=[TeamQuota("a", POOL, 2), TeamQuota("b", POOL, 0)],
+            queued=[queued("a-high", 9, team="a")],
+            running=[a_low, b_borrow],
+        ),
+        dataclasses.replace(NO_WAIT, victims_by_work_lost=by_work_lost),
+    )
+    # THEN team a takes its quota back from b (ADR 0011), with or without victims chosen by work lost;
+    # what b's job says of its checkpoints does not put team a's own job in its place
+    assert [p.training_job_name for p in result.preemptions] == ["b-borrow"]
+    assert result.checkpoint_waits == {}
+
+
+def test_a_less_important_victim_goes_first_whatever_it_claims_to_lose() -> None:
+    # GIVEN a pool without quotas: team b's priority-1 job reports an old checkpoint (it would lose two
+    # hours), team a's priority-5 job checkpointed a minute ago
+    b_low = victim("b-low", 1, checkpoint_minutes_ago=150, interval_minutes=None, team="b")
+    a_mid = victim("a-mid", 5, checkpoint_minutes_ago=1, team="a")
+    result = plan(
+        Snapshot(
+            now=NOW,
+            capacity={POOL: 2},
+            queued=[queued("c-top", 9, team="c")],
+            running=[a_mid, b_low],
+        ),
+        NO_WAIT,
+    )
+    # THEN the priority-1 job is stopped, as the victim order has it: work lost only breaks ties
+    assert [(p.training_job_name, p.work_lost_seconds) for p in result.preemptions] == [("b-low", 7200.0)]
 
 
 def test_fewer_victims_still_come_before_less_work_lost() -> None:
@@ -346,7 +400,7 @@ def candidates(draw: st.DrawFn) -> tuple[list[RunningAttempt], int, int]:
 
 @PROPERTY
 @given(candidates())
-def test_the_victims_lose_the_least_work_among_the_fewest_that_cover(
+def test_the_victims_lose_the_least_work_among_the_fewest_that_cover_of_the_first_classes(
     case: tuple[list[RunningAttempt], int, int],
 ) -> None:
     attempts, free, need = case
@@ -381,10 +435,18 @@ def test_the_victims_lose_the_least_work_among_the_fewest_that_cover(
         for combo in itertools.combinations(attempts, size)
         if covers(combo, deficit)
     ]
+
+    def classes(combo: tuple[RunningAttempt, ...]) -> tuple[tuple[bool, int], ...]:
+        # the victim order less its tie-breaks: those that resume from checkpoints, then the least important
+        return tuple(sorted((not a.checkpointed, a.priority) for a in combo))
+
     fewest = min(len(c) for c in every)
-    cheapest = min(lost(c) for c in every if len(c) == fewest)
+    first = min(classes(c) for c in every if len(c) == fewest)
+    cheapest = min(lost(c) for c in every if len(c) == fewest and classes(c) == first)
     picked = tuple(a for a in attempts if a.training_job_name in chosen)
     assert len(picked) == fewest
+    # work lost chooses only among the covers the victim order cannot tell apart
+    assert classes(picked) == first
     assert abs(lost(picked) - cheapest) < 1e-6
     by_name = {p.training_job_name: p.work_lost_seconds for p in result.preemptions}
     assert by_name == {a.training_job_name: work_lost_seconds(a, NOW) for a in picked}

@@ -691,7 +691,9 @@ class _Pass:
         )
 
     def _reclaim_first(self, job: QueuedJob) -> Callable[[RunningAttempt], tuple[Any, ...]] | None:
-        """Victim order when other teams' borrowing work is among the candidates: that first, newest first."""
+        """Victim order when other teams' borrowing work is among the candidates: that first, newest first
+        (whatever its priority); then the rest in victim_order. Ends, as victim_order does, with start time and
+        name (`minimal_cover`)."""
         if not self.teams.governed:
             return None
 
@@ -1178,7 +1180,9 @@ def _covered_by(warm_pools: Sequence[WarmPool], deficit: Mapping[str, int]) -> b
 
 def victim_order(attempt: RunningAttempt) -> tuple[bool, int, float, str]:
     """Jobs that resume from checkpoints before those that would restart from zero; then the least
-    important; among equals the most recently started, which loses the least work."""
+    important; among equals the most recently started, which loses the least work. The last two fields
+    (start time, name) only break ties: `minimal_cover` lets the work lost come before them, and any other
+    order it is given ends with the same two."""
     return (
         not attempt.checkpointed,
         attempt.priority,
@@ -1215,13 +1219,16 @@ def minimal_cover(
     key: Callable[[RunningAttempt], tuple[Any, ...]] | None = None,
     cost: Callable[[RunningAttempt], float] | None = None,
 ) -> list[RunningAttempt] | None:
-    """The fewest candidates that together free `deficit`, preferring the cheapest to stop (`first`, the
-    names of attempts running on loan from the waiting job, then the least `cost`, then victim_order); None
-    if none do.
+    """The fewest candidates that together free `deficit`, preferring the cheapest to stop; None if none do.
+
+    Covers of the fewest victims are ranked by, in turn: the most of `first` (the names of attempts running
+    on loan from the waiting job); the victims' classes, as `key` (victim_order by default) ranks them
+    without its last two fields, the start time and name (so the reclaim order of ADR 0011, and whether
+    victims resume from checkpoints and their priorities); then the least `cost`; then `key` in full.
 
     `cost`: what stopping one attempt costs, per instance (the work it loses, `work_lost_seconds`); a cover
-    costs the sum over its victims of cost times instances. Without it, covers of the fewest victims are
-    taken in victim_order.
+    costs the sum over its victims of cost times instances. It only chooses among covers equal on all that
+    comes before it: a victim's own claim of what it would lose never outranks a less important victim.
 
     The result is always minimal: dropping any victim leaves the deficit uncovered, so no job is stopped
     that the waiting job does not need.
@@ -1231,23 +1238,28 @@ def minimal_cover(
     def rank(attempt: RunningAttempt) -> tuple[Any, ...]:
         return (attempt.training_job_name not in first, order(attempt))
 
+    def standing(attempt: RunningAttempt) -> tuple[Any, ...]:
+        # what outranks the cost: lent first, then the victim's class (its order less start time and name)
+        return (attempt.training_job_name not in first, order(attempt)[:-2])
+
     ordered = sorted(candidates, key=rank)
     if not covers(ordered, deficit):
         return None
     weight = {a.training_job_name: cost(a) * sum(a.demand.values()) for a in ordered} if cost else {}
 
-    def expense(combo: Iterable[RunningAttempt]) -> tuple[int, float]:
-        chosen = list(combo)
+    def expense(combo: Sequence[RunningAttempt]) -> tuple[int, tuple[Any, ...], float]:
+        # a combination keeps the order of `ordered`: its standings compare as the first cover found would
         return (
-            sum(a.training_job_name not in first for a in chosen),
-            sum(weight.get(a.training_job_name, 0.0) for a in chosen),
+            sum(a.training_job_name not in first for a in combo),
+            tuple(standing(a) for a in combo),
+            sum(weight.get(a.training_job_name, 0.0) for a in combo),
         )
 
     if len(ordered) <= EXACT_VICTIM_SEARCH_LIMIT:
         # Combinations come out in lexicographic order of `ordered`, so of the covers of the smallest size
-        # that cost the least, the first is also the one made of the jobs first in victim_order.
+        # equal in standing and cost, the first is also the one made of the jobs first in victim_order.
         for size in range(1, len(ordered) + 1):
-            best: tuple[tuple[int, float], tuple[RunningAttempt, ...]] | None = None
+            best: tuple[tuple[int, tuple[Any, ...], float], tuple[RunningAttempt, ...]] | None = None
             for combo in itertools.combinations(ordered, size):
                 if covers(combo, deficit):
                     if not cost:
@@ -1259,8 +1271,8 @@ def minimal_cover(
                 return list(best[1])
 
     def greedy(attempt: RunningAttempt) -> tuple[Any, ...]:
-        # by cost per instance when there is one, the lent attempts still first
-        return (attempt.training_job_name not in first, cost(attempt) if cost else 0.0, order(attempt))
+        # by standing, then cost per instance when there is one, then the order
+        return (standing(attempt), cost(attempt) if cost else 0.0, order(attempt))
 
     ordered = sorted(ordered, key=greedy)
     chosen: list[RunningAttempt] = []
@@ -1268,7 +1280,7 @@ def minimal_cover(
         chosen.append(attempt)
         if covers(chosen, deficit):
             break
-    # prune: drop the most expensive victims the cover does not need
+    # prune: drop the victims last in that ranking that the cover does not need
     for attempt in sorted(chosen, key=greedy, reverse=True):
         rest = [a for a in chosen if a is not attempt]
         if covers(rest, deficit):
