@@ -56,6 +56,7 @@ from sagequeue_core.governance import (
     govern,
     lineage_of,
     owner_of,
+    published_team,
 )
 from sagequeue_core.notify import Notifier, notifier_of
 from sagequeue_core.observability import POLICY_STOPS, RESUMES, count, logger
@@ -123,7 +124,9 @@ class Governance:
         rules: GovernanceRules,
         alarm_topic_arn: str,
         clock: Callable[[], datetime],
+        teams: frozenset[str] = frozenset(),
     ) -> None:
+        self.teams = teams
         self.sagemaker = sagemaker
         self.alarms = alarms
         self.store = store
@@ -209,7 +212,7 @@ class Governance:
         lineage = self._lineage(name, tags)
         # The idle alarms of a queued job read its team's namespace: the team of the queue entry, never a tag.
         entry = queued if queued is not None else tagged if of_queue else None
-        team = entry.team if entry is not None else None
+        team = alarm_team(entry, detail, self.store, self.teams)
         actions = govern(
             detail, tags, self.rules, now=self.clock(), resumes_so_far=lineage.resumes, team=team
         )
@@ -486,6 +489,23 @@ class Governance:
         return self.sagemaker.tags(str(arn)) if arn else {}
 
 
+def alarm_team(
+    entry: Job | None, detail: Mapping[str, Any], store: Repository, teams: frozenset[str]
+) -> str | None:
+    """The team whose namespace a training job's idle alarms read: its queue entry's; for a job the table
+    places in no team (started outside the queue, or entered again after the table was lost), the team whose
+    namespace its own Environment names, if the settings (`teams`) or a quota in the table know that team.
+    Never a tag. A job naming a namespace its role may not publish to only leaves its own alarms without
+    data (docs/adr/0015)."""
+    if entry is not None and entry.team:
+        return entry.team
+
+    def known(team: str) -> bool:
+        return team in teams or any(quota.team == team for quota in store.team_quotas())
+
+    return published_team(detail, known)
+
+
 def governance_from(deps: Any) -> Governance:
     """The use case over a `runtime.Dependencies` (what the handler and the embedded stack use)."""
     return Governance(
@@ -497,4 +517,5 @@ def governance_from(deps: Any) -> Governance:
         rules=rules_from(deps.settings),
         alarm_topic_arn=deps.settings.alarm_topic_arn,
         clock=deps.clock,
+        teams=deps.settings.named_teams,
     )
