@@ -16,7 +16,7 @@ import copy
 import hashlib
 import hmac
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
@@ -555,6 +555,26 @@ def published_team(job: Mapping[str, Any], known: Callable[[str], bool]) -> str 
         return None
     team = namespace[len(prefix) :]
     return team if team and "/" not in team and known(team) else None
+
+
+def alarm_team(
+    entry_team: str | None,
+    job: Mapping[str, Any],
+    named_teams: Collection[str],
+    quotas: Callable[[], Iterable[Any]],
+) -> str | None:
+    """The team whose namespace a training job's idle alarms read: its queue entry's (`entry_team`); for a
+    job the table places in no team (started outside the queue, or entered again after the table was lost
+    with a role of no single team), the team whose namespace its own Environment names
+    (`published_team`), if the settings name it (`named_teams`) or one of the table's `quotas` is its.
+    Never a tag (docs/adr/0015)."""
+    if entry_team:
+        return entry_team
+
+    def known(team: str) -> bool:
+        return team in named_teams or any(quota.team == team for quota in quotas())
+
+    return published_team(job, known)
 
 
 # --- Times in events --------------------------------------------------------------------------------------

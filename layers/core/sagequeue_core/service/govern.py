@@ -51,12 +51,12 @@ from sagequeue_core.governance import (
     StopForPolicy,
     alarm_definition_difference,
     alarm_prefix,
+    alarm_team,
     claimed_root,
     clone_request,
     govern,
     lineage_of,
     owner_of,
-    published_team,
 )
 from sagequeue_core.notify import Notifier, notifier_of
 from sagequeue_core.observability import POLICY_STOPS, RESUMES, count, logger
@@ -212,7 +212,9 @@ class Governance:
         lineage = self._lineage(name, tags)
         # The idle alarms of a queued job read its team's namespace: the team of the queue entry, never a tag.
         entry = queued if queued is not None else tagged if of_queue else None
-        team = alarm_team(entry, detail, self.store, self.teams)
+        team = alarm_team(
+            entry.team if entry is not None else None, detail, self.teams, self.store.team_quotas
+        )
         actions = govern(
             detail, tags, self.rules, now=self.clock(), resumes_so_far=lineage.resumes, team=team
         )
@@ -487,23 +489,6 @@ class Governance:
     def _sagemaker_tags(self, detail: Mapping[str, Any]) -> dict[str, str]:
         arn = detail.get("TrainingJobArn")
         return self.sagemaker.tags(str(arn)) if arn else {}
-
-
-def alarm_team(
-    entry: Job | None, detail: Mapping[str, Any], store: Repository, teams: frozenset[str]
-) -> str | None:
-    """The team whose namespace a training job's idle alarms read: its queue entry's; for a job the table
-    places in no team (started outside the queue, or entered again after the table was lost), the team whose
-    namespace its own Environment names, if the settings (`teams`) or a quota in the table know that team.
-    Never a tag. A job naming a namespace its role may not publish to only leaves its own alarms without
-    data (docs/adr/0015)."""
-    if entry is not None and entry.team:
-        return entry.team
-
-    def known(team: str) -> bool:
-        return team in teams or any(quota.team == team for quota in store.team_quotas())
-
-    return published_team(detail, known)
 
 
 def governance_from(deps: Any) -> Governance:

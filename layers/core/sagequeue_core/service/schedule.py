@@ -782,8 +782,9 @@ def _rebuild(deps: Dependencies, training_job_name: str, tags: Mapping[str, str]
     (only an admin may change or cancel it). Its team is the one TeamExecutionRoles gives its execution role
     to, when that is exactly one team: an admin's word, not the tags' (only that team's principals may pass
     the role); else none (it draws on no team's quota: it only borrows, and any team under its quota may
-    reclaim it), and its alarms read the namespace its own Environment names (`govern.alarm_team`). The tags
-    are kept in its history and announced (`JobEnteredAgain`) for an admin to restore what is right."""
+    reclaim it), and its alarms read the namespace its own Environment names (`governance.alarm_team`).
+    The tags are kept in its history and announced (`JobEnteredAgain`) for an admin to restore what is
+    right."""
     described = deps.sagemaker.describe(training_job_name)
     change = parse_description(described)
     if change.ended:

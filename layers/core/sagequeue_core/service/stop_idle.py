@@ -26,6 +26,7 @@ from sagequeue_core.governance import (
     PolicyRules,
     alarm_definition_difference,
     alarm_prefix,
+    alarm_team,
     idle_alarm_specs,
     is_exempt,
     owner_of,
@@ -35,7 +36,6 @@ from sagequeue_core.notify import Notifier, notifier_of
 from sagequeue_core.observability import IDLE_STOPS, count, logger
 from sagequeue_core.sagemaker import SageMakerAdapter
 from sagequeue_core.service.exemptions import honoured_tags
-from sagequeue_core.service.govern import alarm_team
 from sagequeue_core.store import Repository
 
 IDLE_STOP_CLAIM = "governance-idle-stop"
@@ -238,7 +238,7 @@ class IdleStop:
         if job is None and tags.get(JOB_TAG):
             tagged = self.store.find_job(tags[JOB_TAG])
             job = tagged if tagged is not None and tagged.started(training_job_name, tags) else None
-        return alarm_team(job, detail, self.store, self.teams)
+        return alarm_team(job.team if job is not None else None, detail, self.teams, self.store.team_quotas)
 
     def _not_governances(self, alarm_name: str, detail: Mapping[str, Any], team: str | None) -> str | None:
         """Why the alarm is not the one governance creates for this job now (anyone allowed PutMetricAlarm
