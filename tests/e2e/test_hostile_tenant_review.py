@@ -466,3 +466,41 @@ def test_after_a_lost_table_an_attackers_job_comes_back_no_higher_than_its_ceili
         assert back.priority <= SPEECH_CEILING, back.priority
         assert back.raw["team"] is None
         assert back.raw["owner"] != owner
+
+
+def test_after_a_lost_table_a_teams_jobs_are_judged_where_they_publish_busy_kept_idle_stopped(
+    stack: LocalStack,
+) -> None:
+    """Run last in the module: it empties the stack's table. Its teams share one execution role, so the
+    table cannot tell a rebuilt job's team from its role: its alarms read what its own Environment names."""
+    cancel_all(stack)
+    vision, admin = stack.client("user"), stack.client("admin")
+    busy, idle = unique("busy"), unique("idle")
+    vision.submit(request(stack, busy, 7200), priority=1)
+    vision.submit(request(stack, idle, 7200, outcome="Idle"), priority=1)
+    until(stack, lambda: states(vision)[busy] == states(vision)[idle] == "running", limit=600)
+    attempts = {name: vision.job(name).training_job_name for name in (busy, idle)}
+    # GIVEN the table is lost while both of vision's jobs run, publishing to vision's namespace as told
+    lose_table(stack)
+    until(stack, lambda: {j.name for j in admin.jobs(state="running")} >= {busy, idle}, limit=300)
+    assert admin.job(busy).raw["team"] is None  # the role is everyone's: no team to enter it with
+    # WHEN two idle windows and two periods pass (past the silence window, which is two idle windows)
+    window = IDLE_PERIODS * IDLE_PERIOD
+    for _ in range((2 * window + 2 * IDLE_PERIOD) // 60):
+        stack.advance(60)
+    # THEN the busy job still runs: its alarms read vision's namespace, where its job image publishes
+    assert admin.job(busy).state == "running", admin.job(busy).raw.get("reason")
+    assert status(stack, str(attempts[busy])) == "InProgress"
+    alarms = stack.aws_client("cloudwatch").describe_alarms(
+        AlarmNamePrefix=f"sagequeue-idle-{attempts[busy]}/"
+    )
+    watched = {
+        query["MetricStat"]["Metric"]["Namespace"]
+        for found in alarms["MetricAlarms"]
+        for query in found.get("Metrics") or ()
+        if "MetricStat" in query
+    }
+    assert watched == {team_metric_namespace("vision")}, watched
+    # AND the truly idle one was stopped as idle, as before the table was lost
+    until(stack, lambda: admin.job(idle).state == "idle_stopped", limit=600)
+    cancel_all(stack)

@@ -443,6 +443,12 @@ class Settings:
         return tuple(team for team, roles in self.team_execution_roles.items() if role_arn in roles)
 
     @property
+    def named_teams(self) -> frozenset[str]:
+        """The teams the settings name: those TeamRoles maps principals to and those TeamExecutionRoles
+        gives roles to."""
+        return frozenset(self.team_roles.values()) | frozenset(self.team_execution_roles)
+
+    @property
     def shared_execution_roles(self) -> dict[str, tuple[str, ...]]:
         """Roles TeamExecutionRoles gives to more than one team, with those teams."""
         roles = {role for owned in self.team_execution_roles.values() for role in owned}

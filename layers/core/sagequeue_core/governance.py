@@ -16,7 +16,7 @@ import copy
 import hashlib
 import hmac
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from enum import StrEnum
@@ -28,7 +28,9 @@ from sagequeue_core.defaults import (
     HOST_DIMENSION,
     IDLE_ALARM_PREFIX,
     JOB_TAG,
+    METRIC_NAMESPACE_ENV,
     NEURON_COMPILING_METRIC,
+    NEURON_METRIC_NAMESPACE,
     NEURONCORE_UTILIZATION_METRIC,
     SAGEMAKER_METRIC_NAMESPACE,
     SEAL_TAG,
@@ -532,6 +534,47 @@ def idle_alarm_specs(
                 )
             )
     return specs
+
+
+def published_team(job: Mapping[str, Any], known: Callable[[str], bool]) -> str | None:
+    """The team whose namespace a training job says it publishes to (SAGEQUEUE_METRIC_NAMESPACE in its own
+    Environment, which the scheduler sets on a team's attempts), when that is `SageQueue/TrainingJobs/<team>`
+    of a team `known` admits; else None (the namespace of jobs without a team).
+
+    Only for a job the table cannot place in a team (a live attempt entered again after the table was lost):
+    its alarms then read where its job image publishes. Whoever creates the job chooses its Environment, so
+    the answer decides only about that job: a namespace its role may not publish to leaves its own alarms
+    without data (its silence alarm stops it), and no other job's alarms read its namespace by it."""
+    environment = job.get("Environment")
+    named = environment.get(METRIC_NAMESPACE_ENV) if isinstance(environment, Mapping) else None
+    if not isinstance(named, str):
+        return None
+    prefix = NEURON_METRIC_NAMESPACE + "/"
+    namespace = named.strip()  # as the job image reads it
+    if not namespace.startswith(prefix):
+        return None
+    team = namespace[len(prefix) :]
+    return team if team and "/" not in team and known(team) else None
+
+
+def alarm_team(
+    entry_team: str | None,
+    job: Mapping[str, Any],
+    named_teams: Collection[str],
+    quotas: Callable[[], Iterable[Any]],
+) -> str | None:
+    """The team whose namespace a training job's idle alarms read: its queue entry's (`entry_team`); for a
+    job the table places in no team (started outside the queue, or entered again after the table was lost
+    with a role of no single team), the team whose namespace its own Environment names
+    (`published_team`), if the settings name it (`named_teams`) or one of the table's `quotas` is its.
+    Never a tag (docs/adr/0015)."""
+    if entry_team:
+        return entry_team
+
+    def known(team: str) -> bool:
+        return team in named_teams or any(quota.team == team for quota in quotas())
+
+    return published_team(job, known)
 
 
 # --- Times in events --------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from conftest import ADMIN, START, SUBMITTER, TRN1, QueueWorld, make_world, training_request
+from conftest import ADMIN, ROLE, START, SUBMITTER, TRN1, QueueWorld, make_world, training_request
 
 from sagequeue.local.emulator.events import state_change_event
 from sagequeue_core.defaults import ATTEMPT_TAG, JOB_TAG, SEAL_TAG
@@ -753,3 +753,36 @@ def test_a_training_job_forged_as_a_lost_attempt_is_entered_at_the_lowest_standi
     assert world.state("ghost") in ("queued", "preempting")
     status, _ = world.api("DELETE", "/jobs/ghost", caller=ADMIN)
     assert status == 200
+
+
+@pytest.fixture
+def one_trn1_role_of_vision(moto_endpoint: str) -> Iterator[tuple[QueueWorld, InvariantMonitor]]:
+    settings = {"team_execution_roles": f"vision={ROLE}"}
+    yield from monitored(
+        make_world(moto_endpoint, capacity={TRN1: 1}, settings=settings, warm_pool_quota=RAISED)
+    )
+
+
+def test_a_lost_attempt_whose_execution_role_one_team_owns_is_entered_for_that_team_not_its_tags(
+    one_trn1_role_of_vision: tuple[QueueWorld, InvariantMonitor],
+) -> None:
+    """GIVEN a live attempt the table lacks, running as the role TeamExecutionRoles gives to vision alone and
+    tagged for team research, WHEN the reconcile enters it again, THEN its team is vision (an admin's word:
+    only vision may pass the role), still at the lowest priority and with no owner."""
+    world, _ = one_trn1_role_of_vision
+    forged = training_request(
+        "lost",
+        duration=7200,
+        tags={JOB_TAG: "lost", ATTEMPT_TAG: "1", SEAL_TAG: "0" * 32, "team": "research"},
+    )
+    world.mangle = lambda events: []
+    world.sagemaker().create_training_job(**forged)
+    world.deliver()
+    world.mangle = None
+    world.timer()
+    world.deliver()
+    lost = world.job("lost")
+    assert (lost["priority"], lost["owner"], lost["team"]) == (0, UNVERIFIED_OWNER, "vision")
+    assert "team 'vision' (its execution role's" in lost["reason"]
+    entered = [d for kind, d in world.audit() if kind == "JobEnteredAgain"]
+    assert [(d["job"], d["team"], d["tagged"]["team"]) for d in entered] == [("lost", "vision", "research")]

@@ -22,6 +22,7 @@ from sagequeue_core.governance import (
     idle_alarm_specs,
     idle_signal,
     parse_alarm_name,
+    published_team,
     training_phase_start,
 )
 
@@ -229,3 +230,24 @@ def test_a_teams_neuron_alarms_read_its_teams_namespace_and_another_namespace_is
     # AND SageMaker's own metrics stay in SageMaker's namespace, whatever the team
     (gpu,) = idle_alarm_specs(job("ml.g5.xlarge"), IdleRules(), team="vision")
     assert gpu.namespace == SAGEMAKER_METRIC_NAMESPACE
+
+
+@pytest.mark.parametrize(
+    ("named", "team"),
+    [
+        ("SageQueue/TrainingJobs/vision", "vision"),
+        (" SageQueue/TrainingJobs/vision ", "vision"),  # the job image strips it
+        ("SageQueue/TrainingJobs", None),
+        ("SageQueue/TrainingJobs/nobody", None),  # a team neither the settings nor a quota know
+        ("SageQueue/TrainingJobs/vision/x", None),
+        ("SageQueue/TrainingJobsX/vision", None),
+        ("AWS/SageMaker", None),
+        (None, None),
+    ],
+)
+def test_a_job_the_table_places_in_no_team_is_judged_in_the_known_team_namespace_its_environment_names(
+    named: str | None, team: str | None
+) -> None:
+    environment = {} if named is None else {"SAGEQUEUE_METRIC_NAMESPACE": named}
+    job = {"TrainingJobName": "j", "Environment": environment}
+    assert published_team(job, lambda t: t == "vision") == team

@@ -51,6 +51,7 @@ from sagequeue_core.governance import (
     StopForPolicy,
     alarm_definition_difference,
     alarm_prefix,
+    alarm_team,
     claimed_root,
     clone_request,
     govern,
@@ -123,7 +124,9 @@ class Governance:
         rules: GovernanceRules,
         alarm_topic_arn: str,
         clock: Callable[[], datetime],
+        teams: frozenset[str] = frozenset(),
     ) -> None:
+        self.teams = teams
         self.sagemaker = sagemaker
         self.alarms = alarms
         self.store = store
@@ -209,7 +212,9 @@ class Governance:
         lineage = self._lineage(name, tags)
         # The idle alarms of a queued job read its team's namespace: the team of the queue entry, never a tag.
         entry = queued if queued is not None else tagged if of_queue else None
-        team = entry.team if entry is not None else None
+        team = alarm_team(
+            entry.team if entry is not None else None, detail, self.teams, self.store.team_quotas
+        )
         actions = govern(
             detail, tags, self.rules, now=self.clock(), resumes_so_far=lineage.resumes, team=team
         )
@@ -497,4 +502,5 @@ def governance_from(deps: Any) -> Governance:
         rules=rules_from(deps.settings),
         alarm_topic_arn=deps.settings.alarm_topic_arn,
         clock=deps.clock,
+        teams=deps.settings.named_teams,
     )

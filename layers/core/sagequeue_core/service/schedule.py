@@ -778,10 +778,13 @@ def _rebuild(deps: Dependencies, training_job_name: str, tags: Mapping[str, str]
 
     Its seal cannot be verified: the secret that made it was in the lost table. So nothing its tags say
     decides its standing (anyone allowed CreateTrainingJob can create a job tagged as our attempt, with a
-    priority and a submitter of their choosing): it is entered at the lowest priority, with no team (it
-    draws on no team's quota: it only borrows, and any team under its quota may reclaim it), and with no
-    owner (only an admin may change or cancel it). The tags are kept in its history and announced
-    (`JobEnteredAgain`) for an admin to restore what is right."""
+    priority and a submitter of their choosing): it is entered at the lowest priority, and with no owner
+    (only an admin may change or cancel it). Its team is the one TeamExecutionRoles gives its execution role
+    to, when that is exactly one team: an admin's word, not the tags' (only that team's principals may pass
+    the role); else none (it draws on no team's quota: it only borrows, and any team under its quota may
+    reclaim it), and its alarms read the namespace its own Environment names (`governance.alarm_team`).
+    The tags are kept in its history and announced (`JobEnteredAgain`) for an admin to restore what is
+    right."""
     described = deps.sagemaker.describe(training_job_name)
     change = parse_description(described)
     if change.ended:
@@ -808,11 +811,15 @@ def _rebuild(deps: Dependencies, training_job_name: str, tags: Mapping[str, str]
         "team": tags.get(deps.settings.team_tag) if deps.settings.team_tag else None,
     }
     said = ", ".join(f"{key} {value!r}" for key, value in claimed.items() if value) or "nothing more"
+    role_teams = deps.settings.teams_of_role(str(described.get("RoleArn") or ""))
+    team = role_teams[0] if len(role_teams) == 1 else None
+    standing = f"team {team!r} (its execution role's, TeamExecutionRoles)" if team else "no team"
     job = Job(
         name=name,
         request=request,
         priority=PRIORITY_MIN,
         owner=UNVERIFIED_OWNER,
+        team=team,
         submitted_at=started,
         state=JobState.RUNNING if running else JobState.STARTING,
         attempt=attempt,
@@ -820,7 +827,7 @@ def _rebuild(deps: Dependencies, training_job_name: str, tags: Mapping[str, str]
         started_at=started,
         reason=(
             f"entered again after the table lost it, from training job {training_job_name}, whose seal "
-            f"cannot be verified: lowest priority, no team, no owner until an admin sets them (its tags "
+            f"cannot be verified: lowest priority, {standing}, no owner until an admin sets them (its tags "
             f"say {said})"
         ),
     )
@@ -841,6 +848,7 @@ def _rebuild(deps: Dependencies, training_job_name: str, tags: Mapping[str, str]
             "state": job.state.value,
             "priority": job.priority,
             "owner": job.owner,
+            "team": job.team,
             "tagged": {key: value for key, value in claimed.items() if value},
             "reason": job.reason,
         },

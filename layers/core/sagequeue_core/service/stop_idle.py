@@ -26,6 +26,7 @@ from sagequeue_core.governance import (
     PolicyRules,
     alarm_definition_difference,
     alarm_prefix,
+    alarm_team,
     idle_alarm_specs,
     is_exempt,
     owner_of,
@@ -120,7 +121,9 @@ class IdleStop:
         clock: Callable[[], datetime],
         idle: IdleRules,
         alarm_topic_arn: str = "",
+        teams: frozenset[str] = frozenset(),
     ) -> None:
+        self.teams = teams
         self.alarm_topic_arn = alarm_topic_arn
         self.idle = idle
         self.sagemaker = sagemaker
@@ -161,7 +164,7 @@ class IdleStop:
             return IdleStopOutcome(notice.alarm_name, name, False, f"the training job is already {status}")
         arn = detail.get("TrainingJobArn")
         tags = self.sagemaker.tags(str(arn)) if arn else tags_to_dict(detail.get("Tags"))
-        team = self._team_of(name, tags)
+        team = self._team_of(name, tags, detail)
         forged = self._not_governances(notice.alarm_name, detail, team) or self._not_idle_now(
             notice.alarm_name
         )
@@ -224,14 +227,18 @@ class IdleStop:
             return f"the alarm is {state} now, not ALARM"
         return None
 
-    def _team_of(self, training_job_name: str, tags: Mapping[str, str]) -> str | None:
-        """The team of the queue entry the training job is an attempt of (its current one, or an earlier
-        one its seal proves), or None for a job started outside the queue. Never a tag's word alone."""
+    def _team_of(
+        self, training_job_name: str, tags: Mapping[str, str], detail: Mapping[str, Any]
+    ) -> str | None:
+        """The team whose namespace the training job's alarms read, as governance decides it
+        (`alarm_team`): that of the queue entry it is an attempt of (its current one, or an earlier one its
+        seal proves); for a job the table places in no team, the one its own Environment names. Never a
+        tag's word."""
         job = self.store.find_job_by_training_job(training_job_name)
         if job is None and tags.get(JOB_TAG):
             tagged = self.store.find_job(tags[JOB_TAG])
             job = tagged if tagged is not None and tagged.started(training_job_name, tags) else None
-        return job.team if job is not None else None
+        return alarm_team(job.team if job is not None else None, detail, self.teams, self.store.team_quotas)
 
     def _not_governances(self, alarm_name: str, detail: Mapping[str, Any], team: str | None) -> str | None:
         """Why the alarm is not the one governance creates for this job now (anyone allowed PutMetricAlarm
@@ -315,4 +322,5 @@ def idle_stop_from(deps: Any) -> IdleStop:
         clock=deps.clock,
         idle=deps.settings.idle_rules,
         alarm_topic_arn=deps.settings.alarm_topic_arn,
+        teams=deps.settings.named_teams,
     )
