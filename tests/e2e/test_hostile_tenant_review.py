@@ -12,13 +12,13 @@ today: its reason names the hole.
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
+from test_forged_sagequeue_tags import tags_of
+from test_hostile_tenants import POOL, request, states, unique, until
 
-from sagequeue.client import ApiError, QueueClient
+from sagequeue.client import ApiError
 from sagequeue.local import LocalStack
 from sagequeue_core.defaults import (
     HOST_DIMENSION,
@@ -29,33 +29,11 @@ from sagequeue_core.defaults import (
 )
 from sagequeue_core.governance import CLONE_OF_TAG
 
-POOL = "ml.trn1.32xlarge"
 PLAN = "plan:shared"
-IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/neuron-train:2.21"
 FAST = {"provisioning_seconds": 60, "download_seconds": 10, "upload_seconds": 10}
 TEAMS = {"user": "vision", "other": "speech"}
 SPEECH_CEILING = 300
 IDLE_PERIODS, IDLE_PERIOD = 3, 300
-
-
-def unique(stem: str) -> str:
-    return f"{stem}-{uuid.uuid4().hex[:6]}"
-
-
-def request(stack: LocalStack, name: str, seconds: int, *, outcome: str | None = None, **extra: Any) -> Any:
-    environment = {"SAGEQUEUE_SIM_DURATION": str(seconds)}
-    if outcome:
-        environment["SAGEQUEUE_SIM_OUTCOME"] = outcome
-    return {
-        "TrainingJobName": name,
-        "RoleArn": stack.training_role_arn,
-        "AlgorithmSpecification": {"TrainingImage": IMAGE, "TrainingInputMode": "File"},
-        "OutputDataConfig": {"S3OutputPath": "s3://sagequeue-e2e/output"},
-        "ResourceConfig": {"InstanceType": POOL, "InstanceCount": 1, "VolumeSizeInGB": 64},
-        "StoppingCondition": {"MaxRuntimeInSeconds": 7200},
-        "Environment": environment,
-        **extra,
-    }
 
 
 @pytest.fixture(scope="module")
@@ -91,18 +69,6 @@ def no_failures(stack: LocalStack, request: pytest.FixtureRequest) -> Iterator[N
         assert [f.error for f in stack.failures[before:]] == []
 
 
-def states(queue: QueueClient) -> dict[str, str]:
-    return {job.name: job.state for job in queue.jobs()}
-
-
-def until(stack: LocalStack, done: Any, limit: int, step: int = 30) -> None:
-    waited = 0
-    while not done():
-        assert waited < limit, f"not done after {limit} s"
-        stack.advance(step)
-        waited += step
-
-
 def cancel_all(stack: LocalStack) -> None:
     admin = stack.client("admin")
     for pool in (POOL, PLAN):
@@ -110,11 +76,6 @@ def cancel_all(stack: LocalStack) -> None:
             if not job.terminal:
                 admin.cancel(job.name)
     until(stack, lambda: all(job.terminal for p in (POOL, PLAN) for job in admin.jobs(pool=p)), 900)
-
-
-def tags_of(stack: LocalStack, training_job_name: str) -> dict[str, str]:
-    arn = stack.sagemaker.describe_training_job(TrainingJobName=training_job_name)["TrainingJobArn"]
-    return {tag["Key"]: tag["Value"] for tag in stack.sagemaker.list_tags(ResourceArn=arn)["Tags"]}
 
 
 # --- team and priority by tag: defended -----------------------------------------------------------------------
