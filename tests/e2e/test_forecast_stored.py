@@ -13,17 +13,15 @@ it: one whose range missed is uncovered.
 from __future__ import annotations
 
 import json
-import os
 import statistics
-import subprocess
-import sys
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
+from test_forecast_cli import OTHER, POOL, request
+from test_forecast_cli import sagequeue as sagequeue_cli
 
 import sagequeue
 from sagequeue.client import Job, QueueClient
@@ -33,47 +31,7 @@ from sagequeue.local import LocalStack
 from sagequeue_core.forecasts import FRESH_SECONDS, PastForecast, StartForecast
 from sagequeue_core.runtime import dependencies
 
-AWS_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN")
-POOL = "ml.trn1.32xlarge"
-OTHER = "ml.trn2.48xlarge"
-IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/neuron-train:2.21"
-COMMAND = str(Path(sys.executable).with_name("sagequeue"))
 FORECAST_EVERY = 300  # ForecastSchedule's default, rate(5 minutes)
-
-
-@dataclass
-class Run:
-    code: int
-    out: str
-    err: str
-
-
-def sagequeue_cli(*args: str, home: Path) -> Run:
-    environment = {
-        k: v for k, v in os.environ.items() if not k.startswith("SAGEQUEUE_") and k not in AWS_KEYS
-    }
-    environment["SAGEQUEUE_HOME"] = str(home)
-    done = subprocess.run(
-        [COMMAND, *args], capture_output=True, text=True, env=environment, timeout=120, check=False
-    )
-    return Run(done.returncode, done.stdout, done.stderr)
-
-
-def request(
-    stack: Any, name: str, count: int = 1, seconds: int = 3600, checkpoint: bool = True
-) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "TrainingJobName": name,
-        "RoleArn": stack.training_role_arn,
-        "AlgorithmSpecification": {"TrainingImage": IMAGE, "TrainingInputMode": "File"},
-        "OutputDataConfig": {"S3OutputPath": "s3://sagequeue-e2e/output"},
-        "ResourceConfig": {"InstanceType": POOL, "InstanceCount": count, "VolumeSizeInGB": 64},
-        "StoppingCondition": {"MaxRuntimeInSeconds": 4 * 3600},
-        "Environment": {"SAGEQUEUE_SIM_DURATION": str(seconds)},
-    }
-    if checkpoint:
-        body["CheckpointConfig"] = {"S3Uri": f"s3://sagequeue-e2e/checkpoints/{name}/"}
-    return body
 
 
 def advance_until(stack: Any, done: Callable[[], bool], *, step: float = 60, limit: float = 6 * 3600) -> None:
@@ -108,14 +66,14 @@ def busy(stack: Any) -> QueueClient:
     advance_until(stack, lambda: queue.job("done").state == "completed", limit=5400)
     queue.submit(request(stack, "runner", seconds=3 * 3600), priority=5)
     stack.run_until_idle()
-    queue.submit(request(stack, "wide", count=2), priority=5)
+    queue.submit(request(stack, "wide", count=2, seconds=3600), priority=5)
     stack.run_until_idle()
     stack.advance(1900)  # waited at the head past reserve_after_seconds: it reserves what it can
     stack.run_until_idle()
     assert queue.job("wide").raw.get("reservation"), queue.job("wide").reason
     queue.submit(request(stack, "borrower", seconds=2 * 3600), priority=3)
     advance_until(stack, lambda: queue.job("borrower").raw.get("on_loan_for") == "wide", limit=600)
-    queue.submit(request(stack, "waiter", checkpoint=False), priority=1)
+    queue.submit(request(stack, "waiter", seconds=3600, checkpoint=False), priority=1)
     stack.run_until_idle()
     return queue
 
@@ -192,7 +150,7 @@ def test_the_waiting_line_shows_the_forecast_start_and_stays_quiet_without_one(
         assert f"Forecast start {p50} (P10-P90 " in said[-1], lines
         assert f"Forecast start {p50}" in described["SecondaryStatusTransitions"][-1]["StatusMessage"]
         # a job submitted since the last forecast run has no stored forecast: the line says where it waits only
-        client.create_training_job(**request(stack, "fresh"))
+        client.create_training_job(**request(stack, "fresh", seconds=3600))
         client.describe_training_job(TrainingJobName="fresh")
         fresh = [line for line in lines if line.startswith("sagequeue: fresh:")]
         assert fresh, lines
