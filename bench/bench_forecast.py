@@ -1,11 +1,13 @@
 """Forecast calibration: forecasts of every waiting job made every 15 simulated minutes, scored against the
 starts that happened, beside the earlier `ls --start` estimate on the same jobs at the same moments, and
-beside the forecast as it was before its calibration (`BEFORE`); then how long a forecast of 1,000 queued
+beside the forecast as it was before its calibration (`BEFORE`), and beside "now"'s forecasts calibrated
+by what its earlier forecasts in the same run got wrong (`calibrated`, ADR 0026); then how long a forecast of 1,000 queued
 jobs takes, before and now, in the same run.
 
     python bench/bench_forecast.py [--seeds 1,2,3] [--samples 10] [--every 900] [--skip-overload]
                                    [--overload-only] [--upto-days D] [--skip-timing] [--skip-traces]
-                                   [--oracle] [--no-before]
+                                   [--oracle] [--no-before] [--no-calibrated]
+                                   [--half-life H] [--prior W] [--coverage C] [--shift-p50]
 
 The traces are bench_schedule_quality.py's: the documented 21-day trace (`WorkloadSpec()`, seeds 1-3) and
 the overload trace (350 jobs in 3 days), on 4 x ml.trn1.32xlarge and 2 x ml.trn2.48xlarge with the stack's
@@ -30,6 +32,7 @@ import time
 from datetime import UTC, datetime, timedelta
 
 from sagequeue.forecast import ForecastSettings, History, QueueState, Traits, forecast
+from sagequeue.forecast.calibrate import CalibrationSettings
 from sagequeue.sim import SimSettings, WorkloadSpec, generate
 from sagequeue.sim.forecast import Score, scored_runs
 from sagequeue_core.policy import QueuedJob, RunningAttempt
@@ -72,7 +75,7 @@ def row(title: str, trace, scores: dict[str, Score], wall: float) -> list[str]: 
             _hours(score.median_error_where_baseline),
             f"{_ratio(score):.2f}",
         ]
-    last = list(scores.values())[-1]
+    last = scores.get("now", list(scores.values())[-1])
     cells += [
         f"{statistics.mean(last.seconds) if last.seconds else 0:.2f} / {max(last.seconds, default=0):.2f} s",
         f"{wall:.0f} s",
@@ -94,7 +97,20 @@ def variants_of(args: argparse.Namespace) -> dict[str, dict[str, object]]:
     if args.oracle:
         variants["oracle"] = {"samples": args.samples, "oracle": True}
     variants["now"] = {"samples": args.samples}
+    if not args.no_calibrated:
+        variants["calibrated"] = {"calibrate": "now", "calibration": calibration_of(args)}
     return variants
+
+
+def calibration_of(args: argparse.Namespace) -> CalibrationSettings:
+    """The calibration of "now"'s forecasts by what its earlier forecasts in the run got wrong (ADR 0026)."""
+    defaults = CalibrationSettings()
+    return CalibrationSettings(
+        half_life_seconds=defaults.half_life_seconds if args.half_life is None else args.half_life * 3600,
+        prior=defaults.prior if args.prior is None else args.prior,
+        coverage=defaults.coverage if args.coverage is None else args.coverage,
+        shift_p50=args.shift_p50,
+    )
 
 
 def one(title: str, spec: WorkloadSpec, seed: int, args: argparse.Namespace, drain_days: float) -> list[str]:
@@ -180,6 +196,17 @@ def main() -> None:
         help="a reference beside them: forecasts that know every submitted job's training time",
     )
     parser.add_argument("--no-before", action="store_true", help="leave out the forecast before calibration")
+    parser.add_argument(
+        "--no-calibrated", action="store_true", help="leave out the calibrated forecast (ADR 0026)"
+    )
+    parser.add_argument(
+        "--half-life", type=float, help="calibration: hours for a past forecast's weight to halve"
+    )
+    parser.add_argument("--prior", type=float, help="calibration: shrinkage weight toward no shift")
+    parser.add_argument("--coverage", type=float, help="calibration: share of past starts the ranges hold")
+    parser.add_argument(
+        "--shift-p50", action="store_true", help="calibration: also move the P50 by its past bias"
+    )
     parser.add_argument("--skip-timing", action="store_true")
     parser.add_argument("--timing-samples", type=int, default=3)
     parser.add_argument("--timing-repeats", type=int, default=3)

@@ -150,6 +150,11 @@ def forecast_score(request: Request) -> dict[str, Any]:
     return score_answer(forecasts.scores(deps, request.caller, hours), hours, deps.now())
 
 
+@app.route("GET", "/forecasts/calibration", summary="How start forecasts' ranges are calibrated, per pool")
+def forecast_calibration(request: Request) -> dict[str, Any]:
+    return forecasts.calibration(dependencies(), request.caller)
+
+
 @app.route("GET", "/whoami", summary="The caller's identity and whether it is an admin")
 def whoami(request: Request) -> dict[str, Any]:
     caller = require_caller(request.caller)

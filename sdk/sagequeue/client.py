@@ -845,6 +845,14 @@ class QueueClient:
             raise ServerError(f"GET /forecasts/score answered {str(answer)[:120]!r}", status=200)
         return dict(answer)
 
+    def forecast_calibration(self) -> dict[str, Any]:
+        """How the stack calibrates its forecasts' ranges, per pool, as its forecast function last learnt it
+        from its past forecasts (`sagequeue.forecast.calibrate.Calibration.from_api` reads it, bounded)."""
+        answer = self.request("GET", "/forecasts/calibration")
+        if not isinstance(answer, Mapping) or not isinstance(answer.get("pools"), Mapping):
+            raise ServerError(f"GET /forecasts/calibration answered {str(answer)[:120]!r}", status=200)
+        return dict(answer)
+
     def whoami(self) -> Identity:
         answer = self.request("GET", "/whoami")
         if not isinstance(answer, Mapping) or "arn" not in answer:

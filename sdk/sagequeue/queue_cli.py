@@ -427,7 +427,7 @@ def _with_positions(client: QueueClient, jobs: list[Job]) -> list[Job]:
 
 def _estimate(client: QueueClient, jobs: Sequence[Job], now: datetime) -> dict[str, Any]:
     """Forecast starts (sagequeue.forecast) of the waiting jobs among `jobs`, from the whole queue."""
-    from sagequeue.forecast.live import LiveQueue, live_forecast
+    from sagequeue.forecast.live import LiveQueue, calibrated, live_forecast
 
     if not any(j.waiting for j in jobs):
         return {}
@@ -439,7 +439,12 @@ def _estimate(client: QueueClient, jobs: Sequence[Job], now: datetime) -> dict[s
         return {}
     waiting = {j.name for j in queue.queued}
     result = live_forecast(queue, only=[j.name for j in jobs if j.name in waiting])
-    starts: dict[str, Any] = {j.name: result.get(j.name) for j in jobs if j.state == "queued"}
+    starts: dict[str, Any] = {}
+    for job in jobs:
+        if job.state == "queued":
+            made = result.get(job.name)
+            # the stack's calibration of the job's pool, as on the forecasts it stores (ADR 0026)
+            starts[job.name] = calibrated(queue, made, job.pool) if made is not None else None
     for job in jobs:
         if job.state == "held":
             starts[job.name] = None
@@ -731,7 +736,7 @@ def user_name(owner: str) -> str:
 def _dry_run(client: QueueClient, request: dict[str, Any], priority: int | None, as_json: bool) -> None:
     """Where `request` would queue and its forecast start, from the queue as it is; nothing is stored."""
     from sagequeue.forecast import Work, forecast, with_job
-    from sagequeue.forecast.live import SETTINGS, LiveQueue, history_of, state_of
+    from sagequeue.forecast.live import SETTINGS, LiveQueue, calibrated, history_of, state_of
     from sagequeue_core.domain import (
         DomainError,
         ResourceKey,
@@ -760,7 +765,8 @@ def _dry_run(client: QueueClient, request: dict[str, Any], priority: int | None,
     )
     runtime = (request.get("StoppingCondition") or {}).get("MaxRuntimeInSeconds")
     state = with_job(state_of(queue), job, Work(max_runtime_seconds=float(runtime) if runtime else None))
-    predicted = forecast(state, history_of(queue), SETTINGS, only=[job.name]).jobs[job.name]
+    made = forecast(state, history_of(queue), SETTINGS, only=[job.name]).jobs[job.name]
+    predicted = calibrated(queue, made, pool)
     ahead = sum(1 for j in state.queued if pool in j.demand and queue_order(j) < queue_order(job))
     answer = {
         "name": name,
@@ -1289,12 +1295,16 @@ def why(target: Target, as_json: bool, name: str) -> None:
     def text(seconds: float) -> str:
         return _forecast_text(JobForecast(name, queue.now, (seconds,)), queue.now).split(" (")[0]
 
+    # the range with the stack's calibration of the job's pool (ADR 0026); the changes' P50s are the
+    # engine's, as the calibration leaves P50s
+    shown = JobForecast(name, queue.now, queue.calibration.apply(job.pool, (told.p10, told.p50, told.p90)))
+
     if as_json:
         _print_json(
             {
                 "name": name,
                 "reason": job.reason,
-                "forecast": JobForecast(name, queue.now, (told.p10, told.p50, told.p90)).to_dict(),
+                "forecast": shown.to_dict(),
                 "options": [
                     {"change": o.change, "p50": JobForecast(name, queue.now, (o.p50,)).to_dict()["p50"]}
                     for o in told.options
@@ -1305,9 +1315,7 @@ def why(target: Target, as_json: bool, name: str) -> None:
         )
         return
     click.echo(f"{name}: {job.reason or 'waiting for a pass'}")
-    click.echo(
-        f"forecast start: {_forecast_text(JobForecast(name, queue.now, (told.p10, told.p50, told.p90)), queue.now)}"
-    )
+    click.echo(f"forecast start: {_forecast_text(shown, queue.now)}")
     if told.options:
         click.echo("\nwhat would start it sooner (forecast P50)")
         rows = [(o.change, text(o.p50)) for o in told.options]
@@ -1347,7 +1355,12 @@ def forecast_command(target: Target, as_json: bool, scored: bool, hours: int | N
         _usage_error(
             "say what to show: --score (ls --start, show and why forecast the waiting jobs)", as_json
         )
-    answer = target.client().forecast_score(hours)
+    client = target.client()
+    answer = client.forecast_score(hours)
+    try:
+        answer["calibration"] = client.forecast_calibration()
+    except ApiError:  # a stack that predates calibrated ranges
+        answer["calibration"] = None
     if as_json:
         _print_json(answer)
         return
@@ -1355,14 +1368,22 @@ def forecast_command(target: Target, as_json: bool, scored: bool, hours: int | N
 
 
 def score_text(answer: Mapping[str, Any]) -> str:
-    """The score as a table, with a plain sentence for a pool with too few forecasts scored to say much."""
+    """The score as a table, with a plain sentence for a pool with too few forecasts scored to say much, and
+    the calibration of each pool's ranges in use (ADR 0026): the range's stretch around the P50 (x1.00:
+    the engine's) and the coverage the engine's own ranges had."""
+    from sagequeue.forecast.calibrate import Calibration
+
     minimum = answer.get("minimum")
     lines = [f"forecasts made in the last {answer.get('hours')} h, scored against the starts that followed"]
+    learnt = answer.get("calibration")
+    calibration = Calibration.from_api(learnt)
     rows = []
     thin = []
     for pool in answer.get("pools") or ():
         coverage = pool.get("coverage")
+        engine = pool.get("engine_coverage")
         error = pool.get("median_error_seconds")
+        adjustment = calibration.for_pool(str(pool.get("pool")))
         if not pool.get("enough"):
             thin.append(
                 f"{pool.get('pool')}: too little data to score ({pool.get('scored')} forecast(s) of started "
@@ -1375,17 +1396,26 @@ def score_text(answer: Mapping[str, Any]) -> str:
                 pool.get("scored"),
                 pool.get("covered"),
                 "-" if coverage is None else f"{100 * coverage:.0f} %",
+                "-" if engine is None else f"{100 * engine:.0f} %",
                 "-" if error is None else _duration(error),
                 pool.get("overdue"),
+                f"x{adjustment.scale:.2f}",
             )
         )
     if rows:
-        lines.append(
-            _table(("POOL", "FORECASTS", "SCORED", "IN P10-P90", "COVERAGE", "P50 ERROR", "OVERDUE"), rows)
-        )
+        headings = ("POOL", "FORECASTS", "SCORED", "IN P10-P90", "COVERAGE", "ENGINE COVERAGE", "P50 ERROR")
+        lines.append(_table((*headings, "OVERDUE", "RANGE CALIBRATION"), rows))
     else:
         lines.append("no pools")
     lines.extend(thin)
+    made_at = learnt.get("made_at") if isinstance(learnt, Mapping) else None
+    if made_at:
+        lines.append(
+            f"ranges calibrated by what past forecasts of the pool got wrong (learnt {made_at}): each P10 and "
+            "P90 moved away from the P50 by the factor shown (x1.00: the engine's range)"
+        )
+    else:
+        lines.append("no calibration learnt yet: the ranges are the engine's")
     return "\n".join(lines)
 
 

@@ -13,6 +13,7 @@ it: one whose range missed is uncovered.
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
@@ -26,6 +27,7 @@ from test_forecast_cli import sagequeue as sagequeue_cli
 import sagequeue
 from sagequeue.client import Job, QueueClient
 from sagequeue.config import save_local_connection
+from sagequeue.forecast.calibrate import FLOOR, Calibration, CalibrationSettings, measure
 from sagequeue.forecast.stored import REFRESH_SECONDS
 from sagequeue.local import LocalStack
 from sagequeue_core.forecasts import FRESH_SECONDS, PastForecast, StartForecast
@@ -219,3 +221,89 @@ def test_forecast_score_counts_each_logged_forecast_against_the_start_that_follo
     row = next(line for line in text.out.splitlines() if line.startswith(POOL))
     assert f"{round(100 * len(covered) / len(scored))} %" in row
     assert f"{OTHER}: too little data" in text.out
+
+
+def _seconds(at: str | None, made_at: datetime) -> float:
+    return math.inf if at is None else (datetime.fromisoformat(at) - made_at).total_seconds()
+
+
+def test_stored_and_cli_forecasts_carry_the_calibration_learnt_from_the_log_and_no_more_than_its_bound(
+    stack: Any, busy: QueueClient, home: Path
+) -> None:
+    # GIVEN a log whose past forecasts of the pool all saw their jobs start ten days after their P90 (as a
+    # tenant might arrange by the jobs it submits and cancels: the most it can do to the calibration)
+    store = dependencies().store
+    now = _now(busy)
+    past = [
+        StartForecast(
+            f"past-{i:03d}",
+            POOL,
+            0,
+            now - timedelta(hours=1, minutes=i),
+            now - timedelta(minutes=50),
+            now - timedelta(minutes=40),
+            now - timedelta(minutes=30),
+            10,
+        )
+        for i in range(60)
+    ]
+    store.save_forecasts([], past)
+    store.settle_forecasts([PastForecast(made, started_at=now + timedelta(days=10)) for made in past])
+    # and a job waiting in the pool behind two long ones
+    for name in ("long-a", "long-b"):
+        busy.submit(request(stack, name, seconds=3 * 3600), priority=9)
+    busy.submit(request(stack, "late", seconds=1800), priority=1)
+    stack.run_until_idle()
+    assert busy.job("late").state == "queued", busy.job("late").reason
+
+    # WHEN the forecast function's timer fires
+    stack.advance(FORECAST_EVERY)
+
+    # THEN it learnt from its log to widen the pool's ranges, as far as the bound and no further
+    learnt = busy.forecast_calibration()
+    assert learnt["made_at"] is not None
+    settings = CalibrationSettings()
+    assert learnt["pools"][POOL]["scale"] == pytest.approx(settings.max_scale)
+    calibration = Calibration.from_api(learnt)
+    # the stored forecast is the engine's with that calibration applied, and keeps the engine's beside it
+    stored = store.job_forecast("late")
+    assert stored is not None
+    made = stored[0]
+    assert made.engine is not None
+    engine = tuple(_seconds(None if at is None else at.isoformat(), made.made_at) for at in made.engine)
+    shown = tuple(
+        _seconds(None if at is None else at.isoformat(), made.made_at)
+        for at in (made.p10, made.p50, made.p90)
+    )
+    assert shown == pytest.approx(calibration.apply(POOL, engine), abs=1e-3)  # type: ignore[arg-type]
+    assert shown[1] == pytest.approx(engine[1], abs=1e-3)  # the P50 is the engine's
+    assert shown[0] <= engine[0]
+    assert shown[2] >= engine[2]
+    # at most max_scale times the engine's range in log-wait on each side of the P50
+    if not math.isinf(engine[2]):
+        assert (
+            measure(shown[2]) - measure(shown[1])
+            <= settings.max_scale * max(measure(engine[2]) - measure(engine[1]), FLOOR) + 1e-9
+        )
+    # GET /jobs/{name} (the SDK's waiting line) shows the calibrated range
+    answered = busy.job("late").forecast
+    assert answered is not None
+    assert (answered.p10, answered.p50, answered.p90) == (made.p10, made.p50, made.p90)
+
+    # and the CLI, forecasting on the caller's machine, applies the same calibration to its own forecast
+    listed = sagequeue_cli("ls", "--start", "--json", "--active", home=home)
+    assert listed.code == 0, listed.err
+    late = next(job for job in listed.json["jobs"] if job["name"] == "late")
+    forecast = late["forecast"]
+    at = datetime.fromisoformat(forecast["made_at"])
+    cli_engine = tuple(_seconds(forecast["engine"][q], at) for q in ("p10", "p50", "p90"))
+    cli_shown = tuple(_seconds(forecast[q], at) for q in ("p10", "p50", "p90"))
+    assert cli_shown == pytest.approx(calibration.apply(POOL, cli_engine), abs=1e-3)  # type: ignore[arg-type]
+    assert cli_shown[2] >= cli_engine[2]
+
+    # `sagequeue forecast --score` shows the calibration in use per pool
+    text = sagequeue_cli("forecast", "--score", "--hours", "48", home=home)
+    assert text.code == 0, text.err
+    row = next(line for line in text.out.splitlines() if line.startswith(POOL))
+    assert row.rstrip().endswith(f"x{settings.max_scale:.2f}"), text.out
+    assert "ranges calibrated by what past forecasts of the pool got wrong" in text.out

@@ -82,7 +82,7 @@ PROJECT = {
 SDK = {
     "forecast": {
         "sagequeue", "sagequeue.client", "sagequeue.config", "sagequeue.exceptions", "sagequeue.forecast",
-        "sagequeue.forecast.engine", "sagequeue.forecast.live", "sagequeue.forecast.model",
+        "sagequeue.forecast.calibrate", "sagequeue.forecast.engine", "sagequeue.forecast.live", "sagequeue.forecast.model",
         "sagequeue.forecast.stored", "sagequeue.sim", "sagequeue.sim.engine", "sagequeue.sim.metrics",
         "sagequeue.sim.run", "sagequeue.sim.sagemaker", "sagequeue.sim.schedulers", "sagequeue.sim.trace",
         "sagequeue.sim.workload",
@@ -104,6 +104,7 @@ ONLY_FOR = {
     # stored forecasts: the forecast function writes them, the API reads and scores them
     "sagequeue_core.forecasts": {"api", "forecast"},
     "sagequeue.forecast.stored": {"forecast"},
+    "sagequeue.forecast.calibrate": {"forecast"},
     # the checkpoint markers: only the scheduler reads them (docs/adr/0025)
     "sagequeue_core.markers": {"scheduler"},
     "sagequeue_core.service.checkpoints": {"scheduler"},

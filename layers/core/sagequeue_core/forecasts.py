@@ -38,7 +38,9 @@ SCORE_HOURS_MAX = KEEP_SECONDS // 3600
 @dataclass(frozen=True)
 class StartForecast:
     """When a waiting job is forecast to start, made at `made_at` for its attempt `attempt` (the count of
-    attempts it had then). `p90` None: not started in any run within the horizon."""
+    attempts it had then). `p90` None: not started in any run within the horizon. `engine`: the engine's
+    own P10, P50 and P90 when those shown are calibrated by past forecasts (docs/adr/0026), which is what
+    the calibration learns from; None: those shown are the engine's."""
 
     job: str
     pool: str
@@ -48,6 +50,12 @@ class StartForecast:
     p50: datetime | None
     p90: datetime | None
     runs: int
+    engine: tuple[datetime | None, datetime | None, datetime | None] | None = None
+
+    @property
+    def engine_quantiles(self) -> tuple[datetime | None, datetime | None, datetime | None]:
+        """The engine's P10, P50 and P90 (those shown where it made no other)."""
+        return self.engine if self.engine is not None else (self.p10, self.p50, self.p90)
 
     def fresh_at(self, now: datetime) -> bool:
         return now - self.made_at <= timedelta(seconds=FRESH_SECONDS)
@@ -87,10 +95,16 @@ class PoolScore:
     median_error_seconds: float | None
     #: still waiting past their P90: misses already, scored once they start
     overdue: int
+    #: scored forecasts whose start fell inside the engine's own P10-P90, before calibration
+    engine_covered: int = 0
 
     @property
     def coverage(self) -> float | None:
         return self.covered / self.scored if self.scored else None
+
+    @property
+    def engine_coverage(self) -> float | None:
+        return self.engine_covered / self.scored if self.scored else None
 
     @property
     def enough(self) -> bool:
@@ -105,20 +119,24 @@ class PoolScore:
             "coverage": self.coverage if self.enough else None,
             "median_error_seconds": self.median_error_seconds if self.enough else None,
             "overdue": self.overdue,
+            "engine_covered": self.engine_covered,
+            "engine_coverage": self.engine_coverage if self.enough else None,
             "enough": self.enough,
         }
 
 
-def covers(forecast: StartForecast, started_at: datetime) -> bool:
-    """The start fell inside the P10-P90 range (an open P90 has no upper end)."""
-    if forecast.p10 is not None and started_at < forecast.p10:
+def covers(forecast: StartForecast, started_at: datetime, *, engine: bool = False) -> bool:
+    """The start fell inside the P10-P90 range shown (`engine`: the engine's own; an open P90 has no upper
+    end)."""
+    p10, _, p90 = forecast.engine_quantiles if engine else (forecast.p10, forecast.p50, forecast.p90)
+    if p10 is not None and started_at < p10:
         return False
-    return forecast.p90 is None or started_at <= forecast.p90
+    return p90 is None or started_at <= p90
 
 
 def score(pool: str, past: Iterable[PastForecast], now: datetime) -> PoolScore:
     """P10-P90 coverage and the P50's median absolute error over the forecasts whose jobs started."""
-    forecasts = scored = covered = overdue = 0
+    forecasts = scored = covered = engine_covered = overdue = 0
     errors: list[float] = []
     for entry in past:
         forecasts += 1
@@ -126,6 +144,7 @@ def score(pool: str, past: Iterable[PastForecast], now: datetime) -> PoolScore:
         if entry.started_at is not None:
             scored += 1
             covered += covers(made, entry.started_at)
+            engine_covered += covers(made, entry.started_at, engine=True)
             if made.p50 is not None:
                 errors.append(abs((entry.started_at - made.p50).total_seconds()))
             else:  # a P50 past the horizon: a start within it is as far off as can be
@@ -142,7 +161,24 @@ def score(pool: str, past: Iterable[PastForecast], now: datetime) -> PoolScore:
         covered=covered,
         median_error_seconds=None if median is None or math.isinf(median) else round(median, 1),
         overdue=overdue,
+        engine_covered=engine_covered,
     )
+
+
+def calibration_answer(stored: tuple[dict[str, Any], datetime] | None) -> dict[str, Any]:
+    """GET /forecasts/calibration: the calibration the forecast function last learnt from the log and
+    applies to the forecasts it stores, per pool (`sagequeue.forecast.calibrate`, docs/adr/0026), and when;
+    with none learnt yet, no pools and `made_at` null (clients then apply none). Written by the forecast
+    function alone; clients bound it again before applying it."""
+    if stored is None:
+        return {"made_at": None, "pools": {}, "all": None}
+    detail, made_at = stored
+    pools = detail.get("pools")
+    return {
+        "made_at": _iso(made_at),
+        "pools": pools if isinstance(pools, dict) else {},
+        "all": detail.get("all") if isinstance(detail.get("all"), dict) else None,
+    }
 
 
 def score_answer(scores: Iterable[PoolScore], hours: int, now: datetime) -> dict[str, Any]:
@@ -170,6 +206,7 @@ __all__ = [
     "PastForecast",
     "PoolScore",
     "StartForecast",
+    "calibration_answer",
     "covers",
     "score",
     "score_answer",

@@ -14,6 +14,7 @@ Items (pk / sk):
     CLAIM#<kind>#<subject> / CLAIM    idempotency ledger: the first claim wins
     FORECAST#<job> / FORECAST         the latest start forecast of a waiting job (the forecast function's)
     FORECASTS#<pool> / <made>#<job>   a logged forecast, and the start that followed it once known
+    FORECASTS / CALIBRATION           the calibration the forecast function last applied (ADR 0026)
 
 Indexes (all sparse, attributes present only on the items they serve):
     queued            queued_pool, queue_order      queued jobs of a pool: priority desc, then submission
@@ -89,6 +90,9 @@ _LIVE = "LIVE"
 _WARM = "WARM"
 _CLAIM_SK = "CLAIM"
 _FORECAST_SK = "FORECAST"
+#: the calibration the forecast function last applied (no job's key: job names have no "#" of their own)
+_FORECAST_CALIBRATION_PK = "FORECASTS"
+_FORECAST_CALIBRATION_SK = "CALIBRATION"
 
 _CONDITION_FAILED = "ConditionalCheckFailedException"
 
@@ -294,6 +298,10 @@ def _model_classes(table_name: str, host: str | None, region: str | None) -> Any
         logged_at = UTCDateTimeAttribute(null=True)  # latest: when its job last went to the log
         outcome_at = UTCDateTimeAttribute(null=True)  # logged: the start that followed
         gone = NumberAttribute(null=True)  # logged: 1 when its job ended without starting
+        engine_p10 = UTCDateTimeAttribute(null=True)  # the engine's own quantiles, where those shown are
+        engine_p50 = UTCDateTimeAttribute(null=True)  # calibrated (ADR 0026)
+        engine_p90 = UTCDateTimeAttribute(null=True)
+        calibrated = NumberAttribute(null=True)  # 1: p10-p90 are calibrated, engine_* the engine's
 
         queued_index = index("queued", "queued_pool", "queue_order")
         queued_team_index = index("queued_team", "queued_team_pool", "queue_order")
@@ -914,10 +922,25 @@ class Repository:
         self,
         latest: Sequence[tuple[StartForecast, datetime | None]],
         logged: Sequence[StartForecast] = (),
+        calibration: tuple[Mapping[str, Any], datetime] | None = None,
     ) -> None:
         """Store each job's latest forecast with when its job last went to the log (replacing the one
-        before), and append `logged` to the log; both expire after KEEP_SECONDS."""
+        before), append `logged` to the log, and keep `calibration` (what the forecasts were calibrated
+        with, and when it was learnt) for clients that forecast themselves; all expire after KEEP_SECONDS."""
+        from sagequeue_core.forecasts import KEEP_SECONDS
+
         with self._item.batch_write() as batch:
+            if calibration is not None:
+                detail, learnt_at = calibration
+                batch.save(
+                    self._item(
+                        _FORECAST_CALIBRATION_PK,
+                        _FORECAST_CALIBRATION_SK,
+                        detail=json.dumps(detail, sort_keys=True),
+                        made_at=learnt_at,
+                        expires_at=int(learnt_at.timestamp()) + KEEP_SECONDS,
+                    )
+                )
             for made, logged_at in latest:
                 batch.save(
                     self._forecast_item(made, _forecast_pk(made.job), _FORECAST_SK, logged_at=logged_at)
@@ -928,6 +951,20 @@ class Repository:
                         made, _forecast_log_pk(made.pool), f"{_stamp(made.made_at)}#{made.job}"
                     )
                 )
+
+    def forecast_calibration(self) -> tuple[dict[str, Any], datetime] | None:
+        """The calibration the forecast function last stored, and when it was learnt; None: none yet."""
+        try:
+            item = self._item.get(_FORECAST_CALIBRATION_PK, _FORECAST_CALIBRATION_SK)
+        except self._item.DoesNotExist:
+            return None
+        try:
+            detail = json.loads(item.detail or "{}")
+        except ValueError:
+            return None
+        if not isinstance(detail, dict) or item.made_at is None:
+            return None
+        return detail, item.made_at
 
     def job_forecast(self, job_name: str) -> tuple[StartForecast, datetime | None] | None:
         """A job's latest forecast and when its job last went to the log, or None."""
@@ -987,6 +1024,10 @@ class Repository:
             p90=made.p90,
             runs=made.runs,
             expires_at=int(made.made_at.timestamp()) + KEEP_SECONDS,
+            calibrated=1 if made.engine is not None else None,
+            engine_p10=made.engine[0] if made.engine is not None else None,
+            engine_p50=made.engine[1] if made.engine is not None else None,
+            engine_p90=made.engine[2] if made.engine is not None else None,
             **extra,
         )
 
@@ -1005,6 +1046,7 @@ class Repository:
             p50=item.p50,
             p90=item.p90,
             runs=int(item.runs or 0),
+            engine=(item.engine_p10, item.engine_p50, item.engine_p90) if item.calibrated else None,
         )
 
     @classmethod

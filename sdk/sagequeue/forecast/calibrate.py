@@ -116,7 +116,9 @@ class Adjustment:
         centre = middle + self.shift
         below = self.scale * max(middle - low, FLOOR) if low < middle else 0.0
         above = self.scale * max(high - middle, FLOOR) if high > middle else 0.0
-        return (unmeasure(centre - below), unmeasure(centre), unmeasure(centre + above))
+        # without a shift the P50 is the engine's to the last bit (no round trip through log-wait)
+        p50 = quantiles[1] if self.shift == 0.0 else unmeasure(centre)
+        return (min(unmeasure(centre - below), p50), p50, max(unmeasure(centre + above), p50))
 
     def to_api(self) -> dict[str, Any]:
         return {"scale": round(self.scale, 4), "shift": round(self.shift, 4), "weight": round(self.weight, 1)}

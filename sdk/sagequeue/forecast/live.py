@@ -7,7 +7,9 @@ The API answers reads already (jobs by state, pools); the forecast runs here, no
   the queue (the submitter chose only the request and a priority under its ceiling);
 - warm pools: each pool's Available warm instances, as GET /pools counts them (their keys and expiry are not
   listed: they are modelled as pools nobody queued reuses, released or expiring after the keep-alive);
-- history: completed jobs' training seconds, by owner and instance count, and recent submissions.
+- history: completed jobs' training seconds, by owner and instance count, and recent submissions;
+- the calibration of the ranges (GET /forecasts/calibration): learnt by the stack's forecast function from
+  its own past forecasts, applied here as there (docs/adr/0026), bounded again on reading.
 
 A forecast is kept for `CACHE_SECONDS` for the same queue (the same jobs in the same states), so `ls
 --watch` does not run it again between passes.
@@ -22,7 +24,9 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
 from sagequeue.client import Job, QueueClient
-from sagequeue.forecast.engine import Forecast, forecast
+from sagequeue.exceptions import ApiError
+from sagequeue.forecast.calibrate import Calibration
+from sagequeue.forecast.engine import Forecast, JobForecast, forecast
 from sagequeue.forecast.model import (
     ForecastSettings,
     History,
@@ -63,6 +67,8 @@ class LiveQueue:
     queued: list[Job]
     live: list[Job]
     completed: list[Job]
+    #: how the stack calibrates ranges (the identity where it has none, or the stack predates it)
+    calibration: Calibration = dataclasses.field(default_factory=Calibration)
 
     @classmethod
     def read(cls, client: QueueClient) -> LiveQueue:
@@ -78,6 +84,7 @@ class LiveQueue:
             queued=queued,
             live=live,
             completed=completed,
+            calibration=_calibration(client) if queued else Calibration(),
         )
 
     @classmethod
@@ -117,6 +124,42 @@ class LiveQueue:
             tuple(sorted((j.name, j.state, j.attempt) for j in self.live)),
             len(self.completed),
         )
+
+
+def _calibration(client: QueueClient) -> Calibration:
+    """The stack's calibration; none from a stack without one (a 404 from one that predates it)."""
+    try:
+        return Calibration.from_api(client.forecast_calibration())
+    except ApiError:
+        return Calibration()
+
+
+@dataclasses.dataclass(frozen=True)
+class CalibratedStart:
+    """A waiting job's forecast start as shown: the engine's (`engine`) with the stack's calibration of its
+    pool applied; quantiles in seconds from `now` (inf: not by the horizon), as JobForecast's."""
+
+    name: str
+    now: datetime
+    p10: float
+    p50: float
+    p90: float
+    engine: JobForecast
+
+    def at(self, seconds: float) -> datetime | None:
+        return self.engine.at(seconds)
+
+    def to_dict(self) -> dict[str, object]:
+        shown = JobForecast(self.name, self.now, (self.p10, self.p50, self.p90)).to_dict()
+        engine = self.engine.to_dict()
+        return {**shown, "engine": {key: engine[key] for key in ("p10", "p50", "p90")}}
+
+
+def calibrated(queue: LiveQueue, result: JobForecast, pool: str) -> CalibratedStart:
+    """`result` (a job's forecast in `pool`) with the stack's calibration applied, as the stack applies it to
+    the forecasts it stores."""
+    p10, p50, p90 = queue.calibration.apply(pool, (result.p10, result.p50, result.p90))
+    return CalibratedStart(result.name, result.now, p10, p50, p90, result)
 
 
 def _traits(job: Job) -> Traits:
@@ -248,4 +291,4 @@ def live_forecast(
     return result
 
 
-__all__ = ["LiveQueue", "history_of", "live_forecast", "state_of"]
+__all__ = ["CalibratedStart", "LiveQueue", "calibrated", "history_of", "live_forecast", "state_of"]

@@ -9,12 +9,14 @@ forecast is seconds of CPU, bounded here by `BUDGET_SECONDS`, and the API only r
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+import math
+from collections.abc import Iterable, Mapping
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
 from sagequeue.client import Job
-from sagequeue.forecast.engine import Forecast, forecast
+from sagequeue.forecast.calibrate import Calibration, Outcome, learn
+from sagequeue.forecast.engine import Forecast, JobForecast, forecast
 from sagequeue.forecast.live import LiveQueue, history_of, state_of
 from sagequeue.forecast.model import ForecastSettings
 from sagequeue_core.domain import JobState
@@ -48,12 +50,14 @@ _ENDED = frozenset({JobState.CANCELLED, JobState.FAILED, JobState.COMPLETED, Job
 
 @dataclasses.dataclass(frozen=True)
 class Published:
-    """What one run did: jobs forecast, forecasts logged, logged forecasts settled, runs forward drawn."""
+    """What one run did: jobs forecast, forecasts logged, logged forecasts settled, runs forward drawn, and
+    the calibration the forecasts were stored with."""
 
     forecast: int = 0
     logged: int = 0
     settled: int = 0
     runs: int = 0
+    calibration: Calibration = dataclasses.field(default_factory=Calibration)
 
 
 def settings_for(deps: Dependencies, budget_seconds: float = BUDGET_SECONDS) -> ForecastSettings:
@@ -68,20 +72,56 @@ def settings_for(deps: Dependencies, budget_seconds: float = BUDGET_SECONDS) -> 
 
 
 def publish(deps: Dependencies, *, budget_seconds: float = BUDGET_SECONDS) -> Published:
-    """Forecast the queue as the table has it, store the forecasts, and settle past ones."""
+    """Settle past forecasts, learn from them how to calibrate (docs/adr/0026), forecast the queue as the
+    table has it, and store the forecasts calibrated, with the calibration clients apply to their own."""
     queue = LiveQueue.from_store(deps)
     earlier = deps.store.job_forecasts(job.name for job in queue.queued) if queue.queued else {}
+    settled, past = settle(deps, queue.now, {job.name: job for job in queue.queued})
     made: Forecast | None = None
+    calibration = Calibration()
+    logged = 0
     if _due(queue, earlier):
+        calibration = learn(outcomes(past, queue.now))
         made = forecast(state_of(queue), history_of(queue), settings_for(deps, budget_seconds))
-    logged = _store(deps, queue, made, earlier) if made is not None else 0
-    settled = settle(deps, queue.now, {job.name: job for job in queue.queued})
+        logged = _store(deps, queue, made, earlier, calibration)
     return Published(
         forecast=len(made.jobs) if made else 0,
         logged=logged,
         settled=settled,
         runs=made.samples if made else 0,
+        calibration=calibration,
     )
+
+
+def outcomes(past: Iterable[PastForecast], now: datetime) -> list[Outcome]:
+    """What came of logged forecasts by `now`, as the calibration reads them: the engine's quantiles, and
+    the start that followed or, still unsettled, the wait so far (a job that left without starting says
+    nothing). Written by the forecast function alone, from starts the scheduler recorded."""
+    out = []
+    for entry in past:
+        if entry.gone:
+            continue
+        made = entry.forecast
+        quantiles = tuple(
+            math.inf if at is None else max((at - made.made_at).total_seconds(), 0.0)
+            for at in made.engine_quantiles
+        )
+        started = entry.started_at
+        out.append(
+            Outcome(
+                pool=made.pool,
+                age=(now - made.made_at).total_seconds(),
+                quantiles=(quantiles[0], quantiles[1], quantiles[2]),
+                started=None if started is None else max((started - made.made_at).total_seconds(), 0.0),
+                waited=max((now - made.made_at).total_seconds(), 0.0),
+            )
+        )
+    return out
+
+
+def calibrated(result: JobForecast, pool: str, calibration: Calibration) -> tuple[float, float, float]:
+    """A job's P10, P50 and P90 (seconds from the forecast) with its pool's calibration applied."""
+    return calibration.apply(pool, (result.p10, result.p50, result.p90))
 
 
 def _due(queue: LiveQueue, earlier: Mapping[str, tuple[StartForecast, datetime | None]]) -> bool:
@@ -99,6 +139,7 @@ def _store(
     queue: LiveQueue,
     made: Forecast,
     earlier: Mapping[str, tuple[StartForecast, datetime | None]],
+    calibration: Calibration,
 ) -> int:
     now = queue.now
     latest: list[tuple[StartForecast, datetime | None]] = []
@@ -107,15 +148,17 @@ def _store(
         result = made.get(job.name)
         if result is None or not result.starts:
             continue
+        p10, p50, p90 = calibrated(result, job.pool, calibration)
         start = StartForecast(
             job=job.name,
             pool=job.pool,
             attempt=job.attempt,
             made_at=now,
-            p10=result.at(result.p10),
-            p50=result.at(result.p50),
-            p90=result.at(result.p90),
+            p10=result.at(p10),
+            p50=result.at(p50),
+            p90=result.at(p90),
             runs=made.samples,
+            engine=(result.at(result.p10), result.at(result.p50), result.at(result.p90)),
         )
         logged_at = earlier[job.name][1] if job.name in earlier else None
         due = logged_at is None or now - logged_at >= timedelta(seconds=LOG_EVERY_SECONDS)
@@ -123,32 +166,38 @@ def _store(
             logged.append(start)
             logged_at = now
         latest.append((start, logged_at))
-    deps.store.save_forecasts(latest, logged)
+    deps.store.save_forecasts(latest, logged, (calibration.to_api(), now))
     return len(logged)
 
 
-def settle(deps: Dependencies, now: datetime, waiting: Mapping[str, Job]) -> int:
+def settle(deps: Dependencies, now: datetime, waiting: Mapping[str, Job]) -> tuple[int, list[PastForecast]]:
     """Logged forecasts whose jobs have started since (or ended without starting): record the start, so the
-    score reads it without reading the jobs. A job still waiting on the same attempt stays open."""
+    score reads it without reading the jobs. A job still waiting on the same attempt stays open. Answers
+    how many were settled, and every logged forecast read (of the last KEEP_SECONDS, each pool's newest
+    SCORE_READ), as settled now."""
     since = now - timedelta(seconds=KEEP_SECONDS)
     jobs: dict[str, StoredJob | None] = {}
     settled: list[PastForecast] = []
+    read: list[PastForecast] = []
     for status in deps.store.pools():
         for entry in deps.store.past_forecasts(status.pool.instance_type, since, SCORE_READ):
             if entry.settled:
+                read.append(entry)
                 continue
             made = entry.forecast
             still = waiting.get(made.job)
             if still is not None and still.attempt == made.attempt:
+                read.append(entry)
                 continue
             if made.job not in jobs:
                 jobs[made.job] = deps.store.find_job(made.job)
             outcome = _outcome(entry, jobs[made.job])
             if outcome is not None:
                 settled.append(outcome)
+            read.append(outcome or entry)
     if settled:
         deps.store.settle_forecasts(settled)
-    return len(settled)
+    return len(settled), read
 
 
 def _outcome(entry: PastForecast, job: StoredJob | None) -> PastForecast | None:
@@ -177,4 +226,13 @@ def _start_after(job: StoredJob, made: StartForecast) -> datetime | None:
     return None
 
 
-__all__ = ["BUDGET_SECONDS", "REFRESH_SECONDS", "Published", "publish", "settings_for", "settle"]
+__all__ = [
+    "BUDGET_SECONDS",
+    "REFRESH_SECONDS",
+    "Published",
+    "calibrated",
+    "outcomes",
+    "publish",
+    "settings_for",
+    "settle",
+]

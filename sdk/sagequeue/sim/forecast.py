@@ -13,6 +13,7 @@ Only what the queue itself could observe is read: never a trace job's duration b
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 import time
@@ -31,6 +32,7 @@ from sagequeue.forecast import (
     Work,
     forecast,
 )
+from sagequeue.forecast.calibrate import Calibration, CalibrationSettings, Outcome, learn
 from sagequeue.sim.engine import SimSettings, Simulation
 from sagequeue.sim.sagemaker import Timings
 from sagequeue.sim.schedulers import SagequeuePolicy, TrackedPool
@@ -160,6 +162,7 @@ class Made:
     baseline: float | None  # the earlier estimate, seconds after `made`; None when it gives none
     waiting: int  # jobs waiting when it was made
     actual: float | None = None  # seconds after `made` the job started; None: it never did in the run
+    pool: str = ""  # the pool it waits in
 
 
 @dataclass
@@ -245,13 +248,24 @@ def scored_runs(
 ) -> dict[str, tuple[Score, list[Made]]]:
     """`scored_run` for several forecasts at once, side by side in one run of the trace: each variant is
     a set of changes to the forecast's settings (`oracle: True` for the reference that knows training
-    times), forecast at the same moments from the same observations."""
+    times), forecast at the same moments from the same observations.
+
+    A variant `{"calibrate": "now"}` (optionally with `"calibration": CalibrationSettings(...)`) runs no
+    forecast of its own: it is variant "now"'s forecasts (given before it) each calibrated when made, by
+    what "now"'s earlier forecasts got wrong as far as the run had got (`calibrated_made`)."""
     timings = timings or Timings()
     made: dict[str, list[Made]] = {name: [] for name in variants}
     wall: dict[str, list[float]] = {name: [] for name in variants}
     configured: dict[str, tuple[ForecastSettings, bool]] = {}
+    calibrated: dict[str, tuple[str, CalibrationSettings]] = {}
     for name, changes in variants.items():
         changes = dict(changes)
+        if "calibrate" in changes:
+            base = str(changes["calibrate"])
+            calibration = changes.get("calibration") or CalibrationSettings()
+            assert isinstance(calibration, CalibrationSettings)
+            calibrated[name] = (base, calibration)
+            continue
         oracle = bool(changes.pop("oracle", False))
         configured[name] = (forecast_settings(settings, timings, **changes), oracle)
     next_at = [every_seconds]
@@ -267,6 +281,7 @@ def scored_runs(
         baseline = baseline_of(sim)
         origin = sim.now_dt
         history = history_of(sim)
+        pools = {j.name: pool for pool, queued in sim.queued.items() for j in queued.values()}
         for name, (fsettings, oracle) in configured.items():
             began = time.perf_counter()
             result = forecast(state_of(sim, oracle=oracle), history, fsettings)
@@ -283,8 +298,14 @@ def scored_runs(
                         p90=jf.p90,
                         baseline=(estimate - origin).total_seconds() if estimate is not None else None,
                         waiting=len(waiting),
+                        pool=pools.get(job, ""),
                     )
                 )
+        for name, (base, calibration) in calibrated.items():
+            began = time.perf_counter()
+            learnt = learn(outcomes_of(made[base], now, sim, trace.start), calibration)
+            wall[name].append(time.perf_counter() - began)
+            made[name].extend(calibrated_made(m, learnt) for m in made[base] if m.made == now)
         if progress:
             took = ", ".join(f"{name} {wall[name][-1]:.2f} s" for name in configured)
             print(f"  {now / 86400:.2f} d: {len(waiting)} waiting, {took}", flush=True)
@@ -313,6 +334,35 @@ def scored_runs(
     return scored
 
 
+def outcomes_of(made: Iterable[Made], now: float, sim: Simulation, origin: datetime) -> list[Outcome]:
+    """What came of forecasts made before `now`, as far as the run has got: the start that followed, or,
+    for a job still waiting, how long it has waited since (nothing later is read)."""
+    starts: dict[str, list[float]] = {}
+    out = []
+    for m in made:
+        if m.made >= now:
+            continue
+        if m.job not in starts:
+            starts[m.job] = [s for s in _starts(sim.runs[m.job].job.history, origin) if s <= now]
+        started = _next_start(starts[m.job], m.made)
+        out.append(
+            Outcome(
+                pool=m.pool,
+                age=now - m.made,
+                quantiles=(m.p10, m.p50, m.p90),
+                started=None if started is None else started - m.made,
+                waited=now - m.made,
+            )
+        )
+    return out
+
+
+def calibrated_made(made: Made, calibration: Calibration) -> Made:
+    """A forecast with its quantiles calibrated (the job, moment and estimate are the same)."""
+    p10, p50, p90 = calibration.apply(made.pool, (made.p10, made.p50, made.p90))
+    return dataclasses.replace(made, p10=p10, p50=p50, p90=p90)
+
+
 def _starts(history: Iterable[dict[str, object]], origin: datetime) -> list[float]:
     out = []
     for entry in history:
@@ -330,8 +380,10 @@ __all__ = [
     "Made",
     "Score",
     "baseline_of",
+    "calibrated_made",
     "forecast_settings",
     "history_of",
+    "outcomes_of",
     "scored_run",
     "scored_runs",
     "state_of",

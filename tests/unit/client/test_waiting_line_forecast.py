@@ -75,6 +75,8 @@ def test_the_score_table_gives_figures_and_says_plainly_when_data_is_thin() -> N
                 "coverage": 0.8,
                 "median_error_seconds": 2460.0,
                 "overdue": 1,
+                "engine_covered": 6,
+                "engine_coverage": 0.6,
                 "enough": True,
             },
             {
@@ -85,14 +87,29 @@ def test_the_score_table_gives_figures_and_says_plainly_when_data_is_thin() -> N
                 "coverage": None,
                 "median_error_seconds": None,
                 "overdue": 0,
+                "engine_covered": 1,
+                "engine_coverage": None,
                 "enough": False,
             },
         ],
+        "calibration": {
+            "made_at": "2026-03-02T09:00:00+00:00",
+            # a pool's own; the other takes all pools'; a scale past the bounds is shown bounded
+            "pools": {"ml.trn1.32xlarge": {"scale": 1.3142, "shift": 0.0, "weight": 130.2}},
+            "all": {"scale": 40.0, "shift": 0.0, "weight": 140.0},
+        },
     }
     text = score_text(answer)
     rows = {line.split()[0]: line.split() for line in text.splitlines()[2:4]}
-    assert rows["ml.trn1.32xlarge"] == ["ml.trn1.32xlarge", "12", "10", "8", "80", "%", "41m00s", "1"]
-    assert rows["ml.trn2.48xlarge"] == ["ml.trn2.48xlarge", "3", "2", "2", "-", "-", "0"]
+    assert rows["ml.trn1.32xlarge"] == [
+        *("ml.trn1.32xlarge", "12", "10", "8", "80", "%", "60", "%", "41m00s", "1", "x1.31"),
+    ]
+    assert rows["ml.trn2.48xlarge"] == ["ml.trn2.48xlarge", "3", "2", "2", "-", "-", "-", "0", "x3.00"]
+    assert "learnt 2026-03-02T09:00:00+00:00" in text
+    # with no calibration learnt, the table says the ranges are the engine's
+    bare = score_text({**answer, "calibration": {"made_at": None, "pools": {}, "all": None}})
+    assert "x1.00" in bare
+    assert "no calibration learnt yet" in bare
     assert (
         "ml.trn2.48xlarge: too little data to score (2 forecast(s) of started jobs, 5 needed; 3 made)" in text
     )

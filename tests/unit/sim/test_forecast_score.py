@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from sagequeue.forecast.calibrate import CalibrationSettings
 from sagequeue.sim import SimSettings, WorkloadSpec, generate
 from sagequeue.sim.forecast import scored_run, scored_runs
 
@@ -30,3 +31,24 @@ def test_forecasts_side_by_side_are_scored_on_the_same_jobs_at_the_same_moments(
     # one forecast alone scores as it does beside the others
     alone, _ = scored_run(trace, settings, every_seconds=3600.0, samples=4)
     assert (alone.pairs, alone.covered, alone.errors) == (now.pairs, now.covered, now.errors)
+
+
+def test_calibrated_forecasts_are_the_same_forecasts_moved_by_what_the_run_had_seen_so_far() -> None:
+    trace = generate(WorkloadSpec(jobs=40, days=1, capacity=CAPACITY), seed=5)
+    settings = SimSettings(capacity=CAPACITY)
+    # a calibration that moves on little evidence, so that a few hours of outcomes change it
+    eager = CalibrationSettings(prior=1.0)
+    variants = {"now": {"samples": 4}, "calibrated": {"calibrate": "now", "calibration": eager}}
+    whole = scored_runs(trace, settings, every_seconds=3600.0, variants=variants)
+    (now, made_now), (calibrated, made_calibrated) = whole["now"], whole["calibrated"]
+    # the same jobs at the same moments, with the engine's P50 (the calibration leaves it) and moved ranges
+    assert [(m.job, m.made, m.actual, m.p50) for m in made_now] == [
+        (m.job, m.made, m.actual, m.p50) for m in made_calibrated
+    ]
+    assert calibrated.pairs == now.pairs > 0
+    assert [(m.p10, m.p90) for m in made_now] != [(m.p10, m.p90) for m in made_calibrated]
+    # nothing after a forecast's moment is read: a run stopped early calibrates its forecasts the same
+    cut = sorted({m.made for m in made_now})[len({m.made for m in made_now}) // 2]
+    early = scored_runs(trace, settings, every_seconds=3600.0, horizon_seconds=cut + 1.0, variants=variants)
+    before_cut = [(m.job, m.made, m.p10, m.p90) for m in made_calibrated if m.made <= cut]
+    assert [(m.job, m.made, m.p10, m.p90) for m in early["calibrated"][1]] == before_cut

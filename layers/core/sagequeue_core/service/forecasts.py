@@ -4,8 +4,9 @@ no job, only per-pool figures (docs/adr/0024-stored-forecasts-and-their-score.md
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
-from sagequeue_core.forecasts import SCORE_READ, PoolScore, score
+from sagequeue_core.forecasts import SCORE_READ, PoolScore, calibration_answer, score
 from sagequeue_core.runtime import Dependencies
 from sagequeue_core.service.access import require_caller
 
@@ -24,3 +25,10 @@ def scores(deps: Dependencies, caller: str | None, hours: int) -> list[PoolScore
         )
         for status in deps.store.pools()
     ]
+
+
+def calibration(deps: Dependencies, caller: str | None) -> dict[str, Any]:
+    """The calibration the forecast function last applied, per pool (one GetItem): clients that forecast on
+    their own machine apply the same (docs/adr/0026). Per-pool figures only, no job: any caller."""
+    require_caller(caller)
+    return calibration_answer(deps.store.forecast_calibration())
