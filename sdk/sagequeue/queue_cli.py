@@ -1276,7 +1276,7 @@ def why(target: Target, as_json: bool, name: str) -> None:
     """Why a queued job waits, the jobs ahead of it and the rule that puts each there, and what would start
     it sooner: each change's forecast P50 (one priority higher, fewer instances, another pool, its team's
     quota raised)."""
-    from sagequeue.forecast.live import SETTINGS, LiveQueue, history_of, state_of
+    from sagequeue.forecast.live import SETTINGS, LiveQueue, calibrated, history_of, state_of
     from sagequeue.forecast.why import explain
 
     client = target.client()
@@ -1297,7 +1297,7 @@ def why(target: Target, as_json: bool, name: str) -> None:
 
     # the range with the stack's calibration of the job's pool (ADR 0026); the changes' P50s are the
     # engine's, as the calibration leaves P50s
-    shown = JobForecast(name, queue.now, queue.calibration.apply(job.pool, (told.p10, told.p50, told.p90)))
+    shown = calibrated(queue, JobForecast(name, queue.now, (told.p10, told.p50, told.p90)), job.pool)
 
     if as_json:
         _print_json(

@@ -290,16 +290,33 @@ def test_stored_and_cli_forecasts_carry_the_calibration_learnt_from_the_log_and_
     assert answered is not None
     assert (answered.p10, answered.p50, answered.p90) == (made.p10, made.p50, made.p90)
 
-    # and the CLI, forecasting on the caller's machine, applies the same calibration to its own forecast
+    # and the CLI, forecasting on the caller's machine, applies the same calibration to its own forecasts
     listed = sagequeue_cli("ls", "--start", "--json", "--active", home=home)
     assert listed.code == 0, listed.err
-    late = next(job for job in listed.json["jobs"] if job["name"] == "late")
-    forecast = late["forecast"]
-    at = datetime.fromisoformat(forecast["made_at"])
-    cli_engine = tuple(_seconds(forecast["engine"][q], at) for q in ("p10", "p50", "p90"))
-    cli_shown = tuple(_seconds(forecast[q], at) for q in ("p10", "p50", "p90"))
-    assert cli_shown == pytest.approx(calibration.apply(POOL, cli_engine), abs=1e-3)  # type: ignore[arg-type]
-    assert cli_shown[2] >= cli_engine[2]
+    shown_by = {"ls --start": next(job for job in listed.json["jobs"] if job["name"] == "late")["forecast"]}
+    for command in (("show", "late"), ("why", "late")):
+        answer = sagequeue_cli(*command, "--json", home=home)
+        assert answer.code == 0, answer.err
+        shown_by[command[0]] = answer.json["forecast"]
+    dry = sagequeue_cli(
+        "submit",
+        "-",
+        "--priority",
+        "1",
+        "--dry-run",
+        "--json",
+        home=home,
+        stdin=json.dumps(request(stack, "maybe")),
+    )
+    assert dry.code == 0, dry.err
+    shown_by["submit --dry-run"] = dry.json["forecast"]
+    for command, forecast in shown_by.items():
+        at = datetime.fromisoformat(forecast["made_at"])
+        cli_engine = tuple(_seconds(forecast["engine"][q], at) for q in ("p10", "p50", "p90"))
+        cli_shown = tuple(_seconds(forecast[q], at) for q in ("p10", "p50", "p90"))
+        assert cli_shown == pytest.approx(calibration.apply(POOL, cli_engine), abs=1e-3), command  # type: ignore[arg-type]
+        assert cli_shown[0] <= cli_engine[0], command
+        assert cli_shown[2] >= cli_engine[2], command
 
     # `sagequeue forecast --score` shows the calibration in use per pool
     text = sagequeue_cli("forecast", "--score", "--hours", "48", home=home)

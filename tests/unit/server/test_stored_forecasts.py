@@ -3,17 +3,21 @@ the start that followed, and what the forecast function settles a logged forecas
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from sagequeue.forecast.stored import _outcome
+from sagequeue.forecast.calibrate import Calibration
+from sagequeue.forecast.stored import _outcome, outcomes
 from sagequeue_core.domain import Job, JobState
 from sagequeue_core.forecasts import (
     FRESH_SECONDS,
     SCORE_MINIMUM,
     PastForecast,
     StartForecast,
+    calibration_answer,
     covers,
     score,
 )
@@ -129,3 +133,56 @@ def test_a_job_gone_or_ended_without_a_start_settles_as_gone_and_a_held_one_wait
     assert _outcome(entry, cancelled) == PastForecast(entry.forecast, gone=True)
     held = _job(JobState.HELD, 0, [_entry("held", 0, 1)])
     assert _outcome(entry, held) is None
+
+
+def _calibrated(engine: StartForecast, p10: float, p90: float) -> StartForecast:
+    """`engine` shown with a calibrated range (the P50 kept), the engine's quantiles beside it."""
+    return dataclasses.replace(
+        engine,
+        p10=T0 + timedelta(hours=p10),
+        p90=T0 + timedelta(hours=p90),
+        engine=(engine.p10, engine.p50, engine.p90),
+    )
+
+
+def test_the_score_counts_the_range_shown_and_the_engines_own_beside_it() -> None:
+    past = [
+        started(_calibrated(made(1, 2, 3), 0.5, 5), 4),  # inside the calibrated range, not the engine's
+        started(_calibrated(made(1, 2, 3), 0.5, 5), 2),  # inside both
+        started(made(1, 2, 3), 2),  # an uncalibrated forecast: its range is the engine's
+        started(made(1, 2, 3), 6),  # outside
+        started(_calibrated(made(1, 2, 3), 1.5, 2.5), 1.2),  # a narrowed range: inside the engine's only
+    ]
+    result = score(POOL, past, T0 + timedelta(hours=7))
+    assert (result.scored, result.covered, result.engine_covered) == (5, 3, 3)
+    answer = result.to_api()
+    assert answer["coverage"] == pytest.approx(0.6)
+    assert answer["engine_coverage"] == pytest.approx(0.6)
+    assert covers(past[0].forecast, T0 + timedelta(hours=4))
+    assert not covers(past[0].forecast, T0 + timedelta(hours=4), engine=True)
+
+
+def test_the_calibration_learns_from_the_engines_quantiles_with_jobs_still_waiting_and_not_the_gone() -> None:
+    now = T0 + timedelta(hours=10)
+    past = [
+        started(_calibrated(made(1, 2, 3), 0.5, 5), 4),
+        PastForecast(made(1, 2, None)),  # still waiting, its P90 past the horizon
+        PastForecast(made(1, 2, 3), gone=True),  # cancelled: says nothing
+    ]
+    learnt = outcomes(past, now)
+    assert [o.quantiles for o in learnt] == [(3600.0, 7200.0, 10800.0), (3600.0, 7200.0, math.inf)]
+    assert [o.started for o in learnt] == [4 * 3600.0, None]
+    assert [o.waited for o in learnt] == [10 * 3600.0, 10 * 3600.0]
+    assert [o.age for o in learnt] == [10 * 3600.0, 10 * 3600.0]
+    assert {o.pool for o in learnt} == {POOL}
+
+
+def test_with_no_calibration_learnt_the_api_answers_none_and_clients_apply_none() -> None:
+    answer = calibration_answer(None)
+    assert answer == {"made_at": None, "pools": {}, "all": None}
+    assert Calibration.from_api(answer).apply(POOL, (60.0, 600.0, 6000.0)) == (60.0, 600.0, 6000.0)
+    stored = ({"pools": {POOL: {"scale": 2.0, "shift": 0.0, "weight": 40.0}}, "all": "not one"}, T0)
+    answer = calibration_answer(stored)
+    assert answer["made_at"] == T0.isoformat()
+    assert answer["all"] is None
+    assert Calibration.from_api(answer).for_pool(POOL).scale == 2.0
