@@ -130,18 +130,21 @@ class Adjustment:
         settings = settings or CalibrationSettings()
         if not isinstance(data, Mapping):
             return cls()
-        scale, shift, weight = (data.get(key) for key in ("scale", "shift", "weight"))
-        if not (_number(scale) and _number(shift)) or scale <= 0:
+        scale, shift, weight = (_number(data.get(key)) for key in ("scale", "shift", "weight"))
+        if scale is None or shift is None or scale <= 0:
             return cls()
         return cls(
-            scale=_bounded(float(scale), 1.0 / settings.max_scale, settings.max_scale),
-            shift=_bounded(float(shift), -settings.max_shift, settings.max_shift),
-            weight=max(float(weight), 0.0) if _number(weight) else 0.0,
+            scale=_bounded(scale, 1.0 / settings.max_scale, settings.max_scale),
+            shift=_bounded(shift, -settings.max_shift, settings.max_shift),
+            weight=max(weight, 0.0) if weight is not None else 0.0,
         )
 
 
-def _number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+def _number(value: Any) -> float | None:
+    """A finite number as a float; None for anything else (a bool, a string, NaN, infinity)."""
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    return None
 
 
 def _bounded(value: float, low: float, high: float) -> float:
