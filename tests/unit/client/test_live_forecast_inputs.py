@@ -65,3 +65,32 @@ def test_max_runtime_goes_from_the_request_through_the_api_into_the_forecast_sta
         "capped": 900,
     }
     assert state.work["capped"].max_runtime_seconds == 900.0
+
+
+class _Stack:
+    """What a client reads of the stack's calibration: an answer, or the error the API gave."""
+
+    def __init__(self, answer: Any) -> None:
+        self.answer = answer
+
+    def forecast_calibration(self) -> Any:
+        if isinstance(self.answer, Exception):
+            raise self.answer
+        return self.answer
+
+
+def test_the_cli_applies_the_stacks_calibration_bounded_and_none_from_a_stack_without_one() -> None:
+    from sagequeue.exceptions import NotFound
+    from sagequeue.forecast.calibrate import CalibrationSettings
+    from sagequeue.forecast.live import _calibration
+
+    engine = (600.0, 1800.0, 3600.0)
+    # a stack that predates calibrated ranges answers 404: the forecast is the engine's
+    older = _calibration(_Stack(NotFound("no route", status=404)))  # type: ignore[arg-type]
+    assert older.apply(POOL, engine) == engine
+    # an answer past the bounds is bounded again: the range at most max_scale times as wide
+    hostile = _calibration(_Stack({"pools": {POOL: {"scale": 1e9, "shift": 1e9, "weight": 1}}, "all": None}))  # type: ignore[arg-type]
+    settings = CalibrationSettings()
+    assert hostile.for_pool(POOL).scale == settings.max_scale
+    assert hostile.for_pool(POOL).shift == settings.max_shift
+    assert hostile.for_pool("ml.trn2.48xlarge").identity
