@@ -14,8 +14,8 @@ follows a changing distribution.
   of a day, and waits of zero are defined. A past forecast's score is how far its start fell from its P50,
   over the distance from its P50 to its P10 (a start before the P50) or to its P90 (after): inside the
   range the score is at most 1. The pool's scale is the `coverage` quantile of the scores (0.85 by
-  default, the middle of the 75-95 % the issue asks of a P10-P90 range: past forecasts each stretched by it
-  would have held 85 % of their starts), and a new forecast's P10 and P90 move away from (or toward) its
+  default, the middle of the 75-95 % docs/forecast.md targets for a P10-P90 range: past forecasts each
+  stretched by it would have held 85 % of their starts), and a new forecast's P10 and P90 move away from (or toward) its
   P50 by that factor. Each arm is at least `FLOOR` wide, so a range that collapsed on its P50 can open.
 - **The P50 is the engine's** unless `shift_p50` is set: then it moves by the median of past starts'
   distance from their P50 (a bias correction). On the documented traces the bias of one day did not say
@@ -193,11 +193,17 @@ def learn(outcomes: Iterable[Outcome], settings: CalibrationSettings | None = No
         by_pool.setdefault(outcome.pool, []).append(outcome)
     for pool, past in by_pool.items():
         if len(past) > settings.limit:
-            by_pool[pool] = sorted(past, key=lambda o: o.age)[: settings.limit]
+            # the newest, ties broken by content, so the order the log is read in changes nothing
+            by_pool[pool] = sorted(past, key=_newest_first)[: settings.limit]
     everyone = [o for past in by_pool.values() for o in past]
     fallback = _adjustment(everyone, settings, Adjustment())
     pools = {pool: _adjustment(past, settings, fallback) for pool, past in sorted(by_pool.items())}
     return Calibration(pools=pools, fallback=fallback)
+
+
+def _newest_first(outcome: Outcome) -> tuple[float, tuple[float, float, float], float, float]:
+    started = -1.0 if outcome.started is None else outcome.started
+    return (outcome.age, outcome.quantiles, started, outcome.waited)
 
 
 def _adjustment(past: list[Outcome], settings: CalibrationSettings, toward: Adjustment) -> Adjustment:

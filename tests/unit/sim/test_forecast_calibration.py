@@ -3,6 +3,7 @@ got wrong, with jobs still waiting counted as "after t", bounded, the identity w
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 
@@ -176,3 +177,15 @@ def test_a_miscalibrated_stream_is_brought_to_the_target_coverage(
     # hold 36-47 % (too narrow, too late or too early) or all (too wide)
     assert 0.8 <= calibrated <= 0.9, (raw, calibrated)
     assert abs(calibrated - 0.85) < abs(raw - 0.85)
+
+
+def test_past_the_limit_the_newest_forecasts_count_whatever_the_order_read() -> None:
+    settings = CalibrationSettings(limit=50)
+    # the 50 newest started far past their P90; older ones inside their range
+    newest = [_started(30000.0) for _ in range(50)]
+    oldest = [dataclasses.replace(_started(1500.0), age=10 * 86400.0) for _ in range(200)]
+    rng = random.Random(3)
+    mixed = newest + oldest
+    rng.shuffle(mixed)
+    assert learn(mixed, settings) == learn(newest, settings)
+    assert learn(mixed, settings).for_pool(POOL).scale > 1.5
