@@ -10,6 +10,7 @@ import random
 import pytest
 
 from sagequeue.forecast.calibrate import (
+    FLOOR,
     Adjustment,
     Calibration,
     CalibrationSettings,
@@ -189,3 +190,49 @@ def test_past_the_limit_the_newest_forecasts_count_whatever_the_order_read() -> 
     rng.shuffle(mixed)
     assert learn(mixed, settings) == learn(newest, settings)
     assert learn(mixed, settings).for_pool(POOL).scale > 1.5
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_whatever_the_log_holds_a_forecast_moves_within_its_bounds(seed: int) -> None:
+    # GIVEN a log of any mix of outcomes (starts at once or weeks late, jobs waiting, ranges collapsed or
+    # past the horizon), as the submissions and cancellations of any tenant could shape it
+    rng = random.Random(seed)
+
+    def quantiles() -> tuple[float, float, float]:
+        values = sorted(rng.choice((0.0, rng.uniform(0, 3600), rng.uniform(0, 30 * 86400))) for _ in range(3))
+        if rng.random() < 0.1:
+            values[2] = math.inf
+        return (values[0], values[1], values[2])
+
+    past = [
+        Outcome(
+            pool=rng.choice((POOL, OTHER)),
+            age=rng.uniform(0, 7 * 86400),
+            quantiles=quantiles(),
+            started=rng.choice((None, 0.0, rng.uniform(0, 40 * 86400))),
+            waited=rng.uniform(0, 7 * 86400),
+        )
+        for _ in range(rng.randrange(0, 600))
+    ]
+    settings = CalibrationSettings()
+    calibration = learn(past, settings)
+    # THEN every forecast keeps its P50, its quantiles in order, and a range at most max_scale times as far
+    # from the P50 (in log-wait, each side at least FLOOR) and at least 1 / max_scale as far
+    for _ in range(200):
+        engine = quantiles()
+        p10, p50, p90 = calibration.apply(rng.choice((POOL, OTHER, "ml.p5.48xlarge")), engine)
+        assert p50 == engine[1]
+        assert 0.0 <= p10 <= p50 <= p90
+        if math.isinf(engine[2]):
+            assert (p10, p90) == (engine[0], engine[2])
+            continue
+        low, middle, high = (measure(q) for q in engine)
+        for moved, arm in (
+            (measure(p50) - measure(p10), middle - low),
+            (measure(p90) - measure(p50), high - middle),
+        ):
+            if arm > 0:
+                assert moved <= settings.max_scale * max(arm, FLOOR) + 1e-9
+                assert moved >= arm / settings.max_scale - 1e-9
+            else:
+                assert moved == 0.0
