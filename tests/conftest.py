@@ -27,6 +27,51 @@ for _var in ("AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_CONFIG_FILE", "AWS_SHARED_C
     os.environ.pop(_var, None)
 
 
+def _moto_backs_up_each_table_once_per_transaction() -> None:
+    """moto's TransactWriteItems deep-copies the table for every item of the transaction that names it, as
+    the backup it rolls back to: one pass's waiting reasons copied a 10,000-job table twenty times
+    (test_pass_cost.py spent half its time there). All these copies are taken before the first write, so
+    one per table is the same backup; anything else moto copies (items) is copied as before."""
+    import copy
+    import threading
+
+    from moto.dynamodb import models
+    from moto.dynamodb.models.table import Table
+
+    if getattr(models.DynamoDBBackend.transact_write_items, "_backs_up_once", False):
+        return
+    taken = threading.local()
+
+    class _Copy:
+        def __getattr__(self, name: str) -> object:
+            return getattr(copy, name)
+
+        @staticmethod
+        def deepcopy(value: object, memo: dict[int, object] | None = None) -> object:
+            backups: dict[int, object] | None = getattr(taken, "backups", None)
+            if backups is None or memo is not None or not isinstance(value, Table):
+                return copy.deepcopy(value, memo)
+            if id(value) not in backups:
+                backups[id(value)] = copy.deepcopy(value)
+            return backups[id(value)]
+
+    original = models.DynamoDBBackend.transact_write_items
+
+    def transact_write_items(self: object, transact_items: list[dict[str, object]]) -> None:
+        taken.backups = {}
+        try:
+            original(self, transact_items)
+        finally:
+            taken.backups = None
+
+    transact_write_items._backs_up_once = True  # type: ignore[attr-defined]
+    models.copy = _Copy()  # type: ignore[assignment]
+    models.DynamoDBBackend.transact_write_items = transact_write_items  # type: ignore[method-assign]
+
+
+_moto_backs_up_each_table_once_per_transaction()
+
+
 @pytest.fixture(scope="session")
 def moto_endpoint() -> Iterator[str]:
     """moto's server on 127.0.0.1 (a free port), shared by the session; tests use unique resource names."""
