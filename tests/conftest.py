@@ -114,6 +114,25 @@ def _functions_calls_are_allowed_by_their_roles(request: pytest.FixtureRequest) 
         )
 
 
+#: The test files that take longest, slowest first. .ci/run hands each of its workers whole files
+#: (--dist loadfile) in collection order (--no-loadscope-reorder): the long files start first and short ones
+#: fill in at the end, instead of one worker finishing a long file alone while the other waits.
+SLOWEST_FILES = Path(__file__).with_name("slowest_files.txt")
+
+
+def pytest_collection_modifyitems(
+    session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
+) -> None:
+    listed = [
+        line.strip()
+        for line in SLOWEST_FILES.read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+    rank = {path: n for n, path in enumerate(listed)}
+    # stable: unlisted files keep their order after the listed ones, and every file its tests' order
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     target = os.environ.get("SAGEQUEUE_IAM_CALL_LOG")
     if not target or not _IAM_RECORDER.calls:
