@@ -27,6 +27,51 @@ for _var in ("AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_CONFIG_FILE", "AWS_SHARED_C
     os.environ.pop(_var, None)
 
 
+def _moto_backs_up_each_table_once_per_transaction() -> None:
+    """moto's TransactWriteItems deep-copies the table for every item of the transaction that names it, as
+    the backup it rolls back to: one pass's waiting reasons copied a 10,000-job table twenty times
+    (test_pass_cost.py spent half its time there). All these copies are taken before the first write, so
+    one per table is the same backup; anything else moto copies (items) is copied as before."""
+    import copy
+    import threading
+
+    from moto.dynamodb import models
+    from moto.dynamodb.models.table import Table
+
+    if getattr(models.DynamoDBBackend.transact_write_items, "_backs_up_once", False):
+        return
+    taken = threading.local()
+
+    class _Copy:
+        def __getattr__(self, name: str) -> object:
+            return getattr(copy, name)
+
+        @staticmethod
+        def deepcopy(value: object, memo: dict[int, object] | None = None) -> object:
+            backups: dict[int, object] | None = getattr(taken, "backups", None)
+            if backups is None or memo is not None or not isinstance(value, Table):
+                return copy.deepcopy(value, memo)
+            if id(value) not in backups:
+                backups[id(value)] = copy.deepcopy(value)
+            return backups[id(value)]
+
+    original = models.DynamoDBBackend.transact_write_items
+
+    def transact_write_items(self: object, transact_items: list[dict[str, object]]) -> None:
+        taken.backups = {}
+        try:
+            original(self, transact_items)
+        finally:
+            taken.backups = None
+
+    transact_write_items._backs_up_once = True  # type: ignore[attr-defined]
+    models.copy = _Copy()  # type: ignore[assignment]
+    models.DynamoDBBackend.transact_write_items = transact_write_items  # type: ignore[method-assign]
+
+
+_moto_backs_up_each_table_once_per_transaction()
+
+
 @pytest.fixture(scope="session")
 def moto_endpoint() -> Iterator[str]:
     """moto's server on 127.0.0.1 (a free port), shared by the session; tests use unique resource names."""
@@ -67,6 +112,25 @@ def _functions_calls_are_allowed_by_their_roles(request: pytest.FixtureRequest) 
         pytest.fail(
             "template.yaml does not allow what the functions did:\n  " + "\n  ".join(problems), pytrace=False
         )
+
+
+#: The test files that take longest, slowest first. .ci/run hands each of its workers whole files
+#: (--dist loadfile) in collection order (--no-loadscope-reorder): the long files start first and short ones
+#: fill in at the end, instead of one worker finishing a long file alone while the other waits.
+SLOWEST_FILES = Path(__file__).with_name("slowest_files.txt")
+
+
+def pytest_collection_modifyitems(
+    session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
+) -> None:
+    listed = [
+        line.strip()
+        for line in SLOWEST_FILES.read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+    rank = {path: n for n, path in enumerate(listed)}
+    # stable: unlisted files keep their order after the listed ones, and every file its tests' order
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

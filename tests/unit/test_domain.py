@@ -9,7 +9,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sagequeue_core.defaults import TRAINING_JOB_NAME_PATTERN, host_dimension_value, instance_family
+from sagequeue_core.defaults import (
+    JOB_TAG,
+    SEAL_TAG,
+    TRAINING_JOB_NAME_PATTERN,
+    host_dimension_value,
+    instance_family,
+)
 from sagequeue_core.domain import (
     LIVE_STATES,
     TERMINAL_STATES,
@@ -208,6 +214,28 @@ def test_a_loan_taken_back_counts_apart_from_preemptions() -> None:
     # both requeue; cancel, idle and policy stops do not
     assert {r for r in StopReason if r.requeues} == {StopReason.PREEMPTED, StopReason.TAKEN_BACK}
     assert StopReason.TAKEN_BACK.final_state is JobState.QUEUED
+
+
+def test_a_starting_job_holds_its_attempts_name_only_with_its_seal() -> None:
+    job = Job(name="llama-ft", request=REQUEST, priority=3, owner="arn:aws:iam::1:user/a", submitted_at=NOW)
+    job.attempt_secret = "00" * 16
+    job.attempt, job.training_job_name = 1, "llama-ft"
+    job.transition(JobState.STARTING, NOW)
+    sealed = {JOB_TAG: "llama-ft", SEAL_TAG: str(job.seal("llama-ft"))}
+    forged = {JOB_TAG: "llama-ft", SEAL_TAG: str(job.seal("llama-ft--2"))}
+    # between its intent and its create, the name the table records may be a stranger's training job
+    assert job.holds("llama-ft", sealed)
+    assert job.started("llama-ft", sealed)
+    assert not job.holds("llama-ft", forged)
+    assert not job.started("llama-ft", forged)
+    assert not job.holds("llama-ft", {JOB_TAG: "llama-ft"})
+    assert not job.started("llama-ft", {})
+    assert not job.holds("other", sealed)
+    # once created (running, stopping), and for a job entered before seals, the table's record is enough
+    job.transition(JobState.RUNNING, NOW)
+    assert job.holds("llama-ft", {})
+    job.state, job.attempt_secret = JobState.STARTING, None
+    assert job.holds("llama-ft", {})
 
 
 @given(names, st.integers(1, 10_000), st.text("0123456789abcdef", min_size=12, max_size=12))

@@ -638,9 +638,9 @@ class Job:
 
     def started(self, training_job_name: str, tags: Mapping[str, str]) -> bool:
         """Whether the scheduler started training job `training_job_name` (whose tags are `tags`) as an
-        attempt of this job: the table records it as the current attempt, or it carries this job's tag and
-        a seal that verifies. The tags alone prove nothing: anyone allowed AddTags can set them."""
-        if self.training_job_name == training_job_name:
+        attempt of this job: it is the current attempt (`holds`), or it carries this job's tag and a seal
+        that verifies. The tags alone prove nothing: anyone allowed AddTags can set them."""
+        if self.holds(training_job_name, tags):
             return True
         seal = self.seal(training_job_name)
         found = tags.get(SEAL_TAG)
@@ -650,6 +650,21 @@ class Job:
             and found is not None
             and hmac.compare_digest(seal, found)
         )
+
+    def holds(self, training_job_name: str, tags: Mapping[str, str]) -> bool:
+        """Whether training job `training_job_name` (whose tags are `tags`) is this job's current attempt. The
+        table names the attempt from its intent on, before CreateTrainingJob: while the job is starting, a
+        training job of that name is its attempt only with its seal. Without it, it is someone else's that
+        held the name (the create is refused and the attempt takes another name): what is done about that
+        training job (a policy or idle stop) is not done about this job. A job that has no secret (entered
+        before seals) is held by the name alone."""
+        if self.training_job_name != training_job_name:
+            return False
+        seal = self.seal(training_job_name)
+        if self.state is not JobState.STARTING or seal is None:
+            return True
+        found = tags.get(SEAL_TAG)
+        return found is not None and hmac.compare_digest(seal, found)
 
     def count_ended_attempt(self, seconds_trained: float | None) -> bool:
         """Add the current attempt, which has just ended, to the totals; False if it is counted already."""

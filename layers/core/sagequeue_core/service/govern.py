@@ -204,6 +204,10 @@ class Governance:
         name = str(detail["TrainingJobName"])
         outcome = Outcome(name)
         queued = self.store.find_job_by_training_job(name)
+        if queued is not None and not queued.holds(name, tags):
+            # The entry names this training job from its intent on, before its create: an unsealed job of
+            # the name is someone else's (the create will be refused), and governed as theirs alone.
+            queued = None
         # An attempt the scheduler started carries its queue entry's tag and seal even once it is no longer
         # the entry's current attempt: the queue owns its next attempt, and a clone would take that name.
         # The tag alone (anyone allowed AddTags sets it) does not make a training job the queue's.

@@ -186,7 +186,7 @@ class IdleStop:
 
         reason = idle_reason(notice, ref.kind)
         self.sagemaker.stop(name)
-        self._record(name, reason)
+        self._record(name, tags, reason)
         # Its other hosts' alarms would only repeat the news; the job is stopping.
         self._drop_alarms(name)
         owner = owner_of(detail, tags)
@@ -235,6 +235,8 @@ class IdleStop:
         seal proves); for a job the table places in no team, the one its own Environment names. Never a
         tag's word."""
         job = self.store.find_job_by_training_job(training_job_name)
+        if job is not None and not job.holds(training_job_name, tags):
+            job = None
         if job is None and tags.get(JOB_TAG):
             tagged = self.store.find_job(tags[JOB_TAG])
             job = tagged if tagged is not None and tagged.started(training_job_name, tags) else None
@@ -274,12 +276,14 @@ class IdleStop:
             return None
         return f"the alarm's data does not show the host idle now ({evaluation.reason})"
 
-    def _record(self, training_job_name: str, reason: str) -> None:
-        """Mark the queue entry, if the job is one, as stopping for idleness: the scheduler turns it into
-        IDLE_STOPPED (never requeued) when SageMaker reports it Stopped."""
+    def _record(self, training_job_name: str, tags: Mapping[str, str], reason: str) -> None:
+        """Mark the queue entry, if the job is its attempt (`Job.holds`), as stopping for idleness: the
+        scheduler turns it into IDLE_STOPPED (never requeued) when SageMaker reports it Stopped."""
         for _ in range(3):
             job = self.store.find_job_by_training_job(training_job_name)
-            if job is None or job.state not in (JobState.STARTING, JobState.RUNNING, JobState.PREEMPTING):
+            if job is None or not job.holds(training_job_name, tags):
+                return
+            if job.state not in (JobState.STARTING, JobState.RUNNING, JobState.PREEMPTING):
                 return
             was = job.state
             job.stop_reason = StopReason.IDLE
