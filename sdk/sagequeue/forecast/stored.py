@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from sagequeue.client import Job
 from sagequeue.forecast.calibrate import Calibration, Outcome, learn
 from sagequeue.forecast.engine import Forecast, JobForecast, forecast
-from sagequeue.forecast.live import LiveQueue, history_of, state_of
+from sagequeue.forecast.live import SETTINGS, LiveQueue, history_of, state_of
 from sagequeue.forecast.model import ForecastSettings
 from sagequeue_core.domain import JobState
 from sagequeue_core.forecasts import (
@@ -82,8 +82,9 @@ def publish(deps: Dependencies, *, budget_seconds: float = BUDGET_SECONDS) -> Pu
     logged = 0
     if _due(queue, earlier):
         calibration = learn(outcomes(past, queue.now))
-        made = forecast(state_of(queue), history_of(queue), settings_for(deps, budget_seconds))
-        logged = _store(deps, queue, made, earlier, calibration)
+        settings = settings_for(deps, budget_seconds)
+        made = forecast(state_of(queue), history_of(queue), settings)
+        logged = _store(deps, queue, made, earlier, calibration, settings.horizon_seconds)
     return Published(
         forecast=len(made.jobs) if made else 0,
         logged=logged,
@@ -119,9 +120,12 @@ def outcomes(past: Iterable[PastForecast], now: datetime) -> list[Outcome]:
     return out
 
 
-def calibrated(result: JobForecast, pool: str, calibration: Calibration) -> tuple[float, float, float]:
-    """A job's P10, P50 and P90 (seconds from the forecast) with its pool's calibration applied."""
-    return calibration.apply(pool, (result.p10, result.p50, result.p90))
+def calibrated(
+    result: JobForecast, pool: str, calibration: Calibration, horizon: float = SETTINGS.horizon_seconds
+) -> tuple[float, float, float]:
+    """A job's P10, P50 and P90 (seconds from the forecast) with its pool's calibration applied, none past
+    the engine's `horizon` (inf there, as the engine's own)."""
+    return calibration.apply(pool, (result.p10, result.p50, result.p90), horizon)
 
 
 def _due(queue: LiveQueue, earlier: Mapping[str, tuple[StartForecast, datetime | None]]) -> bool:
@@ -140,6 +144,7 @@ def _store(
     made: Forecast,
     earlier: Mapping[str, tuple[StartForecast, datetime | None]],
     calibration: Calibration,
+    horizon: float,
 ) -> int:
     now = queue.now
     latest: list[tuple[StartForecast, datetime | None]] = []
@@ -148,7 +153,7 @@ def _store(
         result = made.get(job.name)
         if result is None or not result.starts:
             continue
-        p10, p50, p90 = calibrated(result, job.pool, calibration)
+        p10, p50, p90 = calibrated(result, job.pool, calibration, horizon)
         start = StartForecast(
             job=job.name,
             pool=job.pool,
