@@ -972,15 +972,17 @@ class Repository:
             item = self._item.get(_forecast_pk(job_name), _FORECAST_SK)
         except self._item.DoesNotExist:
             return None
-        return self._to_forecast(item), item.logged_at
+        readable = _readable([item], self._to_forecast)  # an item cut short is no forecast, not an error
+        return (readable[0], item.logged_at) if readable else None
 
     def job_forecasts(self, job_names: Iterable[str]) -> dict[str, tuple[StartForecast, datetime | None]]:
         """The latest forecasts of these jobs (BatchGetItem), by job."""
         keys = [(_forecast_pk(name), _FORECAST_SK) for name in dict.fromkeys(job_names)]
+        items = [item for item in self._item.batch_get(keys) if item.name]
         return {
-            item.name: (self._to_forecast(item), item.logged_at)
-            for item in self._item.batch_get(keys)
-            if item.name
+            made.job: (made, item.logged_at)
+            for item in items
+            for made in _readable([item], self._to_forecast)
         }
 
     def past_forecasts(self, pool: str, since: datetime, limit: int) -> list[PastForecast]:
