@@ -115,11 +115,25 @@ def test_a_forecast_item_cut_short_or_an_older_calibration_breaks_nothing(
     stack: Any, queues: tuple[QueueClient, QueueClient], tmp_path: Path
 ) -> None:
     user, _ = queues
+    user.submit(_in(OTHER, request(stack, "bystander-2", seconds=1800)), priority=1)
+    stack.run_until_idle()
     assert user.job("bystander").state == "queued"
+    assert user.job("bystander-2").state == "queued"
     # GIVEN the bystander's latest forecast item without its time (cut short, or written by an older
-    # version), and a calibration item of another shape
+    # version), another's with a time no date parser reads, and a calibration item of another shape
     dynamodb = stack.aws_client("dynamodb")
     table = stack.settings.table_name
+    dynamodb.put_item(
+        TableName=table,
+        Item={
+            "pk": {"S": "FORECAST#bystander-2"},
+            "sk": {"S": "FORECAST"},
+            "name": {"S": "bystander-2"},
+            "forecast_pool": {"S": OTHER},
+            "made_at": {"S": "yesterday"},
+            "p50": {"N": "12"},
+        },
+    )
     dynamodb.put_item(
         TableName=table,
         Item={
@@ -143,6 +157,7 @@ def test_a_forecast_item_cut_short_or_an_older_calibration_breaks_nothing(
     # WHEN its owner reads the job, and lists the queue with forecasts, before the function runs again
     # THEN the job answers without a forecast, and the CLI forecasts with the calibration as the identity
     assert user.job("bystander").forecast is None
+    assert user.job("bystander-2").forecast is None
     home = tmp_path / "home"
     save_local_connection(stack.connection(), home / "local.json")
     listed = sagequeue_cli("ls", "--start", "--json", "--active", home=home)
@@ -155,9 +170,10 @@ def test_a_forecast_item_cut_short_or_an_older_calibration_breaks_nothing(
 
     # and the forecast function's next run forecasts the pool again (it read the bad item as none)
     stack.advance(FORECAST_EVERY)
-    again = user.job("bystander").forecast
-    assert again is not None
-    assert again.made_at >= _now(user) - timedelta(seconds=FORECAST_EVERY)
+    for name in ("bystander", "bystander-2"):
+        again = user.job(name).forecast
+        assert again is not None, name
+        assert again.made_at >= _now(user) - timedelta(seconds=FORECAST_EVERY)
 
 
 def test_a_forecast_made_after_the_start_it_was_for_is_dropped(
