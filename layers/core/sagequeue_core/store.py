@@ -958,6 +958,9 @@ class Repository:
             item = self._item.get(_FORECAST_CALIBRATION_PK, _FORECAST_CALIBRATION_SK)
         except self._item.DoesNotExist:
             return None
+        except (ValueError, TypeError) as exc:  # an attribute no version of this code wrote
+            _skipped(_FORECAST_CALIBRATION_PK, exc)
+            return None
         try:
             detail = json.loads(item.detail or "{}")
         except ValueError:
@@ -972,15 +975,26 @@ class Repository:
             item = self._item.get(_forecast_pk(job_name), _FORECAST_SK)
         except self._item.DoesNotExist:
             return None
-        return self._to_forecast(item), item.logged_at
+        except (ValueError, TypeError) as exc:  # an attribute no version of this code wrote
+            _skipped(_forecast_pk(job_name), exc)
+            return None
+        readable = _readable([item], self._to_forecast)  # an item cut short is no forecast, not an error
+        return (readable[0], item.logged_at) if readable else None
 
     def job_forecasts(self, job_names: Iterable[str]) -> dict[str, tuple[StartForecast, datetime | None]]:
         """The latest forecasts of these jobs (BatchGetItem), by job."""
-        keys = [(_forecast_pk(name), _FORECAST_SK) for name in dict.fromkeys(job_names)]
+        names = list(dict.fromkeys(job_names))
+        keys = [(_forecast_pk(name), _FORECAST_SK) for name in names]
+        try:
+            items = [item for item in self._item.batch_get(keys) if item.name]
+        except (ValueError, TypeError):
+            # one item no version of this code wrote fails the batch: read them one by one, skipping it
+            found = (self.job_forecast(name) for name in names)
+            return {stored[0].job: stored for stored in found if stored is not None}
         return {
-            item.name: (self._to_forecast(item), item.logged_at)
-            for item in self._item.batch_get(keys)
-            if item.name
+            made.job: (made, item.logged_at)
+            for item in items
+            for made in _readable([item], self._to_forecast)
         }
 
     def past_forecasts(self, pool: str, since: datetime, limit: int) -> list[PastForecast]:
@@ -1161,11 +1175,13 @@ def _readable(items: Iterable[Any], to_object: Callable[[Any], T]) -> list[T]:
         try:
             out.append(to_object(item))
         except (ValueError, TypeError, KeyError) as exc:
-            observability.logger.error(
-                "unreadable item skipped", extra={"pk": getattr(item, "pk", None), "error": str(exc)}
-            )
-            observability.count(observability.SKIPPED_ON_ERROR)
+            _skipped(getattr(item, "pk", None), exc)
     return out
+
+
+def _skipped(pk: str | None, exc: Exception) -> None:
+    observability.logger.error("unreadable item skipped", extra={"pk": pk, "error": str(exc)})
+    observability.count(observability.SKIPPED_ON_ERROR)
 
 
 def _recent(values: Iterable[str] | None) -> list[tuple[datetime, str]]:

@@ -41,6 +41,7 @@ Pure and deterministic: numbers in, numbers out; no clock, no I/O.
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -88,9 +89,15 @@ def measure(seconds: float) -> float:
     return math.log1p(max(seconds, 0.0) / SCALE_SECONDS)
 
 
+#: The largest log-wait whose seconds are a float: beyond it, unmeasure answers infinity.
+_LARGEST = math.log(sys.float_info.max / SCALE_SECONDS)
+
+
 def unmeasure(value: float) -> float:
-    """Seconds of a log-wait (none below zero)."""
-    return SCALE_SECONDS * math.expm1(value) if value > 0 else 0.0
+    """Seconds of a log-wait (none below zero; infinity for one too large for a float)."""
+    if not value > 0:
+        return 0.0
+    return SCALE_SECONDS * math.expm1(value) if value < _LARGEST else math.inf
 
 
 @dataclass(frozen=True)
@@ -107,9 +114,14 @@ class Adjustment:
     def identity(self) -> bool:
         return self.scale == 1.0 and self.shift == 0.0
 
-    def apply(self, quantiles: tuple[float, float, float]) -> tuple[float, float, float]:
+    def apply(
+        self, quantiles: tuple[float, float, float], horizon: float = math.inf
+    ) -> tuple[float, float, float]:
         """The quantiles (seconds after the forecast; inf past the horizon) calibrated, kept in order. A
-        forecast with a quantile past the horizon is left as it is (its range has no upper end to stretch)."""
+        forecast with a quantile past the horizon is left as it is (its range has no upper end to stretch).
+        A quantile stretched past `horizon` (the engine's: it saw nothing beyond) is inf, "not by the
+        horizon", as the engine says of a start it did not see: a range stretched by a factor in log-wait
+        from a near P50 to a P90 days away would otherwise end thousands of years on."""
         if self.identity or any(math.isinf(q) or math.isnan(q) for q in quantiles):
             return quantiles
         low, middle, high = (measure(q) for q in quantiles)
@@ -118,7 +130,10 @@ class Adjustment:
         above = self.scale * max(high - middle, FLOOR) if high > middle else 0.0
         # without a shift the P50 is the engine's to the last bit (no round trip through log-wait)
         p50 = quantiles[1] if self.shift == 0.0 else unmeasure(centre)
-        return (min(unmeasure(centre - below), p50), p50, max(unmeasure(centre + above), p50))
+        high = max(unmeasure(centre + above), p50)
+        if high > max(horizon, quantiles[2]):
+            high = math.inf
+        return (min(unmeasure(centre - below), p50), p50, high)
 
     def to_api(self) -> dict[str, Any]:
         return {"scale": round(self.scale, 4), "shift": round(self.shift, 4), "weight": round(self.weight, 1)}
@@ -161,8 +176,10 @@ class Calibration:
     def for_pool(self, pool: str) -> Adjustment:
         return self.pools.get(pool, self.fallback)
 
-    def apply(self, pool: str, quantiles: tuple[float, float, float]) -> tuple[float, float, float]:
-        return self.for_pool(pool).apply(quantiles)
+    def apply(
+        self, pool: str, quantiles: tuple[float, float, float], horizon: float = math.inf
+    ) -> tuple[float, float, float]:
+        return self.for_pool(pool).apply(quantiles, horizon)
 
     def to_api(self) -> dict[str, Any]:
         return {
@@ -212,6 +229,8 @@ def _adjustment(past: list[Outcome], settings: CalibrationSettings, toward: Adju
     for outcome in past:
         if any(math.isinf(q) or math.isnan(q) for q in outcome.quantiles):
             continue  # a range with no upper end is not stretched, and says nothing about stretching
+        if any(math.isnan(value) for value in (outcome.age, outcome.waited, outcome.started or 0.0)):
+            continue  # no time at all: nothing to weigh or to score
         weight = 0.5 ** (max(outcome.age, 0.0) / settings.half_life_seconds)
         low, middle, high = (measure(q) for q in outcome.quantiles)
         below, above = max(middle - low, FLOOR), max(high - middle, FLOOR)

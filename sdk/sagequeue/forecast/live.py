@@ -157,8 +157,10 @@ class CalibratedStart:
 
 def calibrated(queue: LiveQueue, result: JobForecast, pool: str) -> CalibratedStart:
     """`result` (a job's forecast in `pool`) with the stack's calibration applied, as the stack applies it to
-    the forecasts it stores."""
-    p10, p50, p90 = queue.calibration.apply(pool, (result.p10, result.p50, result.p90))
+    the forecasts it stores (none past the engine's horizon)."""
+    p10, p50, p90 = queue.calibration.apply(
+        pool, (result.p10, result.p50, result.p90), SETTINGS.horizon_seconds
+    )
     return CalibratedStart(result.name, result.now, p10, p50, p90, result)
 
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from sagequeue.client import Job
 from sagequeue.forecast.calibrate import Calibration, Outcome, learn
 from sagequeue.forecast.engine import Forecast, JobForecast, forecast
-from sagequeue.forecast.live import LiveQueue, history_of, state_of
+from sagequeue.forecast.live import SETTINGS, LiveQueue, history_of, state_of
 from sagequeue.forecast.model import ForecastSettings
 from sagequeue_core.domain import JobState
 from sagequeue_core.forecasts import (
@@ -82,8 +82,9 @@ def publish(deps: Dependencies, *, budget_seconds: float = BUDGET_SECONDS) -> Pu
     logged = 0
     if _due(queue, earlier):
         calibration = learn(outcomes(past, queue.now))
-        made = forecast(state_of(queue), history_of(queue), settings_for(deps, budget_seconds))
-        logged = _store(deps, queue, made, earlier, calibration)
+        settings = settings_for(deps, budget_seconds)
+        made = forecast(state_of(queue), history_of(queue), settings)
+        logged = _store(deps, queue, made, earlier, calibration, settings.horizon_seconds)
     return Published(
         forecast=len(made.jobs) if made else 0,
         logged=logged,
@@ -119,9 +120,12 @@ def outcomes(past: Iterable[PastForecast], now: datetime) -> list[Outcome]:
     return out
 
 
-def calibrated(result: JobForecast, pool: str, calibration: Calibration) -> tuple[float, float, float]:
-    """A job's P10, P50 and P90 (seconds from the forecast) with its pool's calibration applied."""
-    return calibration.apply(pool, (result.p10, result.p50, result.p90))
+def calibrated(
+    result: JobForecast, pool: str, calibration: Calibration, horizon: float = SETTINGS.horizon_seconds
+) -> tuple[float, float, float]:
+    """A job's P10, P50 and P90 (seconds from the forecast) with its pool's calibration applied, none past
+    the engine's `horizon` (inf there, as the engine's own)."""
+    return calibration.apply(pool, (result.p10, result.p50, result.p90), horizon)
 
 
 def _due(queue: LiveQueue, earlier: Mapping[str, tuple[StartForecast, datetime | None]]) -> bool:
@@ -140,6 +144,7 @@ def _store(
     made: Forecast,
     earlier: Mapping[str, tuple[StartForecast, datetime | None]],
     calibration: Calibration,
+    horizon: float,
 ) -> int:
     now = queue.now
     latest: list[tuple[StartForecast, datetime | None]] = []
@@ -148,7 +153,7 @@ def _store(
         result = made.get(job.name)
         if result is None or not result.starts:
             continue
-        p10, p50, p90 = calibrated(result, job.pool, calibration)
+        p10, p50, p90 = calibrated(result, job.pool, calibration, horizon)
         start = StartForecast(
             job=job.name,
             pool=job.pool,
@@ -202,26 +207,54 @@ def settle(deps: Dependencies, now: datetime, waiting: Mapping[str, Job]) -> tup
 
 def _outcome(entry: PastForecast, job: StoredJob | None) -> PastForecast | None:
     made = entry.forecast
-    if job is None:
+    if job is None or _held_since(job, made):
         return dataclasses.replace(entry, gone=True)
     if job.attempt > made.attempt:
-        started = _start_after(job, made)
-        if started is not None:
+        started = _next_start(job, made)
+        if started is not None and started >= made.made_at:
             return dataclasses.replace(entry, started_at=started)
+        if started is not None:
+            # made after the start it forecast (the queue read as the job left it): nothing to score, and
+            # left open it would count as a job waiting ever longer past its P90
+            return dataclasses.replace(entry, gone=True)
     if job.state in _ENDED and job.attempt <= made.attempt:
         return dataclasses.replace(entry, gone=True)
-    return None  # held, or queued again before its start is visible: wait
+    return None  # queued again before its start is visible: wait
 
 
-def _start_after(job: StoredJob, made: StartForecast) -> datetime | None:
-    """The job's first start after the forecast: its history's first entry of the next attempt (the
-    history keeps the first and the latest entries; the current attempt's start stands in when trimmed)."""
+def _held_since(job: StoredJob, made: StartForecast) -> bool:
+    """Its owner held the job after the forecast, before the attempt after it: how long it waits is then the
+    owner's choice, not the queue's, and says nothing of the forecast (dropped, as a cancelled job's)."""
+    if job.state is JobState.HELD and job.attempt == made.attempt:
+        return True
+    return any(
+        entry.get("state") == JobState.HELD.value
+        and entry.get("attempt") == made.attempt
+        and (at := _at(entry)) is not None
+        and at >= made.made_at
+        for entry in job.history
+    )
+
+
+def _at(entry: Mapping[str, object]) -> datetime | None:
+    """When a history entry happened; None for one without a readable time."""
+    try:
+        at = datetime.fromisoformat(str(entry.get("at")))
+    except ValueError:
+        return None
+    return at if at.tzinfo is not None else None
+
+
+def _next_start(job: StoredJob, made: StartForecast) -> datetime | None:
+    """When the attempt after the forecast's first started: its history's first entry of that attempt (the
+    history keeps the first and the latest entries; the current attempt's start stands in when trimmed).
+    None: not visible yet."""
     for entry in job.history:
         if entry.get("state") in _STARTED and entry.get("attempt") == made.attempt + 1:
-            at = datetime.fromisoformat(str(entry["at"]))
-            if at >= made.made_at:
+            at = _at(entry)
+            if at is not None:
                 return at
-    if job.attempt == made.attempt + 1 and job.started_at is not None and job.started_at >= made.made_at:
+    if job.attempt == made.attempt + 1 and job.started_at is not None:
         return job.started_at
     return None
 

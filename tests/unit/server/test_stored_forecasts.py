@@ -126,13 +126,29 @@ def test_a_logged_forecast_settles_on_the_first_start_of_the_next_attempt() -> N
     assert settled.started_at == T0 + timedelta(hours=2.5)
 
 
-def test_a_job_gone_or_ended_without_a_start_settles_as_gone_and_a_held_one_waits() -> None:
+def test_a_job_gone_ended_or_held_without_a_start_settles_as_gone_and_a_queued_one_waits() -> None:
     entry = PastForecast(made(1, 2, 3))
-    assert _outcome(entry, None) == PastForecast(entry.forecast, gone=True)
+    gone = PastForecast(entry.forecast, gone=True)
+    assert _outcome(entry, None) == gone
     cancelled = _job(JobState.CANCELLED, 0, [_entry("cancelled", 0, 1)])
-    assert _outcome(entry, cancelled) == PastForecast(entry.forecast, gone=True)
+    assert _outcome(entry, cancelled) == gone
+    # held by its owner after the forecast: how long it waits is the owner's choice (held now, or held
+    # and released before a run saw it held, or started since), as a cancelled job's, nothing to score
     held = _job(JobState.HELD, 0, [_entry("held", 0, 1)])
-    assert _outcome(entry, held) is None
+    assert _outcome(entry, held) == gone
+    released = _job(JobState.QUEUED, 0, [_entry("held", 0, 1), _entry("queued", 0, 1.5)])
+    assert _outcome(entry, released) == gone
+    started_since = _job(JobState.RUNNING, 1, [_entry("held", 0, 1), _entry("starting", 1, 4)])
+    assert _outcome(entry, started_since) == gone
+    # held and released before the forecast: it waits in the queue as forecast
+    before = _job(JobState.QUEUED, 0, [_entry("held", 0, -1), _entry("queued", 0, -0.5)])
+    assert _outcome(entry, before) is None
+
+
+def test_a_forecast_made_after_the_start_it_was_for_settles_as_gone() -> None:
+    entry = PastForecast(made(1, 2, 3))
+    job = _job(JobState.RUNNING, 1, [_entry("starting", 1, -0.01), _entry("running", 1, 0.2)])
+    assert _outcome(entry, job) == PastForecast(entry.forecast, gone=True)
 
 
 def _calibrated(engine: StartForecast, p10: float, p90: float) -> StartForecast:
