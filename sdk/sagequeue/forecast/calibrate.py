@@ -126,8 +126,9 @@ class Adjustment:
             return quantiles
         low, middle, high = (measure(q) for q in quantiles)
         centre = middle + self.shift
-        below = self.scale * max(middle - low, FLOOR) if low < middle else 0.0
-        above = self.scale * max(high - middle, FLOOR) if high > middle else 0.0
+        # each arm at least FLOOR wide, as `learn` measured it: a range collapsed on its P50 opens
+        below = self.scale * max(middle - low, FLOOR)
+        above = self.scale * max(high - middle, FLOOR)
         # without a shift the P50 is the engine's to the last bit (no round trip through log-wait)
         p50 = quantiles[1] if self.shift == 0.0 else unmeasure(centre)
         high = max(unmeasure(centre + above), p50)

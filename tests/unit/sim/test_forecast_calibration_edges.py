@@ -120,3 +120,17 @@ def test_all_waits_zero_and_collapsed_ranges_learn_a_bounded_scale_and_stay_in_o
         low, middle, high = learnt.apply(POOL, quantiles)
         assert low <= middle <= high
         assert middle == quantiles[1]
+
+
+def test_a_collapsed_range_opens_as_far_as_its_pool_learnt() -> None:
+    # GIVEN a pool whose forecasts said "now" (P10 = P50 = P90 = 0) and whose jobs started a minute later
+    rng = random.Random(7)
+    waits = [rng.uniform(30.0, 90.0) for _ in range(200)]
+    learnt = learn([_started(wait, quantiles=(0.0, 0.0, 0.0)) for wait in waits])
+    # WHEN a new collapsed forecast is calibrated with what the pool learnt
+    low, middle, high = learnt.apply(POOL, (0.0, 0.0, 0.0))
+    # THEN its range opens above its P50, so that it holds the share of starts the calibration aims at
+    assert low == middle == 0.0
+    assert high > 0.0
+    covered = sum(wait <= high for wait in waits) / len(waits)
+    assert covered == pytest.approx(CalibrationSettings().coverage, abs=0.05)
