@@ -165,12 +165,18 @@ def _store(
             runs=made.samples,
             engine=(result.at(result.p10), result.at(result.p50), result.at(result.p90)),
         )
-        logged_at = earlier[job.name][1] if job.name in earlier else None
-        due = logged_at is None or now - logged_at >= timedelta(seconds=LOG_EVERY_SECONDS)
-        if due and len(logged) < LOG_PER_RUN:
-            logged.append(start)
-            logged_at = now
-        latest.append((start, logged_at))
+        latest.append((start, earlier[job.name][1] if job.name in earlier else None))
+    # the log takes at most LOG_PER_RUN a run, the longest unlogged first (never logged before any), not
+    # the queue's first: a tenant queueing many jobs cannot keep the rest of a pool out of what it learns
+    due = [
+        index
+        for index, (_, logged_at) in enumerate(latest)
+        if logged_at is None or now - logged_at >= timedelta(seconds=LOG_EVERY_SECONDS)
+    ]
+    due.sort(key=lambda index: (latest[index][1] is not None, latest[index][1] or now))
+    for index in sorted(due[:LOG_PER_RUN]):
+        logged.append(latest[index][0])
+        latest[index] = (latest[index][0], now)
     deps.store.save_forecasts(latest, logged, (calibration.to_api(), now))
     return len(logged)
 
