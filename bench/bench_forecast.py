@@ -31,7 +31,7 @@ from datetime import UTC, datetime, timedelta
 
 from sagequeue.forecast import ForecastSettings, History, QueueState, Traits, forecast
 from sagequeue.sim import SimSettings, WorkloadSpec, generate
-from sagequeue.sim.forecast import Score, scored_runs
+from sagequeue.sim.forecast import Made, Score, scored_runs
 from sagequeue_core.policy import QueuedJob, RunningAttempt
 
 CAPACITY = {"ml.trn1.32xlarge": 4, "ml.trn2.48xlarge": 2}
@@ -93,6 +93,10 @@ def variants_of(args: argparse.Namespace) -> dict[str, dict[str, object]]:
         variants["before"] = {"samples": args.samples, **BEFORE}
     if args.oracle:
         variants["oracle"] = {"samples": args.samples, "oracle": True}
+    if args.distribution_oracle:
+        variants["distribution oracle"] = {"samples": args.samples, "truth": "distribution"}
+    if args.full_oracle:
+        variants["full oracle"] = {"samples": args.samples, "truth": "full"}
     variants["now"] = {"samples": args.samples}
     return variants
 
@@ -110,10 +114,13 @@ def one(title: str, spec: WorkloadSpec, seed: int, args: argparse.Namespace, dra
         every_seconds=args.every,
         horizon_seconds=trace.last_submit_seconds + drain_days * 86400,
         variants=variants_of(args),
+        spec=spec,
     )
     scores = {name: score for name, (score, _) in scored.items()}
     result = row(f"{title}, seed {seed}", trace, scores, time.perf_counter() - began)
     print("| " + " | ".join(result) + " |", flush=True)
+    if "full oracle" in scored:
+        print(f"|   {fidelity(scored['full oracle'][1])} |", flush=True)
     if len(scores) > 1:
         walls = ", ".join(
             f"{name} {statistics.mean(score.seconds) if score.seconds else 0:.2f} s"
@@ -121,6 +128,21 @@ def one(title: str, spec: WorkloadSpec, seed: int, args: argparse.Namespace, dra
         )
         print(f"|   forecast wall time, mean: {walls} |", flush=True)
     return result
+
+
+def fidelity(made: list[Made]) -> str:
+    """How close the full oracle's P50 came to the starts: what is left is where the forward run differs from
+    the simulator (its P10-P90 range is near a point, so its coverage says little)."""
+    errors = sorted(abs(m.p50 - m.actual) for m in made if m.actual is not None)
+    if not errors:
+        return "full oracle: nothing scored"
+    share = {limit: sum(e <= limit for e in errors) / len(errors) for limit in (60, 900, 3600)}
+    p90 = errors[min(int(0.9 * len(errors)), len(errors) - 1)]
+    return (
+        f"full oracle: P50 within 1 min of the start {100 * share[60]:.1f} %, within 15 min"
+        f" {100 * share[900]:.1f} %, within 1 h {100 * share[3600]:.1f} %; mean error {_hours(statistics.mean(errors))},"
+        f" 90th percentile {_hours(p90)}"
+    )
 
 
 def thousand_jobs(samples: int, **changes: object) -> tuple[float, float]:
@@ -178,6 +200,18 @@ def main() -> None:
         "--oracle",
         action="store_true",
         help="a reference beside them: forecasts that know every submitted job's training time",
+    )
+    parser.add_argument(
+        "--distribution-oracle",
+        action="store_true",
+        help="a reference beside them: run times and later submissions drawn as the trace's generator draws"
+        " them (the best a forecast that knows no realization can do)",
+    )
+    parser.add_argument(
+        "--full-oracle",
+        action="store_true",
+        help="a reference beside them: every job's training time and the trace's later submissions known"
+        " (what is left is where the forward run differs from the simulator)",
     )
     parser.add_argument("--no-before", action="store_true", help="leave out the forecast before calibration")
     parser.add_argument("--skip-timing", action="store_true")

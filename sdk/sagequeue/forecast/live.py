@@ -170,6 +170,7 @@ def _work(job: Job) -> Work:
         traits=_traits(job),
         trained_seconds=float(job.seconds_trained or 0),
         max_runtime_seconds=float(max_runtime) if max_runtime else None,
+        submitted_at=job.submitted_at,
     )
 
 
