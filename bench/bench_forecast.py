@@ -87,16 +87,35 @@ def headers(variants: list[str]) -> list[str]:
     return [*out, "forecast mean / max (now)", "run wall"]
 
 
+def _changes(text: str) -> dict[str, object]:
+    """`key=value,...` as ForecastSettings changes (numbers and true/false parsed)."""
+    out: dict[str, object] = {}
+    for item in filter(None, text.split(",")):
+        key, _, value = item.partition("=")
+        if value in ("true", "false"):
+            out[key] = value == "true"
+        else:
+            try:
+                out[key] = int(value)
+            except ValueError:
+                out[key] = float(value)
+    return out
+
+
 def variants_of(args: argparse.Namespace) -> dict[str, dict[str, object]]:
     variants: dict[str, dict[str, object]] = {}
     if not args.no_before:
         variants["before"] = {"samples": args.samples, **BEFORE}
     if args.oracle:
         variants["oracle"] = {"samples": args.samples, "oracle": True}
+    oracle_samples = args.oracle_samples or args.samples
     if args.distribution_oracle:
-        variants["distribution oracle"] = {"samples": args.samples, "truth": "distribution"}
+        variants["distribution oracle"] = {"samples": oracle_samples, "truth": "distribution"}
     if args.full_oracle:
-        variants["full oracle"] = {"samples": args.samples, "truth": "full"}
+        variants["full oracle"] = {"samples": oracle_samples, "truth": "full"}
+    for text in args.variant:
+        name, _, changes = text.partition(":")
+        variants[name] = {"samples": args.samples, **_changes(changes)}
     variants["now"] = {"samples": args.samples}
     return variants
 
@@ -212,6 +231,19 @@ def main() -> None:
         action="store_true",
         help="a reference beside them: every job's training time and the trace's later submissions known"
         " (what is left is where the forward run differs from the simulator)",
+    )
+    parser.add_argument(
+        "--oracle-samples",
+        type=int,
+        default=None,
+        help="runs forward per forecast of the oracles (--samples)",
+    )
+    parser.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="NAME:KEY=VALUE,...",
+        help="another forecast beside them, with these ForecastSettings changes (repeatable)",
     )
     parser.add_argument("--no-before", action="store_true", help="leave out the forecast before calibration")
     parser.add_argument("--skip-timing", action="store_true")

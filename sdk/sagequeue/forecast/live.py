@@ -41,7 +41,7 @@ if TYPE_CHECKING:  # the server's side: only the forecast function reads the tab
 
 LIVE_STATES = ("starting", "running", "preempting", "stopping")
 STOPPING_STATES = frozenset({"preempting", "stopping"})
-#: completed jobs read for run times
+#: completed jobs read for run times: the newest (by submission), whose run times say most about those to come
 HISTORY_LIMIT = 100
 #: how long a forecast of an unchanged queue is reused
 CACHE_SECONDS = 60.0
@@ -69,7 +69,8 @@ class LiveQueue:
         pools = client.pools()
         queued = client.jobs(state="queued")
         live = [job for state in LIVE_STATES for job in client.jobs(state=state)]
-        completed = client.jobs(state="completed", limit=HISTORY_LIMIT)
+        # the latest completed jobs say most about run times now
+        completed = client.jobs(state="completed", limit=HISTORY_LIMIT, order="newest")
         now = client.server_time or datetime.now().astimezone()
         return cls(
             now=now,
@@ -94,7 +95,9 @@ class LiveQueue:
             token = page.next_token
             if not token:
                 break
-        completed = deps.store.list_jobs(state=JobState.COMPLETED, limit=HISTORY_LIMIT).jobs
+        completed = deps.store.list_jobs(
+            state=JobState.COMPLETED, limit=HISTORY_LIMIT, newest_first=True
+        ).jobs
         return cls(
             now=deps.now(),
             capacity={v.instance_type: v.capacity for v in views},
