@@ -140,6 +140,9 @@ def one(title: str, spec: WorkloadSpec, seed: int, args: argparse.Namespace, dra
     print("| " + " | ".join(result) + " |", flush=True)
     if "full oracle" in scored:
         print(f"|   {fidelity(scored['full oracle'][1])} |", flush=True)
+    if args.breakdown:
+        for line in breakdown(trace, scored):
+            print(f"|   {line} |", flush=True)
     if len(scores) > 1:
         walls = ", ".join(
             f"{name} {statistics.mean(score.seconds) if score.seconds else 0:.2f} s"
@@ -147,6 +150,36 @@ def one(title: str, spec: WorkloadSpec, seed: int, args: argparse.Namespace, dra
         )
         print(f"|   forecast wall time, mean: {walls} |", flush=True)
     return result
+
+
+def breakdown(trace, scored: dict[str, tuple[Score, list[Made]]]) -> list[str]:  # type: ignore[no-untyped-def]
+    """Per pool, priority and instance count: forecasts scored, coverage, the median signed error of the P50
+    (positive: forecast too late) and the share that started after the P90, for each forecast."""
+    jobs = {j.name: j for j in trace.jobs}
+    groups: dict[str, object] = {
+        "pool": lambda j: j.instance_type,
+        "priority": lambda j: j.priority,
+        "instances": lambda j: j.instance_count,
+    }
+    lines = []
+    for label, key in groups.items():
+        for name, (_, made) in scored.items():
+            cells = []
+            by: dict[object, list[Made]] = {}
+            for m in made:
+                if m.actual is not None:
+                    by.setdefault(key(jobs[m.job]), []).append(m)  # type: ignore[operator]
+            for value in sorted(by, key=str):
+                ms = by[value]
+                covered = sum(m.p10 <= m.actual <= m.p90 for m in ms) / len(ms)  # type: ignore[operator]
+                late = sum(m.actual > m.p90 for m in ms) / len(ms)  # type: ignore[operator]
+                signed = statistics.median(m.p50 - m.actual for m in ms)  # type: ignore[operator]
+                cells.append(
+                    f"{value}: {len(ms)}, {100 * covered:.0f} % in, {100 * late:.0f} % after P90,"
+                    f" P50 {signed / 3600:+.2f} h"
+                )
+            lines.append(f"{name} by {label}: " + "; ".join(cells))
+    return lines
 
 
 def fidelity(made: list[Made]) -> str:
@@ -244,6 +277,11 @@ def main() -> None:
         default=[],
         metavar="NAME:KEY=VALUE,...",
         help="another forecast beside them, with these ForecastSettings changes (repeatable)",
+    )
+    parser.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="per pool, priority and instance count: coverage, share after P90 and the P50's signed error",
     )
     parser.add_argument("--no-before", action="store_true", help="leave out the forecast before calibration")
     parser.add_argument("--skip-timing", action="store_true")
