@@ -116,6 +116,8 @@ def variants_of(args: argparse.Namespace) -> dict[str, dict[str, object]]:
     for text in args.variant:
         name, _, changes = text.partition(":")
         variants[name] = {"samples": args.samples, **_changes(changes)}
+    for truth in args.half_oracle:
+        variants[f"true {truth}"] = {"samples": oracle_samples, "truth": truth}
     variants["now"] = {"samples": args.samples}
     return variants
 
@@ -277,6 +279,14 @@ def main() -> None:
         default=[],
         metavar="NAME:KEY=VALUE,...",
         help="another forecast beside them, with these ForecastSettings changes (repeatable)",
+    )
+    parser.add_argument(
+        "--half-oracle",
+        action="append",
+        default=[],
+        choices=["run times", "arrivals"],
+        help="a reference that knows one half of the generator (its run times or its arrivals), the other"
+        " half drawn as the forecast draws it (repeatable)",
     )
     parser.add_argument(
         "--breakdown",

@@ -271,7 +271,14 @@ def oracle_sources(
         return TrueRunTimes(spec), TrueArrivals(spec, trace, sim)
     if truth == "full":
         return None, RealArrivals(trace, sim.now)
-    raise ValueError(f"unknown oracle {truth!r}: distribution or full")
+    # halves of the distribution oracle, to tell which half of the model its gap comes from
+    if truth in ("run times", "arrivals"):
+        if spec is None:
+            raise ValueError("the distribution oracle needs the trace's WorkloadSpec")
+        if truth == "run times":
+            return TrueRunTimes(spec), None
+        return None, TrueArrivals(spec, trace, sim)
+    raise ValueError(f"unknown oracle {truth!r}: distribution, full, run times or arrivals")
 
 
 def baseline_of(sim: Simulation) -> dict[str, datetime | None]:
@@ -420,7 +427,7 @@ def scored_runs(
         changes = dict(changes)
         truth = changes.pop("truth", None)
         oracle = bool(changes.pop("oracle", False)) or truth == "full"
-        if truth == "distribution" and spec is None:
+        if truth in ("distribution", "run times", "arrivals") and spec is None:
             raise ValueError("the distribution oracle needs the trace's WorkloadSpec")
         configured[name] = (
             forecast_settings(settings, timings, **changes),
@@ -445,7 +452,7 @@ def scored_runs(
             run_times, arrival_source = (
                 oracle_sources(truth, spec, trace, sim) if truth is not None else (None, None)
             )
-            if truth is not None:
+            if arrival_source is not None:
                 # the reference draws arrivals as far ahead as any run goes
                 fsettings = dataclasses.replace(fsettings, arrivals_ahead_seconds=fsettings.horizon_seconds)
             result = forecast(
