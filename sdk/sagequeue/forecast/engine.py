@@ -823,7 +823,7 @@ class _Run:
             if math.isinf(at) or at > horizon:
                 break
             self.now = at
-            batch = at + self.settings.pass_every_seconds
+            batch = at + self.settings.batch_seconds
             while self.events and (self.events[0][0] < batch or self.events[0][0] <= at):
                 self.now = max(self.now, self.events[0][0])
                 _, _, step = heapq.heappop(self.events)

@@ -122,8 +122,11 @@ class ForecastSettings:
     #: its own), and plans only the pools where something changed: the same plans at a fraction of the cost
     #: on a long queue (engine.py); 0: every pass reads the whole window of every pool
     narrow_lookahead: int = 8
-    #: happenings this close together share one pass in the forward run (the scheduler's timer period)
+    #: the scheduler's timer period: a threshold the clock crosses is acted on at the timer's next pass
     pass_every_seconds: float = 60.0
+    #: happenings this close together share one pass in the forward run; 0: a pass after each, as the
+    #: service passes on each event (an end, a submission)
+    batch_seconds: float = 0.0
     timings: Timings = field(default_factory=Timings)
     #: runs of the queue forward (Monte Carlo samples)
     samples: int = 40

@@ -74,6 +74,20 @@ def test_a_threshold_the_clock_crosses_is_acted_on_at_the_timers_next_pass() -> 
     assert result.p10 == result.p90 == 480 + TIMINGS.stop_grace_seconds
 
 
+def test_an_attempt_that_ends_is_followed_by_a_pass_at_once_not_by_the_next_happening() -> None:
+    # GIVEN two attempts ending 30 s apart and a job waiting for an instance
+    state = QueueState(
+        now=NOW,
+        capacity={POOL: 2},
+        queued=[queued("waits", 1)],
+        running=[running("first", 5, trained=0), running("second", 5, trained=0)],
+        work={"waits": known(3600), "first": known(1000), "second": known(1030)},
+    )
+    result = forecast(state, History(), NO_WAIT).jobs["waits"]
+    # THEN it starts when the first ends, as the service's pass on the end event starts it
+    assert result.p10 == result.p90 == 1000 + TIMINGS.upload_seconds
+
+
 def test_a_stopped_attempt_keeps_the_checkpoints_written_before_the_stop_was_asked_for() -> None:
     # GIVEN a victim checkpointing every 100 s, with 1,000 s trained and a checkpoint written just now; an
     # urgent job that preempts it at once; and a last job behind both
