@@ -50,7 +50,9 @@ def test_newest_first_pages_through_the_jobs_from_the_latest(world: QueueWorld) 
 
     status, oldest = world.api("GET", "/jobs", query={"state": "completed", "limit": "3"})
     assert [j["name"] for j in oldest["jobs"]] == names[:3]  # the default is unchanged
-    status, explicit = world.api("GET", "/jobs", query={"state": "completed", "limit": "3", "order": "oldest"})
+    status, explicit = world.api(
+        "GET", "/jobs", query={"state": "completed", "limit": "3", "order": "oldest"}
+    )
     assert [j["name"] for j in explicit["jobs"]] == names[:3]
 
     status, answer = world.api("GET", "/jobs", query={"state": "completed", "order": "latest"})
