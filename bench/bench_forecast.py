@@ -5,7 +5,9 @@ jobs takes, before and now, in the same run.
 
     python bench/bench_forecast.py [--seeds 1,2,3] [--samples 10] [--every 900] [--skip-overload]
                                    [--overload-only] [--upto-days D] [--skip-timing] [--skip-traces]
-                                   [--oracle] [--no-before]
+                                   [--oracle] [--no-before] [--distribution-oracle] [--full-oracle]
+                                   [--half-oracle "run times"|arrivals] [--oracle-samples N]
+                                   [--variant NAME:KEY=VALUE,...] [--breakdown]
 
 The traces are bench_schedule_quality.py's: the documented 21-day trace (`WorkloadSpec()`, seeds 1-3) and
 the overload trace (350 jobs in 3 days), on 4 x ml.trn1.32xlarge and 2 x ml.trn2.48xlarge with the stack's
@@ -15,6 +17,16 @@ every submitted job's training time): the share of actual starts inside the P10-
 75-95 %), the median absolute error of the P50 and its ratio to the earlier estimate's on the same jobs
 (target at most 0.5). All forecasts of a trace are made in one simulation, at the same moments, from the
 same observations. `--upto-days D` keeps only the jobs submitted in the first D days (a shorter run).
+
+References beside them: `--distribution-oracle` draws run times and later submissions as the trace's
+generator draws them (`WorkloadSpec`: the log-normal and its clip, conditioned on what a running job has
+trained; the jobs still to come, in singles, bursts and sweeps at the office-hours rate up to the trace's
+end): the best a forecast that knows no realization can do, so its P50 error bounds what any model of run
+times and arrivals can reach. `--full-oracle` knows every training time and every later submission: what
+error is left is where the forward run differs from the simulator (its line gives the share of P50s within
+1 minute, 15 minutes and an hour of the start). `--half-oracle` knows one half of the generator.
+`--variant NAME:KEY=VALUE,...` adds a forecast with ForecastSettings changes; `--breakdown` prints coverage,
+the share after P90 and the P50's signed error per pool, priority and instance count.
 docs/forecast.md has the figures.
 """
 
