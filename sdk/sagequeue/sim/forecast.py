@@ -240,9 +240,9 @@ class TrueArrivals:
                 out.append(self._arrival(job))
                 left -= 1
         if left > 0 and self.end > self.now:
-            sizes = _group_sizes(dataclasses.replace(spec, jobs=left), rng)
+            groups = _group_sizes(dataclasses.replace(spec, jobs=left), rng)
             peak = max(max(spec.weekday_rate), spec.weekend_rate)
-            for number, (kind, size) in enumerate(sizes):
+            for number, (kind, size) in enumerate(groups):
                 while True:
                     t = rng.uniform(self.now, self.end)
                     if rng.random() * peak < _rate(spec, t):
