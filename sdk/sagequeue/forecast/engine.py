@@ -309,10 +309,7 @@ class _Run:
             self._keep(retained.warm_pool, (retained.expires_at - state.now).total_seconds())
         self.arrival_scale = 1.0
         for arrival in drawn or ():
-            self._push(
-                arrival.at,
-                functools.partial(self._submitted, arrival.submission, arrival.known_total_seconds),
-            )
+            self._push(arrival.at, functools.partial(self._submitted, arrival.submission, arrival))
         if arrivals is not None:
             self.arrival_scale = arrivals.scale(rng, settings.arrival_rate_spread)
             first = arrivals.next_after(rng, 0.0, self.arrival_scale)
@@ -416,7 +413,7 @@ class _Run:
             self._push(following, self._arrive)
         self._submitted(template)
 
-    def _submitted(self, template: Submission, known_total_seconds: float | None = None) -> None:
+    def _submitted(self, template: Submission, drawn: Arrival | None = None) -> None:
         if template.priority < self.least:
             return
         self.arrived += 1
@@ -433,7 +430,10 @@ class _Run:
         work = Work(
             traits=template.traits,
             keep_alive_seconds=template.keep_alive_seconds,
-            known_total_seconds=known_total_seconds,
+            known_total_seconds=drawn.known_total_seconds if drawn is not None else None,
+            # a job's interval reaches the policy once an attempt of its own wrote two checkpoints
+            checkpoint_interval_seconds=drawn.checkpoint_interval_seconds if drawn is not None else None,
+            checkpoint_interval_reported=False,
         )
         self._enqueue(job)
         self.work[name] = work

@@ -180,6 +180,8 @@ class Arrival:
     submission: Submission
     #: its training seconds in all, when the source knows them (None: drawn as any job's)
     known_total_seconds: float | None = None
+    #: seconds between its checkpoints, when the source knows them (the queue learns them from its reports)
+    checkpoint_interval_seconds: float | None = None
 
 
 class ArrivalSource(Protocol):

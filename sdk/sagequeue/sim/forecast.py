@@ -175,6 +175,7 @@ class RealArrivals:
                 at=job.submit_seconds - now,
                 submission=_submission(job, trace.start),
                 known_total_seconds=job.duration_seconds,
+                checkpoint_interval_seconds=job.checkpoint_minutes * 60 if job.checkpoint_minutes else None,
             )
             for job in trace.jobs
             if job.submit_seconds > now
@@ -256,6 +257,7 @@ class TrueArrivals:
             at=job.submit_seconds - self.now,
             submission=_submission(job, self.start),
             known_total_seconds=job.duration_seconds,
+            checkpoint_interval_seconds=job.checkpoint_minutes * 60 if job.checkpoint_minutes else None,
         )
 
 

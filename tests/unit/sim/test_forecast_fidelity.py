@@ -217,3 +217,7 @@ def test_true_arrivals_draw_the_jobs_still_to_come_within_the_trace() -> None:
         assert all(0 < a.at <= spec.days * 86400 - sim.now for a in drawn)
         assert all(a.submission.priority in spec.priorities for a in drawn)
         assert all(a.known_total_seconds is not None for a in drawn)
+        # the checkpoints of each, as the generator drew them: a stop in the run keeps what they saved
+        intervals = {a.checkpoint_interval_seconds for a in drawn}
+        assert intervals <= {None} | {60 * m for m in spec.checkpoint_minutes}
+        assert intervals - {None}
