@@ -63,6 +63,7 @@ def list_jobs(request: Request) -> dict[str, Any]:
         owner=request.query("owner"),
         limit=limit,
         next_token=request.query("next_token"),
+        order=request.query("order"),
     )
     return {"jobs": [job.to_api() for job in page.jobs], "next_token": page.next_token}
 

@@ -720,14 +720,23 @@ class QueueClient:
         pool: str | None = None,
         owner: str | None = None,
         page_size: int | None = None,
+        order: str | None = None,
     ) -> Iterator[Job]:
-        """Every job matching the filters, page by page."""
+        """Every job matching the filters, page by page, in submission order: `order` "oldest" (the
+        default) or "newest" first."""
         token: str | None = None
         while True:
             answer = self.request(
                 "GET",
                 "/jobs",
-                query={"state": state, "pool": pool, "owner": owner, "limit": page_size, "next_token": token},
+                query={
+                    "state": state,
+                    "pool": pool,
+                    "owner": owner,
+                    "limit": page_size,
+                    "next_token": token,
+                    "order": order,
+                },
             )
             if (
                 not isinstance(answer, Mapping)
@@ -751,10 +760,12 @@ class QueueClient:
         pool: str | None = None,
         owner: str | None = None,
         limit: int | None = None,
+        order: str | None = None,
     ) -> list[Job]:
-        """Jobs matching the filters (all pages, or the first `limit`)."""
+        """Jobs matching the filters (all pages, or the first `limit`), in submission order: `order`
+        "oldest" (the default) or "newest" first."""
         out: list[Job] = []
-        for job in self.iter_jobs(state=state, pool=pool, owner=owner, page_size=limit):
+        for job in self.iter_jobs(state=state, pool=pool, owner=owner, page_size=limit, order=order):
             out.append(job)
             if limit is not None and len(out) >= limit:
                 break

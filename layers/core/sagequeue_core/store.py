@@ -590,8 +590,10 @@ class Repository:
         pool: str | None = None,
         limit: int = 50,
         next_token: str | None = None,
+        newest_first: bool = False,
     ) -> Page:
-        """Jobs by owner, state or pool (the first given picks the index, the others filter), newest last."""
+        """Jobs by owner, state or pool (the first given picks the index, the others filter), in submission
+        order: oldest first, or with `newest_first` newest first (a page token goes on in the same order)."""
         filters = []
         if owner is not None:
             index, key = self._item.owner_index, owner
@@ -616,6 +618,7 @@ class Repository:
             limit=limit,
             page_size=limit,
             last_evaluated_key=_decode_token(next_token, self._token_shape(index), key),
+            scan_index_forward=not newest_first,
         )
         jobs = [self._to_job(item) for item in result]
         last = result.last_evaluated_key

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import functools
 import heapq
 import itertools
 import math
@@ -34,10 +35,13 @@ from datetime import datetime, timedelta
 
 from sagequeue.forecast.model import (
     ARRIVAL_WINDOW_SECONDS,
+    Arrival,
+    ArrivalSource,
     ForecastSettings,
     History,
     QueueState,
     RetainedPool,
+    RunTimeModel,
     RunTimes,
     Submission,
     Work,
@@ -198,6 +202,25 @@ class _Live:
     keep_alive: int
     token: int = 0
     taken_back: bool = False  # stopped to end a loan: counted apart from preemptions
+    #: when the attempt writes its first checkpoint (seconds from now; its last one before now, for an
+    #: attempt of the snapshot that reported one); None: its checkpoints are not known
+    first_mark: float | None = None
+    #: when it was asked to stop (seconds from now): training ends there, not when the stop lands
+    stop_requested_at: float | None = None
+
+    def last_mark(self, now: float) -> float | None:
+        """When the attempt wrote its last checkpoint by `now` (seconds from now); None: none yet, or unknown."""
+        interval = self.work.checkpoint_interval_seconds
+        if self.first_mark is None or not interval or now < self.first_mark:
+            return None
+        return self.first_mark + math.floor((now - self.first_mark) / interval) * interval
+
+    def marks(self, now: float) -> int:
+        """Checkpoints the attempt wrote by `now` (counting from its first known)."""
+        interval = self.work.checkpoint_interval_seconds
+        if self.first_mark is None or not interval or now < self.first_mark:
+            return 0
+        return 1 + math.floor((now - self.first_mark) / interval)
 
 
 class _Run:
@@ -210,10 +233,11 @@ class _Run:
         self,
         state: QueueState,
         settings: ForecastSettings,
-        run_times: RunTimes,
+        run_times: RunTimeModel,
         arrivals: Arrivals | None,
         rng: random.Random,
         tracked: set[str],
+        drawn: Sequence[Arrival] | None = None,
     ) -> None:
         self.state = state
         self.settings = settings
@@ -244,6 +268,7 @@ class _Run:
             and all(len(j.demand) == 1 for j in state.queued)
             and all(len(a.demand) == 1 for a in state.running)
             and (arrivals is None or all(len(t.demand) == 1 for t in arrivals.templates))
+            and all(len(a.submission.demand) == 1 for a in drawn or ())
         )
         #: narrow passes (`ForecastSettings.narrow_lookahead`) need pools planned apart
         self.narrow = self.apart and settings.narrow_lookahead < min(
@@ -252,6 +277,8 @@ class _Run:
         self.dirty: set[str] = set(state.capacity)
         #: per pool, the next time the clock alone could make its plan differ (`_wake`)
         self.wake_by_pool: dict[str, float] = {}
+        #: per pool, when a pass that waits for a victim's checkpoint looks again (`Plan.wake_at`)
+        self.checkpoint_wakes: dict[str, float] = {}
         #: passes planned narrow, and those planned wide after all (`_pass`)
         self.narrow_passes = 0
         self.wide_passes = 0
@@ -267,7 +294,11 @@ class _Run:
         self.planned: set[str] = set()
         self.arrived = 0
         #: arrivals less important than every tracked job go behind them all: they are not drawn
-        self.least = min((j.priority for j in state.queued if j.name in tracked), default=0)
+        self.least = (
+            0
+            if settings.less_important_arrivals
+            else min((j.priority for j in state.queued if j.name in tracked), default=0)
+        )
         for job in state.queued:
             work = state.work.get(job.name, Work())
             self.work[job.name] = work
@@ -277,6 +308,8 @@ class _Run:
         for retained in state.warm_pools:
             self._keep(retained.warm_pool, (retained.expires_at - state.now).total_seconds())
         self.arrival_scale = 1.0
+        for arrival in drawn or ():
+            self._push(arrival.at, functools.partial(self._submitted, arrival.submission, arrival))
         if arrivals is not None:
             self.arrival_scale = arrivals.scale(rng, settings.arrival_rate_spread)
             first = arrivals.next_after(rng, 0.0, self.arrival_scale)
@@ -319,16 +352,28 @@ class _Run:
         job = QueuedJob(
             name=name,
             priority=attempt.priority,
-            submitted_at=attempt.started_at,
+            submitted_at=work.submitted_at or attempt.started_at,
             demand=attempt.demand,
             resource_key=work.resource_key,
             preemptions=attempt.preemptions,
             checkpointed=attempt.checkpointed,
             team=attempt.team,
+            loans_taken_back=attempt.loans_taken_back,
         )
         live = _Live(attempt, job, work, total, training_at, work.trained_seconds, work.keep_alive_seconds)
+        if work.checkpoint_interval_seconds and job.checkpointed:
+            last = attempt.last_checkpoint_at
+            if (
+                last is not None
+                and attempt.training_started_at is not None
+                and last > attempt.training_started_at
+            ):
+                live.first_mark = (last - now).total_seconds()
+            else:
+                live.first_mark = training_at + work.checkpoint_interval_seconds
         self.live[attempt.training_job_name] = live
         if attempt.stopping:
+            live.stop_requested_at = 0.0
             self._schedule(live, self.timings.stop_grace_seconds / 2, self._stopped)
         else:
             ends = training_at + (total - work.trained_seconds) + self.timings.upload_seconds
@@ -366,6 +411,9 @@ class _Run:
         following = self.arrivals.next_after(self.rng, self.now, self.arrival_scale)
         if following <= self.settings.arrivals_ahead_seconds:
             self._push(following, self._arrive)
+        self._submitted(template)
+
+    def _submitted(self, template: Submission, drawn: Arrival | None = None) -> None:
         if template.priority < self.least:
             return
         self.arrived += 1
@@ -379,7 +427,14 @@ class _Run:
             checkpointed=template.checkpointed,
             team=template.team,
         )
-        work = Work(traits=template.traits, keep_alive_seconds=template.keep_alive_seconds)
+        work = Work(
+            traits=template.traits,
+            keep_alive_seconds=template.keep_alive_seconds,
+            known_total_seconds=drawn.known_total_seconds if drawn is not None else None,
+            # a job's interval reaches the policy once an attempt of its own wrote two checkpoints
+            checkpoint_interval_seconds=drawn.checkpoint_interval_seconds if drawn is not None else None,
+            checkpoint_interval_reported=False,
+        )
         self._enqueue(job)
         self.work[name] = work
         self.total[name] = self._draw_total(work, 0.0)
@@ -388,9 +443,16 @@ class _Run:
         self._end(live)
 
     def _stopped(self, live: _Live) -> None:
-        trained = max(self.now - live.training_at, 0.0) if live.training_at <= self.now else 0.0
+        # training ends when the stop is asked for (SIGTERM), not when it lands
+        ended = self.now if live.stop_requested_at is None else min(live.stop_requested_at, self.now)
+        trained = max(ended - live.training_at, 0.0) if live.training_at <= ended else 0.0
         kept = live.done_before + (trained if live.job.checkpointed else 0.0)
-        if live.job.checkpointed and trained > 0:
+        interval = live.work.checkpoint_interval_seconds
+        if live.job.checkpointed and live.first_mark is not None and interval:
+            # the training up to its last checkpoint is kept
+            last = live.last_mark(ended)
+            kept = live.done_before + (max(last - live.training_at, 0.0) if last is not None else 0.0)
+        elif live.job.checkpointed and trained > 0:
             kept -= self.rng.uniform(0, min(trained, 1800.0))  # work since the last checkpoint is lost
         self._end(live)
         job = live.job
@@ -400,7 +462,10 @@ class _Run:
             job = dataclasses.replace(job, preemptions=job.preemptions + 1)
         job = dataclasses.replace(job, queued_since=self.dt(self.now), reservation=None, not_before=None)
         self._enqueue(job)
-        self.work[job.name] = dataclasses.replace(live.work, trained_seconds=max(kept, 0.0))
+        reported = live.work.checkpoint_interval_reported or live.marks(ended) >= 2
+        self.work[job.name] = dataclasses.replace(
+            live.work, trained_seconds=max(kept, 0.0), checkpoint_interval_reported=reported
+        )
         self.total[job.name] = live.total
 
     def _end(self, live: _Live) -> None:
@@ -479,7 +544,7 @@ class _Run:
 
     def _snapshot(self, queued: Sequence[QueuedJob], pools: set[str] | None = None) -> Snapshot:
         """What a pass reads: `queued`, and what runs and waits warm in `pools` (None: everywhere)."""
-        running = [live.attempt for live in self.live.values()]
+        running = [self._reported(live) for live in self.live.values()]
         warm = [warm for warm, _ in self.warm.values()]
         if pools is not None:
             running = [a for a in running if next(iter(a.demand)) in pools]
@@ -493,6 +558,23 @@ class _Run:
             warm_pools=warm,
             team_quotas=self.state.team_quotas,
             team_usage=self.state.team_usage,
+        )
+
+    def _reported(self, live: _Live) -> RunningAttempt:
+        """A live attempt as a pass reads it: with the checkpoints it has reported by now (docs/adr/0023),
+        where the run knows them: the time of its last, and its interval once known to the queue."""
+        if live.first_mark is None:
+            return live.attempt
+        last = live.last_mark(self.now)
+        known = live.work.checkpoint_interval_reported or live.marks(self.now) >= 2
+        if last is None and not known:
+            return live.attempt
+        return dataclasses.replace(
+            live.attempt,
+            last_checkpoint_at=self.dt(last) if last is not None else live.attempt.last_checkpoint_at,
+            checkpoint_interval_seconds=live.work.checkpoint_interval_seconds
+            if known
+            else live.attempt.checkpoint_interval_seconds,
         )
 
     def _plan(self) -> Plan:
@@ -611,6 +693,16 @@ class _Run:
         if not self.queued:
             return
         decided = self._plan()
+        # a pass that waits for a victim's checkpoint looks again when it is due or the wait ends
+        for pool in self.planned:
+            self.checkpoint_wakes.pop(pool, None)
+        if decided.wake_at is not None:
+            wake = max((decided.wake_at - self.state.now).total_seconds(), self.now)
+            for victim in decided.checkpoint_waits:
+                live = self.live.get(victim)
+                if live is not None:
+                    for pool in live.attempt.demand:
+                        self.checkpoint_wakes[pool] = min(self.checkpoint_wakes.get(pool, math.inf), wake)
         for action in decided.actions:
             if isinstance(action, Start):
                 self._start(action)
@@ -661,6 +753,8 @@ class _Run:
         keep_alive = max(work.keep_alive_seconds, action.keep_alive_seconds or 0)
         total = self.total[job.name]
         live = _Live(attempt, job, work, total, training_at, work.trained_seconds, keep_alive)
+        if work.checkpoint_interval_seconds and job.checkpointed:
+            live.first_mark = training_at + work.checkpoint_interval_seconds
         self.live[name] = live
         remaining = max(total - work.trained_seconds, 0.0)
         self._schedule(live, training_at + remaining + self.timings.upload_seconds, self._completed)
@@ -672,6 +766,7 @@ class _Run:
         live.attempt = dataclasses.replace(live.attempt, stopping=True)
         self.dirty.update(live.attempt.demand)
         live.taken_back = action.taken_back
+        live.stop_requested_at = self.now
         self._schedule(live, self.now + self.timings.stop_grace_seconds, self._stopped)
 
     def _wake(self) -> float:
@@ -700,20 +795,36 @@ class _Run:
             at = live.training_at + policy.min_runtime_before_preemption_seconds
             if self.now < at < by_pool.get(pool, math.inf):
                 by_pool[pool] = at
+        for pool, at in self.checkpoint_wakes.items():
+            if self.now < at < by_pool.get(pool, math.inf):
+                by_pool[pool] = at
         self.wake_by_pool = by_pool
         return min(by_pool.values(), default=math.inf)
+
+    def _on_timer(self, at: float) -> float:
+        """The first pass of the scheduler's timer at or after `at` (seconds from now): a threshold the clock
+        crosses is acted on by the next timer pass, which runs on the whole minute (the timer's period)."""
+        period = self.settings.pass_every_seconds
+        if period <= 0 or math.isinf(at):
+            return at
+        origin = self.state.now.timestamp()
+        return math.ceil((origin + at) / period - 1e-9) * period - origin
 
     def run(self) -> dict[str, float]:
         horizon = self.settings.horizon_seconds
         self._pass()
         while self.tracked - self.started.keys():
-            wake = self._wake()
+            wake = self._on_timer(self._wake())
+            if self.dirty and self.settings.pass_every_seconds > 0:
+                # a pass that changed something is followed by the timer's next pass, which may decide more
+                # (take back a loan the change made needless, start what the change let through)
+                wake = min(wake, self._on_timer(self.now + self.settings.pass_every_seconds / 2))
             at = min(self.events[0][0] if self.events else math.inf, wake)
             if math.isinf(at) or at > horizon:
                 break
             self.now = at
-            batch = at + self.settings.pass_every_seconds
-            while self.events and self.events[0][0] < batch:
+            batch = at + self.settings.batch_seconds
+            while self.events and (self.events[0][0] < batch or self.events[0][0] <= at):
                 self.now = max(self.now, self.events[0][0])
                 _, _, step = heapq.heappop(self.events)
                 step()
@@ -731,11 +842,21 @@ def forecast(
     settings: ForecastSettings | None = None,
     *,
     only: Iterable[str] | None = None,
+    run_times: RunTimeModel | None = None,
+    arrival_source: ArrivalSource | None = None,
 ) -> Forecast:
-    """Each queued job's start over `settings.samples` runs (those named in `only`, if given)."""
+    """Each queued job's start over `settings.samples` runs (those named in `only`, if given).
+
+    `run_times` and `arrival_source` replace the model drawn from `history` (what the queue has seen) for
+    reference runs that know more than a queue can: how the workload was made, or what it held
+    (bench_forecast's oracles)."""
     settings = settings or ForecastSettings()
-    run_times = RunTimes(history.completed)
-    arrivals = Arrivals(history.submissions, state.now) if settings.arrivals else None
+    known = run_times
+    if known is None:
+        run_times = RunTimes(history.completed)
+    arrivals = (
+        Arrivals(history.submissions, state.now) if settings.arrivals and arrival_source is None else None
+    )
     tracked = set(only) if only is not None else {j.name for j in state.queued}
     starts: dict[str, list[float]] = {name: [] for name in tracked}
     began = time.perf_counter()
@@ -745,12 +866,13 @@ def forecast(
         if budget is not None and runs >= settings.min_samples and time.perf_counter() - began > budget:
             break  # a large queue: fewer runs, a rougher range, an answer in time
         rng = random.Random(f"{settings.seed}:{sample}")
-        drawn = run_times
-        if settings.resample_history and len(history.completed) > 1:
+        drawn: RunTimeModel = run_times if run_times is not None else RunTimes(())
+        if known is None and settings.resample_history and len(history.completed) > 1:
             # the run-time distribution is known from the completed jobs only: each run draws from a
             # resample of them (a bootstrap), so a short history widens the range as it should
             drawn = RunTimes(rng.choices(history.completed, k=len(history.completed)))
-        started = _Run(state, settings, drawn, arrivals, rng, tracked).run()
+        future = arrival_source.draw(rng) if arrival_source is not None and settings.arrivals else None
+        started = _Run(state, settings, drawn, arrivals, rng, tracked, future).run()
         runs += 1
         for name in tracked:
             starts[name].append(started.get(name, math.inf))

@@ -45,7 +45,7 @@ if TYPE_CHECKING:  # the server's side: only the forecast function reads the tab
 
 LIVE_STATES = ("starting", "running", "preempting", "stopping")
 STOPPING_STATES = frozenset({"preempting", "stopping"})
-#: completed jobs read for run times
+#: completed jobs read for run times: the newest (by submission), whose run times say most about those to come
 HISTORY_LIMIT = 100
 #: how long a forecast of an unchanged queue is reused
 CACHE_SECONDS = 60.0
@@ -75,7 +75,8 @@ class LiveQueue:
         pools = client.pools()
         queued = client.jobs(state="queued")
         live = [job for state in LIVE_STATES for job in client.jobs(state=state)]
-        completed = client.jobs(state="completed", limit=HISTORY_LIMIT)
+        # the latest completed jobs say most about run times now
+        completed = client.jobs(state="completed", limit=HISTORY_LIMIT, order="newest")
         now = client.server_time or datetime.now().astimezone()
         return cls(
             now=now,
@@ -101,7 +102,9 @@ class LiveQueue:
             token = page.next_token
             if not token:
                 break
-        completed = deps.store.list_jobs(state=JobState.COMPLETED, limit=HISTORY_LIMIT).jobs
+        completed = deps.store.list_jobs(
+            state=JobState.COMPLETED, limit=HISTORY_LIMIT, newest_first=True
+        ).jobs
         return cls(
             now=deps.now(),
             capacity={v.instance_type: v.capacity for v in views},
@@ -215,6 +218,7 @@ def _work(job: Job) -> Work:
         traits=_traits(job),
         trained_seconds=float(job.seconds_trained or 0),
         max_runtime_seconds=float(max_runtime) if max_runtime else None,
+        submitted_at=job.submitted_at,
     )
 
 

@@ -18,6 +18,7 @@ import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Protocol
 
 from sagequeue.sim.sagemaker import Timings
 from sagequeue_core.domain import ResourceKey
@@ -64,9 +65,19 @@ class Work:
     keep_alive_seconds: int = 0
     #: its warm-pool key, for a running job (a queued job's is on its QueuedJob)
     resource_key: ResourceKey | None = None
+    #: when it was submitted, for a running job (a queued job's is on its QueuedJob): its place in the queue
+    #: should it wait again; None: its attempt's start stands in
+    submitted_at: datetime | None = None
     #: its training seconds in all, when known in advance: only a reference run that knows the future sets
     #: it (bench_forecast's oracle, which says how much of the error run times alone cause)
     known_total_seconds: float | None = None
+    #: seconds between its checkpoints, where the queue has seen them (docs/adr/0023): a stop in the forward
+    #: run then keeps the training up to its last checkpoint, and the policy reads its attempts' checkpoints
+    #: as the service does; None: unknown (a stop loses up to half an hour, and its attempts report none)
+    checkpoint_interval_seconds: float | None = None
+    #: the queue was told the interval before this attempt (an earlier attempt wrote two checkpoints): the
+    #: policy reads it from the attempt's start; else once the attempt wrote two
+    checkpoint_interval_reported: bool = True
 
 
 @dataclass(frozen=True)
@@ -111,8 +122,11 @@ class ForecastSettings:
     #: its own), and plans only the pools where something changed: the same plans at a fraction of the cost
     #: on a long queue (engine.py); 0: every pass reads the whole window of every pool
     narrow_lookahead: int = 8
-    #: happenings this close together share one pass in the forward run (the scheduler's timer period)
+    #: the scheduler's timer period: a threshold the clock crosses is acted on at the timer's next pass
     pass_every_seconds: float = 60.0
+    #: happenings this close together share one pass in the forward run; 0: a pass after each, as the
+    #: service passes on each event (an end, a submission)
+    batch_seconds: float = 0.0
     timings: Timings = field(default_factory=Timings)
     #: runs of the queue forward (Monte Carlo samples)
     samples: int = 40
@@ -131,6 +145,9 @@ class ForecastSettings:
     arrival_rate_spread: float = 0.5
     #: each run draws run times from a resample of the completed jobs (a bootstrap); False: from them all
     resample_history: bool = True
+    #: draw later arrivals less important than every job forecast too: they queue behind them, but backfill
+    #: into idle instances ahead of them and hold those instances until the minimum runtime is over
+    less_important_arrivals: bool = True
     seed: int = 0
 
 
@@ -146,6 +163,32 @@ class Submission:
     keep_alive_seconds: int = 0
     resource_key: ResourceKey | None = None
     team: str | None = None
+
+
+class RunTimeModel(Protocol):
+    """Where a run draws training times from: `RunTimes` (what the queue has seen) in the product; a reference
+    run may draw from what made the trace (bench_forecast's distribution oracle, `sagequeue.sim.forecast`)."""
+
+    def draw(self, rng: random.Random, traits: Traits, at_least: float = 0.0) -> float: ...
+
+
+@dataclass(frozen=True)
+class Arrival:
+    """A job submitted `at` seconds after now in one run, drawn by an `ArrivalSource`."""
+
+    at: float
+    submission: Submission
+    #: its training seconds in all, when the source knows them (None: drawn as any job's)
+    known_total_seconds: float | None = None
+    #: seconds between its checkpoints, when the source knows them (the queue learns them from its reports)
+    checkpoint_interval_seconds: float | None = None
+
+
+class ArrivalSource(Protocol):
+    """Later submissions for one run, in place of the engine's own model (`engine.Arrivals`): only reference
+    runs use one (bench_forecast's oracles, which know how the trace was made or what it holds)."""
+
+    def draw(self, rng: random.Random) -> Sequence[Arrival]: ...
 
 
 class RunTimes:
@@ -197,10 +240,13 @@ class History:
 __all__ = [
     "ARRIVAL_WINDOW_SECONDS",
     "MIN_HISTORY",
+    "Arrival",
+    "ArrivalSource",
     "ForecastSettings",
     "History",
     "QueueState",
     "RetainedPool",
+    "RunTimeModel",
     "RunTimes",
     "Submission",
     "Traits",

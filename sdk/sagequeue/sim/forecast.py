@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import random
 import statistics
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -33,10 +34,12 @@ from sagequeue.forecast import (
     forecast,
 )
 from sagequeue.forecast.calibrate import Calibration, CalibrationSettings, Outcome, learn
-from sagequeue.sim.engine import SimSettings, Simulation
+from sagequeue.forecast.model import Arrival, ArrivalSource, RunTimeModel
+from sagequeue.sim.engine import SimJob, SimSettings, Simulation, _request
 from sagequeue.sim.sagemaker import Timings
-from sagequeue.sim.schedulers import SagequeuePolicy, TrackedPool
-from sagequeue.sim.trace import Trace
+from sagequeue.sim.schedulers import SagequeuePolicy, TrackedPool, _reported
+from sagequeue.sim.trace import Trace, TraceJob
+from sagequeue.sim.workload import DAY, WorkloadSpec, _group, _group_sizes, _rate
 from sagequeue_core.domain import JobState
 from sagequeue_core.snapshot import build_snapshot, policy_settings
 
@@ -64,15 +67,28 @@ def state_of(sim: Simulation, *, oracle: bool = False) -> QueueState:
         warm_pools=warm,
         team_quotas=sim.settings.team_quotas,
     )
+    if sim.settings.checkpoint_reports:
+        # the checkpoints live attempts reported, as the service's snapshot carries them (docs/adr/0023)
+        snapshot = dataclasses.replace(snapshot, running=[_reported(sim, a) for a in snapshot.running])
+    reported = {a.job_name: a.checkpoint_interval_seconds for a in snapshot.running}
     work: dict[str, Work] = {}
     for job in (*queued, *live):
         run = sim.runs[job.name]
+        interval = (
+            reported.get(job.name) or run.checkpoint_interval if sim.settings.checkpoint_reports else None
+        )
+        told = interval is not None
+        if oracle and run.spec.checkpoint_minutes:
+            interval = run.spec.checkpoint_minutes * 60
         work[job.name] = Work(
             traits=_traits(run.spec.instance_count),
             trained_seconds=run.saved_work,
             keep_alive_seconds=run.spec.keep_alive_seconds,
             resource_key=job.resource_key,
+            submitted_at=job.submitted_at,
             known_total_seconds=run.spec.duration_seconds if oracle else None,
+            checkpoint_interval_seconds=interval,
+            checkpoint_interval_reported=told,
         )
     expires = {w.training_job_name: w.expires_at for w in warm}
     return QueueState(
@@ -111,6 +127,161 @@ def history_of(sim: Simulation) -> History:
             )
         )
     return History(completed=completed, submissions=submissions)
+
+
+# --- reference forecasts that know more than a queue can (bench_forecast's oracles) ------------------------
+
+
+class TrueRunTimes:
+    """Training times drawn from the distribution the workload generator draws them from (`WorkloadSpec`:
+    log-normal, clipped), conditioned on what a job has trained: what the best run-time model could know."""
+
+    def __init__(self, spec: WorkloadSpec) -> None:
+        self.spec = spec
+        self.normal = statistics.NormalDist(math.log(spec.median_duration_seconds), spec.duration_sigma)
+
+    def draw(self, rng: random.Random, traits: Traits, at_least: float = 0.0) -> float:
+        spec = self.spec
+        if at_least >= spec.max_duration_seconds:
+            return at_least
+        floor = self.normal.cdf(math.log(at_least)) if at_least > 0 else 0.0
+        # the inverse CDF of the log-normal above `at_least` (the clip at the minimum only raises short draws)
+        u = floor + (1.0 - floor) * rng.random()
+        value = math.exp(self.normal.inv_cdf(min(max(u, 1e-12), 1 - 1e-12)))
+        return max(min(max(value, spec.min_duration_seconds), spec.max_duration_seconds), at_least)
+
+
+def _submission(job: TraceJob, at: datetime) -> Submission:
+    sim_job = SimJob(
+        name=job.name, request=_request(job), priority=job.priority, owner="sim", submitted_at=at
+    )
+    return Submission(
+        at=at,
+        priority=job.priority,
+        demand=sim_job.demand,
+        traits=_traits(job.instance_count),
+        checkpointed=sim_job.checkpointed,
+        keep_alive_seconds=job.keep_alive_seconds,
+        resource_key=sim_job.resource_key,
+        team=job.team,
+    )
+
+
+class RealArrivals:
+    """The trace's own later submissions, with their training times: what the full oracle knows."""
+
+    def __init__(self, trace: Trace, now: float) -> None:
+        self.arrivals = [
+            Arrival(
+                at=job.submit_seconds - now,
+                submission=_submission(job, trace.start),
+                known_total_seconds=job.duration_seconds,
+                checkpoint_interval_seconds=job.checkpoint_minutes * 60 if job.checkpoint_minutes else None,
+            )
+            for job in trace.jobs
+            if job.submit_seconds > now
+        ]
+
+    def draw(self, rng: random.Random) -> Sequence[Arrival]:
+        return self.arrivals
+
+
+#: the generator's gap between a sweep's submissions (`workload._group`)
+_SWEEP_GAP = (30.0, 600.0)
+
+
+class TrueArrivals:
+    """Later submissions drawn as the workload generator draws them (`WorkloadSpec`, `workload.generate`):
+    the jobs still to come (the trace's count less those submitted), in groups (singles, bursts, sweeps) at
+    times following the office-hours rate up to the trace's end, each job's fields and training time drawn
+    by the generator's own code; a sweep under way goes on as its size and gaps allow. Knows how the trace
+    was made, none of what it drew."""
+
+    def __init__(self, spec: WorkloadSpec, trace: Trace, sim: Simulation) -> None:
+        self.spec = spec
+        self.start = trace.start
+        self.now = sim.now
+        self.end = min(spec.days * DAY, trace.last_submit_seconds + 1.0)
+        self.left = len(trace.jobs) - len(sim.runs)
+        # sweeps under way: their last submission, members seen, and a template
+        families: dict[str, tuple[float, int, TraceJob]] = {}
+        for run in sim.runs.values():
+            family = run.spec.family
+            if family is None:
+                continue
+            last, seen, _ = families.get(family, (-math.inf, 0, run.spec))
+            families[family] = (max(last, run.spec.submit_seconds), seen + 1, run.spec)
+        self.sweeps = [
+            (last, seen, spec_job)
+            for last, seen, spec_job in families.values()
+            if self.now - last < _SWEEP_GAP[1] and seen < spec.sweep_size[1]
+        ]
+
+    def draw(self, rng: random.Random) -> Sequence[Arrival]:
+        spec = self.spec
+        left = self.left
+        out: list[Arrival] = []
+        for last, seen, template in self.sweeps:
+            # more to come: the size allows it and the next gap is longer than the time since the last one
+            elapsed = self.now - last
+            low, high = spec.sweep_size
+            sizes = range(max(seen, low), high + 1)
+            later = min(max((_SWEEP_GAP[1] - elapsed) / (_SWEEP_GAP[1] - _SWEEP_GAP[0]), 0.0), 1.0)
+            weights = [1.0 if size == seen else later for size in sizes]
+            size = rng.choices(list(sizes), weights=weights)[0] if sum(weights) > 0 else seen
+            moment = last
+            for index in range(seen, min(size, seen + left)):
+                gap_low = max(_SWEEP_GAP[0], self.now - moment) if index == seen else _SWEEP_GAP[0]
+                moment += rng.uniform(gap_low, _SWEEP_GAP[1])
+                job = dataclasses.replace(
+                    template,
+                    name=f"{template.family}-{index + 1}",
+                    submit_seconds=moment,
+                    duration_seconds=TrueRunTimes(spec).draw(rng, Traits()),
+                )
+                out.append(self._arrival(job))
+                left -= 1
+        if left > 0 and self.end > self.now:
+            groups = _group_sizes(dataclasses.replace(spec, jobs=left), rng)
+            peak = max(max(spec.weekday_rate), spec.weekend_rate)
+            for number, (kind, size) in enumerate(groups):
+                while True:
+                    t = rng.uniform(self.now, self.end)
+                    if rng.random() * peak < _rate(spec, t):
+                        break
+                for job in _group(spec, rng, t, kind=kind, size=size, number=100_000 + 100 * number):
+                    out.append(self._arrival(job))
+        return out
+
+    def _arrival(self, job: TraceJob) -> Arrival:
+        return Arrival(
+            at=job.submit_seconds - self.now,
+            submission=_submission(job, self.start),
+            known_total_seconds=job.duration_seconds,
+            checkpoint_interval_seconds=job.checkpoint_minutes * 60 if job.checkpoint_minutes else None,
+        )
+
+
+def oracle_sources(
+    truth: str, spec: WorkloadSpec | None, trace: Trace, sim: Simulation
+) -> tuple[RunTimeModel | None, ArrivalSource | None]:
+    """The run-time model and arrival source of a reference forecast: "distribution" (how the trace was
+    made: `TrueRunTimes`, `TrueArrivals`) or "full" (what it holds: every job's training time, the trace's
+    later submissions)."""
+    if truth == "distribution":
+        if spec is None:
+            raise ValueError("the distribution oracle needs the trace's WorkloadSpec")
+        return TrueRunTimes(spec), TrueArrivals(spec, trace, sim)
+    if truth == "full":
+        return None, RealArrivals(trace, sim.now)
+    # halves of the distribution oracle, to tell which half of the model its gap comes from
+    if truth in ("run times", "arrivals"):
+        if spec is None:
+            raise ValueError("the distribution oracle needs the trace's WorkloadSpec")
+        if truth == "run times":
+            return TrueRunTimes(spec), None
+        return None, TrueArrivals(spec, trace, sim)
+    raise ValueError(f"unknown oracle {truth!r}: distribution, full, run times or arrivals")
 
 
 def baseline_of(sim: Simulation) -> dict[str, datetime | None]:
@@ -245,10 +416,13 @@ def scored_runs(
     horizon_seconds: float | None = None,
     progress: bool = False,
     variants: Mapping[str, Mapping[str, object]],
+    spec: WorkloadSpec | None = None,
 ) -> dict[str, tuple[Score, list[Made]]]:
     """`scored_run` for several forecasts at once, side by side in one run of the trace: each variant is
     a set of changes to the forecast's settings (`oracle: True` for the reference that knows training
-    times), forecast at the same moments from the same observations.
+    times; `truth: "distribution"` for the one that knows how the trace was made from `spec`, `"full"` for
+    the one that knows every training time and later submission), forecast at the same moments from the
+    same observations.
 
     A variant `{"calibrate": "now"}` (optionally with `"calibration": CalibrationSettings(...)`) runs no
     forecast of its own: it is variant "now"'s forecasts (given before it) each calibrated when made, by
@@ -256,7 +430,7 @@ def scored_runs(
     timings = timings or Timings()
     made: dict[str, list[Made]] = {name: [] for name in variants}
     wall: dict[str, list[float]] = {name: [] for name in variants}
-    configured: dict[str, tuple[ForecastSettings, bool]] = {}
+    configured: dict[str, tuple[ForecastSettings, bool, str | None]] = {}
     calibrated: dict[str, tuple[str, CalibrationSettings]] = {}
     for name, changes in variants.items():
         changes = dict(changes)
@@ -266,8 +440,15 @@ def scored_runs(
             assert isinstance(calibration, CalibrationSettings)
             calibrated[name] = (base, calibration)
             continue
-        oracle = bool(changes.pop("oracle", False))
-        configured[name] = (forecast_settings(settings, timings, **changes), oracle)
+        truth = changes.pop("truth", None)
+        oracle = bool(changes.pop("oracle", False)) or truth == "full"
+        if truth in ("distribution", "run times", "arrivals") and spec is None:
+            raise ValueError("the distribution oracle needs the trace's WorkloadSpec")
+        configured[name] = (
+            forecast_settings(settings, timings, **changes),
+            oracle,
+            str(truth) if truth is not None else None,
+        )
     next_at = [every_seconds]
 
     def observe(now: float) -> None:
@@ -282,9 +463,21 @@ def scored_runs(
         origin = sim.now_dt
         history = history_of(sim)
         pools = {j.name: pool for pool, queued in sim.queued.items() for j in queued.values()}
-        for name, (fsettings, oracle) in configured.items():
+        for name, (fsettings, oracle, truth) in configured.items():
             began = time.perf_counter()
-            result = forecast(state_of(sim, oracle=oracle), history, fsettings)
+            run_times, arrival_source = (
+                oracle_sources(truth, spec, trace, sim) if truth is not None else (None, None)
+            )
+            if arrival_source is not None:
+                # the reference draws arrivals as far ahead as any run goes
+                fsettings = dataclasses.replace(fsettings, arrivals_ahead_seconds=fsettings.horizon_seconds)
+            result = forecast(
+                state_of(sim, oracle=oracle),
+                history,
+                fsettings,
+                run_times=run_times,
+                arrival_source=arrival_source,
+            )
             wall[name].append(time.perf_counter() - began)
             for job in waiting:
                 jf = result.jobs[job]
@@ -378,11 +571,15 @@ def _next_start(starts: list[float], after: float) -> float | None:
 
 __all__ = [
     "Made",
+    "RealArrivals",
     "Score",
+    "TrueArrivals",
+    "TrueRunTimes",
     "baseline_of",
     "calibrated_made",
     "forecast_settings",
     "history_of",
+    "oracle_sources",
     "outcomes_of",
     "scored_run",
     "scored_runs",

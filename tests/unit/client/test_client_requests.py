@@ -252,6 +252,16 @@ def test_jobs_stops_at_the_limit() -> None:
     assert pool.sent[0].query["limit"] == ["2"]
 
 
+def test_newest_first_is_asked_for_and_every_page_keeps_the_order() -> None:
+    pool = RecordingPool(
+        Answer(200, {"jobs": [job_body("c"), job_body("b")], "next_token": "t1"}),
+        Answer(200, {"jobs": [job_body("a")], "next_token": None}),
+    )
+    client, _ = make_client(pool)
+    assert [j.name for j in client.jobs(state="completed", order="newest")] == ["c", "b", "a"]
+    assert [s.query["order"] for s in pool.sent] == [["newest"], ["newest"]]
+
+
 @pytest.mark.parametrize(
     ("status", "body", "error", "message"),
     [

@@ -141,9 +141,13 @@ def list_jobs(
     owner: str | None = None,
     limit: int = 50,
     next_token: str | None = None,
+    order: str | None = None,
 ) -> Page:
-    """Jobs filtered by state, pool and owner; with no filter, the caller's own jobs."""
+    """Jobs filtered by state, pool and owner; with no filter, the caller's own jobs. In submission order:
+    `order` "oldest" (the default) or "newest" first."""
     me = require_caller(caller)
+    if order not in (None, "oldest", "newest"):
+        raise RequestInvalid(f"order must be oldest or newest, got {order!r}")
     try:
         wanted_state = JobState(state) if state else None
     except ValueError:
@@ -162,7 +166,12 @@ def list_jobs(
         owner = owner_of_caller(owner)  # a session's jobs are its role's
     try:
         return deps.store.list_jobs(
-            owner=owner, state=wanted_state, pool=pool, limit=limit, next_token=next_token
+            owner=owner,
+            state=wanted_state,
+            pool=pool,
+            limit=limit,
+            next_token=next_token,
+            newest_first=order == "newest",
         )
     except ValueError as exc:
         raise RequestInvalid(str(exc)) from None
