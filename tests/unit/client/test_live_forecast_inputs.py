@@ -3,11 +3,13 @@ policy's for a queued job, and is SageMaker's default of one day for a running j
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sagequeue.client import Job
 from sagequeue.forecast.live import LiveQueue, state_of
+from sagequeue_core.checkpoints import CheckpointRecord
 from sagequeue_core.defaults import SAGEMAKER_DEFAULT_MAX_RUNTIME_SECONDS
 from sagequeue_core.domain import Job as StoredJob
 from sagequeue_core.domain import JobState
@@ -94,3 +96,40 @@ def test_the_cli_applies_the_stacks_calibration_bounded_and_none_from_a_stack_wi
     assert hostile.for_pool(POOL).scale == settings.max_scale
     assert hostile.for_pool(POOL).shift == settings.max_shift
     assert hostile.for_pool("ml.trn2.48xlarge").identity
+
+
+def test_a_running_attempts_reported_checkpoint_reaches_the_forecast_as_the_scheduler_reads_it() -> None:
+    # GIVEN a running attempt that reported checkpoints every 20 minutes, the last 5 minutes ago (ADR 0025),
+    # and one whose listing carries a checkpoint of nonsense
+    def running(name: str, record: CheckpointRecord | None) -> Job:
+        stored = StoredJob(
+            name=name,
+            request={"ResourceConfig": {"InstanceType": POOL, "InstanceCount": 1}},
+            priority=1,
+            owner="arn:aws:iam::123456789012:role/u",
+            submitted_at=NOW - timedelta(hours=2),
+        )
+        stored.state = JobState.RUNNING
+        stored.attempt = 1
+        stored.training_job_name = f"{name}-1"
+        stored.started_at = NOW - timedelta(hours=1)
+        stored.checkpoint = record
+        return Job.from_api(stored.to_api())
+
+    at = NOW - timedelta(minutes=5)
+    reported = running(
+        "reported", CheckpointRecord("reported-1", at=at, step=300, count=3, interval_seconds=1200.0)
+    )
+    odd = running("odd", None)
+    odd = dataclasses.replace(
+        odd, raw={**odd.raw, "checkpoint": {"at": "soon", "interval_seconds": float("nan")}}
+    )
+    queue = LiveQueue(now=NOW, capacity={POOL: 2}, warm={}, queued=[], live=[reported, odd], completed=[])
+    # WHEN the forecast reads the queue
+    attempts = {attempt.job_name: attempt for attempt in state_of(queue).running}
+    # THEN the attempt carries its last checkpoint and interval, which the policy uses to time a preemption
+    assert attempts["reported"].last_checkpoint_at == at
+    assert attempts["reported"].checkpoint_interval_seconds == 1200.0
+    # and nonsense in a listing is no checkpoint at all
+    assert attempts["odd"].last_checkpoint_at is None
+    assert attempts["odd"].checkpoint_interval_seconds is None
