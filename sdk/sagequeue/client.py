@@ -15,6 +15,7 @@ botocore and urllib3 are imported on first use, and boto3 only when a stack or p
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import time
@@ -177,6 +178,16 @@ class Job:
         seen yet, no live attempt, or a server that does not report checkpoints."""
         checkpoint = self.raw.get("checkpoint")
         return _parse_time(checkpoint.get("at")) if isinstance(checkpoint, Mapping) else None
+
+    @property
+    def checkpoint_interval_seconds(self) -> float | None:
+        """Seconds between the live attempt's checkpoints (the API's `checkpoint.interval_seconds`); None
+        until two were seen, or when the value is not a positive finite number."""
+        checkpoint = self.raw.get("checkpoint")
+        value = checkpoint.get("interval_seconds") if isinstance(checkpoint, Mapping) else None
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return None
+        return float(value) if math.isfinite(value) and value > 0 else None
 
     @classmethod
     def from_api(cls, data: Mapping[str, Any]) -> Job:

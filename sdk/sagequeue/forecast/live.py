@@ -18,9 +18,8 @@ A forecast is kept for `CACHE_SECONDS` for the same queue (the same jobs in the 
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
@@ -214,17 +213,8 @@ def _running(job: Job, now: datetime) -> RunningAttempt:
         # the checkpoint the attempt reported (ADR 0025), as the scheduler reads it: when a preemption loses
         # least, and what a stop keeps
         last_checkpoint_at=job.last_checkpoint_at,
-        checkpoint_interval_seconds=_checkpoint_interval(job),
+        checkpoint_interval_seconds=job.checkpoint_interval_seconds,
     )
-
-
-def _checkpoint_interval(job: Job) -> float | None:
-    """Seconds between the live attempt's checkpoints, as the API lists them (None until two were seen)."""
-    checkpoint = job.raw.get("checkpoint")
-    value = checkpoint.get("interval_seconds") if isinstance(checkpoint, Mapping) else None
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value) if math.isfinite(value) and value > 0 else None
 
 
 def _work(job: Job) -> Work:
